@@ -1,0 +1,132 @@
+"""The executable's entry point: CNI verbs from the environment, or operator subcommands.
+
+Run with no arguments (as runtimes do) it is a CNI plugin: it reads
+CNI_COMMAND and the config on stdin and prints exactly one JSON document on
+stdout. With a first argument it runs an operator subcommand (``inventory``,
+``install``). Heavy modules are imported inside the branch that needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO, TextIO
+
+from rdma_cni import __version__
+from rdma_cni.errors import CniError, InternalError
+from rdma_cni.log import setup_stderr
+from rdma_cni.protocol import LATEST_VERSION, check_version, decode_stdin, parse_env, version_document
+
+log = logging.getLogger("rdma_cni")
+
+USAGE = f"""rdma-cni {__version__}: a CNI plugin giving pods SR-IOV VFs with their RDMA devices.
+
+As a CNI plugin it is run by the container runtime with CNI_COMMAND set
+(ADD, DEL, CHECK, VERSION, STATUS, GC) and the network configuration on stdin.
+
+Operator subcommands:
+  rdma-cni inventory [--pretty] [--config FILE]   print the node's SR-IOV/RDMA state as JSON
+  rdma-cni install [options]                      DaemonSet entry point: install into /opt/cni/bin
+  rdma-cni --version
+"""
+
+
+def _error_version(doc: Mapping[str, Any] | None) -> str:
+    version = (doc or {}).get("cniVersion")
+    return version if isinstance(version, str) and version else LATEST_VERSION
+
+
+def run_cni(environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict[str, Any] | None]:
+    """Run one CNI invocation; return the exit code and the JSON document to print (None: print nothing)."""
+    doc: dict[str, Any] | None = None
+    try:
+        env = parse_env(environ)
+        if env.command == "VERSION":
+            # An empty stdin is tolerated for VERSION: some tools probe with nothing.
+            doc = decode_stdin(stdin) if stdin.strip() else {"cniVersion": LATEST_VERSION}
+            return 0, version_document(_error_version(doc))
+        doc = decode_stdin(stdin)
+        check_version(doc.get("cniVersion"), env.command)
+        from rdma_cni.commands import dispatch
+
+        started = time.monotonic()
+        result = dispatch(env, doc)
+        log.info(
+            "%s %s/%s done in %.1f ms",
+            env.command,
+            env.container_id,
+            env.ifname,
+            (time.monotonic() - started) * 1000,
+        )
+        return 0, result
+    except CniError as exc:
+        log.error(
+            "%s failed: %s%s",
+            environ.get("CNI_COMMAND", "?"),
+            exc.msg,
+            f" ({exc.details})" if exc.details else "",
+        )
+        return 1, exc.to_dict(_error_version(doc))
+    except Exception as exc:  # a bug: still answer with a CNI error document
+        log.error("unexpected error:\n%s", traceback.format_exc())
+        err = InternalError(
+            f"internal error in rdma-cni: {type(exc).__name__}", f"{type(exc).__name__}: {exc}"
+        )
+        return 1, err.to_dict(_error_version(doc))
+
+
+def _write(out: TextIO, doc: Mapping[str, Any]) -> None:
+    out.write(json.dumps(doc))
+    out.write("\n")
+    out.flush()
+
+
+def main(
+    argv: list[str] | None = None,
+    *,
+    stdin: BinaryIO | None = None,
+    stdout: TextIO | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """Entry point of the ``rdma-cni`` executable."""
+    argv = sys.argv[1:] if argv is None else argv
+    environ = os.environ if environ is None else environ
+    out = stdout or sys.stdout
+    setup_stderr()
+    if argv:
+        return _subcommand(argv, out)
+    if not environ.get("CNI_COMMAND") and sys.stdin.isatty():
+        sys.stderr.write(USAGE)
+    raw = (stdin or sys.stdin.buffer).read()
+    code, doc = run_cni(environ, raw)
+    if doc is not None:
+        _write(out, doc)
+    return code
+
+
+def _subcommand(argv: list[str], out: TextIO) -> int:
+    name, rest = argv[0], argv[1:]
+    if name in ("-h", "--help", "help"):
+        out.write(USAGE)
+        return 0
+    if name == "--version":
+        out.write(f"rdma-cni {__version__}\n")
+        return 0
+    handlers: dict[str, Callable[[list[str], TextIO], int]] = {}
+    if name == "inventory":
+        from rdma_cni.inventory_cli import main as inventory_main
+
+        handlers[name] = inventory_main
+    elif name == "install":
+        from rdma_cni.install import main as install_main
+
+        handlers[name] = install_main
+    if name not in handlers:
+        sys.stderr.write(f"rdma-cni: unknown subcommand {name!r}\n\n{USAGE}")
+        return 2
+    return handlers[name](rest, out)

@@ -1,0 +1,25 @@
+"""The CNI verbs that need a full configuration: one module each, one flow each."""
+
+from __future__ import annotations
+
+import os
+from importlib import import_module
+from typing import Any
+
+from rdma_cni.protocol import CniEnv
+
+_MODULES = {"ADD": "add", "DEL": "delete", "CHECK": "check", "STATUS": "status", "GC": "gc"}
+
+
+def dispatch(env: CniEnv, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """Validate the config, set up logging, and run the verb; returns the document to print, if any."""
+    # pydantic otherwise scans every installed distribution for plugins at
+    # import (~20 ms of importlib.metadata) on every pod start.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    from rdma_cni.config import load_netconf
+    from rdma_cni.log import configure
+
+    conf = load_netconf(doc)
+    configure(conf.logFile, conf.logLevel, f"{env.command} {env.container_id}/{env.ifname}")
+    module = import_module(f"rdma_cni.commands.{_MODULES[env.command]}")
+    return module.run(env, conf, doc)

@@ -1,0 +1,256 @@
+"""ADD: read the request, place it, record the intent, then move each VF into the pod.
+
+Flow: the pod's request is fetched before the node lock (network I/O must
+not hold other pods up); under the lock the record and the node are read,
+the placement is decided, and the intent record is written before the
+first kernel change. Any failure releases exactly the steps that ran, in
+reverse, and drops the record; if that release itself fails the record
+stays, so the runtime's DEL finishes the job and no VF is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from rdma_cni import placement
+from rdma_cni.attach import (
+    Netns,
+    Progress,
+    apply_addresses,
+    apply_pf_settings,
+    bring_up,
+    move_in,
+)
+from rdma_cni.commands.common import ipam_for, release_vfs
+from rdma_cni.config import InterfaceRequest, NetConf
+from rdma_cni.errors import KernelError, NoCapacity, StateError, UnknownContainer
+from rdma_cni.inventory import Node, Vf, scan
+from rdma_cni.ipam import Ipam
+from rdma_cni.isolation import RdmaIsolation
+from rdma_cni.netlink import Rtnl
+from rdma_cni.podmeta import pod_side_names, resolve_request
+from rdma_cni.protocol import CniEnv, Interface, Result, Route
+from rdma_cni.record import Attachment, PodInfo, RecordStore, VfRecord, node_lock
+from rdma_cni.vfcontrol import VfControl, describe, vf_control
+
+log = logging.getLogger("rdma_cni.add")
+
+# What a VF's PF-side settings are taken to be when the driver does not report them.
+_NEUTRAL: dict[str, Any] = {
+    "rate": [0, 0],
+    "vlan": [0, 0],
+    "spoofchk": True,
+    "trust": False,
+    "link_state": "auto",
+    "mac": "00:00:00:00:00:00",
+}
+
+
+def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
+    """The ADD verb."""
+    request, source = resolve_request(env, conf)
+    names = pod_side_names(env.ifname, list(request.interfaces), source)
+    ipam = ipam_for(conf, doc, env)
+    try:
+        pod = Netns(env.netns)
+    except OSError as exc:
+        raise UnknownContainer(f"cannot open CNI_NETNS {env.netns}: {exc.strerror}") from exc
+    store = RecordStore(conf.stateDir)
+    isolation = RdmaIsolation(conf.rdmaIsolation)
+    try:
+        with node_lock(conf.lockFile, conf.lockTimeoutSeconds), Rtnl() as host:
+            if store.get(env.container_id, env.ifname) is not None:
+                raise StateError(
+                    f"{env.container_id}/{env.ifname} is already attached: DEL it before adding it again"
+                )
+            vfctl = vf_control(host)
+            node = scan(pfs=conf.pfs, capacity=conf.capacityMbps, attachments=store.all(), vfctl=vfctl)
+            chosen = choose(node, list(request.interfaces), isolation, source)
+            att = plan(env, conf, host, chosen, names, list(request.interfaces), isolation)
+            store.write(att)
+            progress = Progress()
+            try:
+                result = perform(att, env, host, pod, vfctl, ipam, isolation, progress)
+                result.dns = merged_dns(conf, att)
+            except BaseException:
+                errors = release_vfs(
+                    att.vfs,
+                    netns_path=env.netns,
+                    host=host,
+                    vfctl=vfctl,
+                    ipam=ipam,
+                    conf=conf,
+                    progress=progress,
+                )
+                if errors:
+                    log.error("rollback incomplete, keeping the record for DEL: %s", "; ".join(errors))
+                else:
+                    store.delete(att.container_id, att.ifname)
+                raise
+            att.state = "ready"
+            att.result = result.to_dict(att.cni_version)
+            store.write(att)
+            return att.result
+    finally:
+        pod.close()
+
+
+def choose(node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation, source: str) -> list[Vf]:
+    """Place the request and pick concrete VFs (lowest free index on each chosen PF)."""
+
+    def eligible(vf: Vf) -> bool:
+        return vf.free and (isolation.mode != "required" or bool(vf.rdma_devices))
+
+    pools = {pf.name: [v for v in pf.vfs if eligible(v)] for pf in node.pfs}
+    states = [
+        placement.PfState(
+            name=pf.name,
+            free_vfs=len(pools[pf.name]),
+            capacity_mbps=pf.capacity_mbps,
+            reserved_mbps=pf.reserved_mbps,
+            numa_node=pf.numa_node,
+        )
+        for pf in node.pfs
+    ]
+    asked = ", ".join(f"[min {r.min_tx_rate}, max {r.max_tx_rate}]" for r in request)
+    if not states:
+        raise NoCapacity(
+            f"{source} asks for {len(request)} interface(s) ({asked} Mbit/s) but this node has no "
+            "SR-IOV PF with VFs enabled" + (f" among pfs {node_pfs_hint(node)}" if node.pfs else "")
+        )
+    try:
+        placed = placement.place([placement.Request(r.min_tx_rate, r.max_tx_rate) for r in request], states)
+    except placement.NoFit as exc:
+        raise NoCapacity(
+            f"{source} does not fit on this node: {exc}",
+            f"asked: {asked}; free: " + placement.free_summary(states),
+        ) from exc
+    return [pools[pf_name].pop(0) for pf_name in placed.pfs]
+
+
+def node_pfs_hint(node: Node) -> str:
+    return ", ".join(p.name for p in node.pfs)
+
+
+def plan(
+    env: CniEnv,
+    conf: NetConf,
+    host: Rtnl,
+    chosen: list[Vf],
+    names: list[str],
+    requests: list[InterfaceRequest],
+    isolation: RdmaIsolation,
+) -> Attachment:
+    """The intent record: which VFs, their host identity, and every setting with its original value."""
+    pod_ref = env.pod
+    att = Attachment(
+        container_id=env.container_id,
+        ifname=env.ifname,
+        network=conf.name,
+        netns=env.netns,
+        cni_version=conf.cniVersion,
+        state="adding",
+        created_at=time.time(),
+        pod=PodInfo(pod_ref.namespace, pod_ref.name, pod_ref.uid) if pod_ref else None,
+    )
+    mac = conf.runtimeConfig.get("mac") if isinstance(conf.runtimeConfig.get("mac"), str) else ""
+    for i, (vf, name, req) in enumerate(zip(chosen, names, requests, strict=True)):
+        assert vf.netdev is not None  # guaranteed by Vf.free
+        pf_name = vf.pf
+        link = host.get_link(name=vf.netdev)
+        if link is None:
+            raise KernelError(
+                f"VF {vf.pci} netdev {vf.netdev} is listed in sysfs but not in the host namespace"
+            )
+        current = vf.settings.settings() if vf.settings else {}
+        applied: dict[str, Any] = {}
+        if req.min_tx_rate or req.max_tx_rate or any(current.get("rate", [0, 0])):
+            applied["rate"] = [req.min_tx_rate, req.max_tx_rate]
+        applied.update(conf.vf_settings())
+        if i == 0 and mac:
+            applied["mac"] = mac
+        original = {k: current.get(k, _NEUTRAL[k]) for k in applied}
+        device, action = isolation.decide(vf.pci, vf.rdma_devices)
+        att.vfs.append(
+            VfRecord(
+                pf=pf_name,
+                vf=vf.index,
+                pci=vf.pci,
+                host_name=link.name,
+                host_mac=link.mac,
+                host_mtu=link.mtu,
+                pod_name=name,
+                min_tx_rate=req.min_tx_rate,
+                max_tx_rate=req.max_tx_rate,
+                pf_original=original,
+                pf_applied=applied,
+                mac=mac if i == 0 else "",
+                mtu=conf.mtu,
+                rdma_device=device,
+                rdma_action="moved" if action == "move" else action,
+            )
+        )
+        if applied:
+            log.info("VF %s (%s/%d) -> %s: %s", vf.pci, pf_name, vf.index, name, describe(applied))
+    return att
+
+
+def perform(
+    att: Attachment,
+    env: CniEnv,
+    host: Rtnl,
+    pod: Netns,
+    vfctl: VfControl,
+    ipam: Ipam | None,
+    isolation: RdmaIsolation,
+    progress: Progress,
+) -> Result:
+    """Run every ADD step for every VF, marking each before it runs (so rollback covers a half-done step)."""
+    result = Result()
+    for rec in att.vfs:
+        progress.mark(rec.pci, "pf")
+        apply_pf_settings(vfctl, rec)
+        if rec.rdma_action == "moved":
+            progress.mark(rec.pci, "rdma")
+            isolation.move_in(rec.rdma_device, pod)
+        progress.mark(rec.pci, "move")
+        link = move_in(host, pod, rec)
+        progress.mark(rec.pci, "up")
+        bring_up(pod, link, rec)
+        index = len(result.interfaces)
+        result.interfaces.append(
+            Interface(
+                name=rec.pod_name,
+                mac=rec.mac or link.mac,
+                sandbox=env.netns,
+                mtu=rec.mtu or link.mtu,
+                pci_id=rec.pci,
+            )
+        )
+        if ipam is None:
+            continue
+        progress.mark(rec.pci, "ipam")
+        rec.ipam = ipam.add(rec.pod_name)
+        progress.mark(rec.pci, "addresses")
+        apply_addresses(pod, link, rec.ipam)
+        sub = Result.from_dict(rec.ipam)
+        for ip in sub.ips:
+            ip.interface = index
+            result.ips.append(ip)
+        for route in sub.routes:
+            if all((r.dst, r.gw) != (route.dst, route.gw) for r in result.routes):
+                result.routes.append(Route(**vars(route)))
+    return result
+
+
+def merged_dns(conf: NetConf, att: Attachment) -> dict[str, Any]:
+    """The config's dns, else the first IPAM result's."""
+    dns = conf.dns.model_dump(exclude_defaults=True)
+    if dns:
+        return dns
+    for rec in att.vfs:
+        if rec.ipam and rec.ipam.get("dns"):
+            return dict(rec.ipam["dns"])
+    return {}

@@ -1,0 +1,302 @@
+"""Typed models for the network configuration and the pod's interface request.
+
+Everything untrusted is validated here, at the edge: the netconf a runtime
+sends on stdin, and the pod annotation a user writes. Errors name the field
+path and the reason. pydantic is imported by this module, so only verbs that
+need a full config import it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from rdma_cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
+from rdma_cni.protocol import IFNAMSIZ, SUPPORTED_VERSIONS, valid_ifname
+
+log = logging.getLogger("rdma_cni.config")
+
+MAX_INTERFACES = 32
+# 10 Tbit/s: far above any NIC, low enough that sums cannot overflow anything.
+MAX_RATE_MBPS = 10_000_000
+DEFAULT_ANNOTATION = "rdma_interfaces_required"
+DEFAULT_STATE_DIR = "/var/lib/cni/rdma-cni"
+DEFAULT_LOCK_FILE = "/run/rdma-cni/rdma-cni.lock"
+
+Rate = Annotated[StrictInt, Field(ge=0, le=MAX_RATE_MBPS)]
+
+
+class InterfaceRequest(BaseModel):
+    """One requested RDMA interface: rates in Mbit/s and an optional pod-side name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_tx_rate: Rate = 0
+    max_tx_rate: Rate = 0
+    name: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_ifname(cls, v: str | None) -> str | None:
+        if v is not None and not valid_ifname(v):
+            raise ValueError(
+                f"{v!r} is not a valid interface name (1-{IFNAMSIZ} chars, no '/', ':', whitespace)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _max_not_below_min(self) -> InterfaceRequest:
+        if self.max_tx_rate and self.max_tx_rate < self.min_tx_rate:
+            raise ValueError(
+                f"max_tx_rate {self.max_tx_rate} is below min_tx_rate {self.min_tx_rate} (0 means no cap)"
+            )
+        return self
+
+
+class PodRequest(BaseModel):
+    """The validated list of interfaces a pod asks for (1 to 32)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interfaces: Annotated[list[InterfaceRequest], Field(min_length=1, max_length=MAX_INTERFACES)]
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> PodRequest:
+        names = [i.name for i in self.interfaces if i.name]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"interface names must be unique, repeated: {', '.join(dupes)}")
+        return self
+
+
+class IpamConfig(BaseModel):
+    """The IPAM section: only ``type`` matters to us, the rest goes to the IPAM plugin."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
+
+
+class DnsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nameservers: list[str] = []
+    domain: str = ""
+    search: list[str] = []
+    options: list[str] = []
+
+
+_ANNOTATION_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
+class NetConf(BaseModel):
+    """The network configuration rdma-cni reads. Field names are the JSON keys."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    cniVersion: Literal["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
+    type: str = "rdma-cni"
+    ipam: IpamConfig | None = None
+    dns: DnsConfig = DnsConfig()
+    args: dict[str, Any] = {}
+    runtimeConfig: dict[str, Any] = {}
+    prevResult: dict[str, Any] | None = None
+    capabilities: dict[str, bool] = {}
+
+    pfs: list[str] | None = None
+    annotation: str = DEFAULT_ANNOTATION
+    defaultRequest: Annotated[list[InterfaceRequest], Field(min_length=1, max_length=MAX_INTERFACES)] = [
+        InterfaceRequest()
+    ]
+    kubeconfig: str | None = None
+    rdmaIsolation: Literal["auto", "required", "off"] = "auto"
+    stateDir: str = DEFAULT_STATE_DIR
+    lockFile: str = DEFAULT_LOCK_FILE
+    lockTimeoutSeconds: Annotated[float, Field(gt=0, le=600)] = 60.0
+    capacityMbps: dict[str, Annotated[StrictInt, Field(ge=0, le=MAX_RATE_MBPS)]] = {}
+
+    vlan: Annotated[StrictInt, Field(ge=0, le=4095)] | None = None
+    vlanQoS: Annotated[StrictInt, Field(ge=0, le=7)] | None = None
+    spoofchk: bool | None = None
+    trust: bool | None = None
+    linkState: Literal["auto", "enable", "disable"] | None = None
+    mtu: Annotated[StrictInt, Field(ge=68, le=65535)] | None = None
+
+    logFile: str | None = None
+    logLevel: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("pfs")
+    @classmethod
+    def _pfs_are_ifnames(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("must list at least one PF, or be omitted to use every SR-IOV PF")
+            bad = [p for p in v if not valid_ifname(p)]
+            if bad:
+                raise ValueError(f"not interface names: {bad}")
+        return v
+
+    @field_validator("capacityMbps")
+    @classmethod
+    def _capacity_keys(cls, v: dict[str, int]) -> dict[str, int]:
+        bad = [p for p in v if not valid_ifname(p)]
+        if bad:
+            raise ValueError(f"keys must be PF interface names, not {bad}")
+        return v
+
+    @field_validator("annotation")
+    @classmethod
+    def _annotation_key(cls, v: str) -> str:
+        if not _ANNOTATION_KEY.match(v):
+            raise ValueError(f"{v!r} is not a valid Kubernetes annotation key")
+        return v
+
+    @field_validator("stateDir", "lockFile", "kubeconfig", "logFile")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("/") or "\0" in v):
+            raise ValueError(f"must be an absolute path, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _vlan_qos_needs_vlan(self) -> NetConf:
+        if self.vlanQoS and not self.vlan:
+            raise ValueError("vlanQoS needs a non-zero vlan")
+        return self
+
+    @property
+    def unknown_keys(self) -> list[str]:
+        """Keys the config carried that this model does not define."""
+        return sorted((self.model_extra or {}).keys())
+
+    def vf_settings(self) -> dict[str, Any]:
+        """The PF-side VF settings this network applies to every VF (only those configured)."""
+        out: dict[str, Any] = {}
+        if self.vlan is not None:
+            out["vlan"] = [self.vlan, self.vlanQoS or 0]
+        if self.spoofchk is not None:
+            out["spoofchk"] = self.spoofchk
+        if self.trust is not None:
+            out["trust"] = self.trust
+        if self.linkState is not None:
+            out["link_state"] = self.linkState
+        return out
+
+
+# Keys runtimes and Multus add on their own: ignored without a warning.
+RUNTIME_KEYS = frozenset({"deviceID", "pciBusID", "plugins", "disableCheck", "disableGC", "cniVersions"})
+
+# Keys that users carry over from sriov-cni or the original plugin, mapped to
+# what they should write instead.
+_HINTS = {
+    "mintxrate": "defaultRequest[].min_tx_rate (rates are per interface; pods set them in the annotation)",
+    "maxtxrate": "defaultRequest[].max_tx_rate (rates are per interface; pods set them in the annotation)",
+    "linkstate": "linkState",
+    "vlanqos": "vlanQoS",
+    "loglevel": "logLevel",
+    "logfile": "logFile",
+}
+
+
+def _norm(key: str) -> str:
+    return re.sub(r"[-_\s]", "", key).lower()
+
+
+def suggest_field(key: str) -> str | None:
+    """The known field an unknown key probably meant, or None if it looks unrelated."""
+    known = {_norm(name): name for name in NetConf.model_fields}
+    n = _norm(key)
+    if n in _HINTS:
+        return _HINTS[n]
+    if n in known and known[n] != key:
+        return known[n]
+    close = difflib.get_close_matches(n, list(known), n=1, cutoff=0.85)
+    return known[close[0]] if close else None
+
+
+def _format_errors(exc: ValidationError, prefix: str = "") -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{prefix}{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def load_netconf(doc: dict[str, Any]) -> NetConf:
+    """Validate a decoded network configuration.
+
+    Invalid values raise code 7 naming the field; a key that looks like a
+    misspelling of a known one raises code 2 naming both.
+    """
+    for key in doc:
+        if key in NetConf.model_fields or key in RUNTIME_KEYS:
+            continue
+        meant = suggest_field(key)
+        if meant:
+            raise UnsupportedField(
+                f"unsupported key {key!r} in network configuration: did you mean {meant}?",
+                f"{key}={json.dumps(doc[key])[:200]}",
+            )
+    if "cniVersion" in doc and doc["cniVersion"] not in SUPPORTED_VERSIONS:
+        # Version errors are code 1 and are raised by the protocol layer first;
+        # this only guards direct callers of load_netconf.
+        raise InvalidConfig(f"cniVersion {doc['cniVersion']!r} is not supported")
+    try:
+        conf = NetConf.model_validate(doc)
+    except ValidationError as exc:
+        raise InvalidConfig("invalid network configuration: " + _format_errors(exc)) from exc
+    for key in conf.unknown_keys:
+        if key not in RUNTIME_KEYS:
+            log.info("ignoring unknown network configuration key %r", key)
+    return conf
+
+
+def parse_request(raw: Any, source: str) -> PodRequest:
+    """Validate a pod's request; ``source`` (e.g. "pod ns/name annotation X") names it in errors.
+
+    ``raw`` is the annotation string (JSON) or an already decoded value from
+    the config's ``args``. A single object is accepted as a one-entry list.
+    """
+    value = raw
+    if isinstance(raw, str):
+        if len(raw) > 65536:
+            raise InvalidPodRequest(f"{source}: value is {len(raw)} bytes, the limit is 65536")
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            raise InvalidPodRequest(f"{source}: not valid JSON: {exc}") from exc
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        raise InvalidPodRequest(
+            f"{source}: expected a JSON list of interface objects like "
+            '[{"min_tx_rate": 1000, "max_tx_rate": 2000}, {}], got ' + type(value).__name__
+        )
+    if not value:
+        raise InvalidPodRequest(
+            f"{source}: asks for no interfaces; remove the network attachment instead of requesting zero"
+        )
+    if len(value) > MAX_INTERFACES:
+        raise InvalidPodRequest(f"{source}: asks for {len(value)} interfaces, the limit is {MAX_INTERFACES}")
+    try:
+        return PodRequest(interfaces=value)
+    except ValidationError as exc:
+        detail = _format_errors(exc).replace("interfaces.", "entry ")
+        raise InvalidPodRequest(f"{source}: {detail}") from exc

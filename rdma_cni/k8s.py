@@ -1,0 +1,551 @@
+"""Read a pod from the Kubernetes API server.
+
+The plugin needs exactly one thing from Kubernetes: the pod being attached, to
+read its annotations. This module finds credentials (a kubeconfig file or the
+in-cluster service account) and fetches the pod over HTTPS.
+
+Only the standard library is imported at module level: ``requests`` costs tens
+of milliseconds to import and most verbs never talk to the API server, so it is
+imported inside :func:`get_pod`. PyYAML is optional and imported only for a
+kubeconfig that is not JSON.
+
+Secrets (bearer tokens, client keys) never appear in exception messages, log
+lines or ``repr`` output: anything derived from foreign text passes through a
+redaction step before it leaves this module.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+import urllib.parse
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rdma_cni import __version__
+from rdma_cni.errors import InvalidConfig, KubernetesError, TryAgainLater
+
+log = logging.getLogger("rdma_cni.k8s")
+
+SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SERVICEACCOUNT_DIR_ENV = "RDMA_CNI_SERVICEACCOUNT_DIR"
+
+# Kubernetes object-name grammars (k8s.io/apimachinery validation). A namespace
+# is a DNS-1123 label; a pod name is a DNS-1123 subdomain.
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+# RFC 6750 token68-ish: anything printable without whitespace. Anything else
+# would be rejected by requests with an error that quotes the header value,
+# i.e. the token, so it is refused up front instead.
+_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")
+
+# Longest piece of server-supplied text copied into an error message.
+_MAX_FOREIGN_TEXT = 300
+
+
+@dataclass(frozen=True)
+class ClusterCredentials:
+    """Where the API server is and how to authenticate to it.
+
+    ``source`` describes where the credentials came from, for error messages.
+    File paths are absolute. Inline data (``*_data``) is PEM bytes that
+    :func:`get_pod` writes to private temporary files for the duration of a
+    request. Secret fields are left out of ``repr``.
+    """
+
+    server: str
+    source: str
+    ca_file: str | None = None
+    ca_data: bytes | None = None
+    insecure_skip_tls_verify: bool = False
+    token: str | None = field(default=None, repr=False)
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+    client_cert_data: bytes | None = field(default=None, repr=False)
+    client_key_data: bytes | None = field(default=None, repr=False)
+
+    def secrets(self) -> list[str]:
+        """The secret strings that must never be shown, for redaction."""
+        found: list[str] = []
+        if self.token:
+            found.append(self.token)
+        if self.client_key_data:
+            text = self.client_key_data.decode("ascii", "replace")
+            found.append(text)
+            # The base64 form is what sits in the kubeconfig; hide it too.
+            found.append(base64.b64encode(self.client_key_data).decode("ascii"))
+        return found
+
+
+# --------------------------------------------------------------------------
+# Credentials
+
+
+def load_credentials(kubeconfig: str | None) -> ClusterCredentials:
+    """Load API server credentials from a kubeconfig file or the service account.
+
+    With a path, the kubeconfig is read (JSON always; YAML only if PyYAML is
+    installed) and its ``current-context`` selects the cluster and user.
+    Relative file paths in it are resolved against the kubeconfig's directory.
+    Supported user credentials: ``token``, ``tokenFile`` (which wins over
+    ``token`` when readable), ``client-certificate``/``client-key`` files and
+    their inline ``-data`` forms.
+
+    With ``None`` or an empty string, the in-cluster service account is used:
+    ``KUBERNETES_SERVICE_HOST`` and ``KUBERNETES_SERVICE_PORT`` locate the API
+    server, and ``token`` and ``ca.crt`` are read from
+    ``/var/run/secrets/kubernetes.io/serviceaccount``, or from the directory
+    named by the ``RDMA_CNI_SERVICEACCOUNT_DIR`` environment variable (meant
+    for tests).
+
+    Raises :class:`InvalidConfig` naming the file and field that is missing or
+    malformed.
+    """
+    if kubeconfig:
+        return _from_kubeconfig(kubeconfig)
+    return _from_service_account()
+
+
+def _from_service_account() -> ClusterCredentials:
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "").strip()
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "").strip()
+    for var, value in (("KUBERNETES_SERVICE_HOST", host), ("KUBERNETES_SERVICE_PORT", port)):
+        if not value:
+            raise InvalidConfig(
+                f"no kubeconfig given and {var} is not set: cannot find the API server",
+                "set 'kubeconfig' in the network configuration when not running in a pod",
+            )
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidConfig(f"KUBERNETES_SERVICE_PORT is not a port number: {port[:20]!r}")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # bare IPv6 address
+    sa_dir = os.environ.get(SERVICEACCOUNT_DIR_ENV) or SERVICEACCOUNT_DIR
+    token_path = os.path.join(sa_dir, "token")
+    ca_path = os.path.join(sa_dir, "ca.crt")
+    token = _read_token_file(token_path, f"service account token {token_path}")
+    if not os.path.isfile(ca_path):
+        raise InvalidConfig(f"service account CA certificate {ca_path} is missing")
+    return ClusterCredentials(
+        server=f"https://{host}:{port}",
+        source=f"in-cluster service account ({sa_dir})",
+        ca_file=os.path.abspath(ca_path),
+        token=token,
+    )
+
+
+def _from_kubeconfig(path: str) -> ClusterCredentials:
+    doc = _parse_kubeconfig(path)
+    base_dir = os.path.dirname(os.path.abspath(path))
+
+    def bad(field_name: str, problem: str) -> InvalidConfig:
+        return InvalidConfig(f"kubeconfig {path}: {field_name} {problem}")
+
+    context_name = doc.get("current-context")
+    if not isinstance(context_name, str) or not context_name:
+        raise bad("current-context", "is missing")
+    context = _named_entry(doc, "contexts", "context", context_name, bad)
+    ctx_field = f'contexts[name="{context_name}"].context'
+    cluster_name = context.get("cluster")
+    user_name = context.get("user")
+    if not isinstance(cluster_name, str) or not cluster_name:
+        raise bad(f"{ctx_field}.cluster", "is missing")
+    if not isinstance(user_name, str) or not user_name:
+        raise bad(f"{ctx_field}.user", "is missing")
+    cluster = _named_entry(doc, "clusters", "cluster", cluster_name, bad)
+    user = _named_entry(doc, "users", "user", user_name, bad)
+    cl_field = f'clusters[name="{cluster_name}"].cluster'
+    us_field = f'users[name="{user_name}"].user'
+
+    server = cluster.get("server")
+    if not isinstance(server, str) or not server:
+        raise bad(f"{cl_field}.server", "is missing")
+    parsed = urllib.parse.urlsplit(server)
+    if parsed.scheme not in ("https", "http") or not parsed.hostname:
+        raise bad(f"{cl_field}.server", f"is not an http(s) URL: {server[:100]!r}")
+
+    def opt_str(section: dict[str, Any], sec_field: str, key: str) -> str | None:
+        value = section.get(key)
+        if value is None or value == "":
+            return None
+        if not isinstance(value, str):
+            raise bad(f"{sec_field}.{key}", "must be a string")
+        return value
+
+    def opt_file(section: dict[str, Any], sec_field: str, key: str) -> str | None:
+        value = opt_str(section, sec_field, key)
+        if value is None:
+            return None
+        resolved = os.path.normpath(os.path.join(base_dir, os.path.expanduser(value)))
+        if not os.path.isfile(resolved):
+            raise bad(f"{sec_field}.{key}", f"names a file that does not exist: {resolved}")
+        return resolved
+
+    def opt_pem(section: dict[str, Any], sec_field: str, key: str, marker: bytes) -> bytes | None:
+        value = opt_str(section, sec_field, key)
+        if value is None:
+            return None
+        try:
+            data = base64.b64decode("".join(value.split()), validate=True)
+        except (binascii.Error, ValueError):
+            raise bad(f"{sec_field}.{key}", "is not valid base64") from None
+        if b"-----BEGIN" not in data or marker not in data:
+            raise bad(f"{sec_field}.{key}", "does not decode to a PEM block")
+        return data
+
+    insecure = cluster.get("insecure-skip-tls-verify", False)
+    if not isinstance(insecure, bool):
+        raise bad(f"{cl_field}.insecure-skip-tls-verify", "must be true or false")
+    ca_file = opt_file(cluster, cl_field, "certificate-authority")
+    ca_data = opt_pem(cluster, cl_field, "certificate-authority-data", b"CERTIFICATE")
+    if insecure and (ca_file or ca_data):
+        # kubectl refuses this combination too: it is almost certainly a mistake.
+        raise bad(cl_field, "sets both insecure-skip-tls-verify and a certificate authority")
+
+    token = opt_str(user, us_field, "token")
+    token_file = opt_str(user, us_field, "tokenFile")
+    if token_file is not None:
+        resolved = os.path.normpath(os.path.join(base_dir, os.path.expanduser(token_file)))
+        try:
+            token = _read_token_file(resolved, f"kubeconfig {path}: {us_field}.tokenFile {resolved}")
+        except InvalidConfig:
+            # As in client-go, a readable tokenFile wins over token; only
+            # without a fallback is an unreadable one fatal.
+            if token is None:
+                raise
+    if token is not None:
+        _check_token(token, f"kubeconfig {path}: {us_field}.token")
+
+    cert_file = opt_file(user, us_field, "client-certificate")
+    key_file = opt_file(user, us_field, "client-key")
+    cert_data = opt_pem(user, us_field, "client-certificate-data", b"CERTIFICATE")
+    key_data = opt_pem(user, us_field, "client-key-data", b"PRIVATE KEY")
+    has_cert = cert_file is not None or cert_data is not None
+    has_key = key_file is not None or key_data is not None
+    if has_cert and not has_key:
+        raise bad(us_field, "has a client certificate but no client-key or client-key-data")
+    if has_key and not has_cert:
+        raise bad(us_field, "has a client key but no client-certificate or client-certificate-data")
+    if cert_file and cert_data:
+        raise bad(us_field, "sets both client-certificate and client-certificate-data")
+    if key_file and key_data:
+        raise bad(us_field, "sets both client-key and client-key-data")
+
+    if token is None and not has_cert:
+        unsupported = [k for k in ("exec", "auth-provider", "username", "password") if k in user]
+        hint = f" ({', '.join(unsupported)} is not supported)" if unsupported else ""
+        raise bad(us_field, f"has no token, tokenFile or client certificate{hint}")
+
+    return ClusterCredentials(
+        server=server.rstrip("/"),
+        source=f"kubeconfig {path} (context {context_name})",
+        ca_file=ca_file,
+        ca_data=ca_data,
+        insecure_skip_tls_verify=insecure,
+        token=token,
+        client_cert_file=cert_file,
+        client_key_file=key_file,
+        client_cert_data=cert_data,
+        client_key_data=key_data,
+    )
+
+
+def _parse_kubeconfig(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidConfig(f"kubeconfig {path} cannot be read: {exc.__class__.__name__}: {exc}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = _parse_yaml(path, text)
+    if not isinstance(doc, dict):
+        raise InvalidConfig(f"kubeconfig {path}: the document is not a mapping")
+    return doc
+
+
+def _parse_yaml(path: str, text: str) -> Any:
+    try:
+        import yaml  # optional dependency: JSON kubeconfigs need nothing extra
+    except ImportError:
+        raise InvalidConfig(
+            f"kubeconfig {path} is not JSON, and PyYAML is not installed to read it as YAML",
+            "write the kubeconfig as JSON or install PyYAML",
+        ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        # Problem marks carry a line/column but never quote a whole value.
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        raise InvalidConfig(f"kubeconfig {path} is neither valid JSON nor valid YAML{at}") from None
+
+
+def _named_entry(
+    doc: dict[str, Any],
+    list_key: str,
+    item_key: str,
+    name: str,
+    bad: Callable[[str, str], InvalidConfig],
+) -> dict[str, Any]:
+    """Find ``doc[list_key][i][item_key]`` for the entry whose name is ``name``."""
+    entries = doc.get(list_key)
+    if not isinstance(entries, list):
+        raise bad(list_key, "is missing or not a list")
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            body = entry.get(item_key)
+            if not isinstance(body, dict):
+                raise bad(f'{list_key}[name="{name}"].{item_key}', "is missing or not a mapping")
+            return body
+    raise bad(f'{list_key}[name="{name}"]', "is missing")
+
+
+def _read_token_file(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidConfig(f"{what} cannot be read: {exc.__class__.__name__}") from None
+    if not token:
+        raise InvalidConfig(f"{what} is empty")
+    _check_token(token, what)
+    return token
+
+
+def _check_token(token: str, what: str) -> None:
+    if not _TOKEN_CHARS.fullmatch(token):
+        # Deliberately not quoting the value: it is a secret.
+        raise InvalidConfig(f"{what} contains whitespace or non-printable characters")
+
+
+# --------------------------------------------------------------------------
+# Fetching a pod
+
+
+def get_pod(
+    creds: ClusterCredentials,
+    namespace: str,
+    name: str,
+    *,
+    timeout: float | tuple[float, float] = (3.05, 10),
+    retries: int = 3,
+    backoff: float = 0.2,
+) -> dict[str, Any]:
+    """Fetch ``/api/v1/namespaces/{namespace}/pods/{name}`` and return the Pod.
+
+    ``timeout`` is passed to requests (connect, read). Connection failures,
+    timeouts, HTTP 429 and 5xx answers are retried up to ``retries`` more times
+    after the first attempt, sleeping ``backoff * 2**n`` seconds in between.
+
+    Raises:
+        TryAgainLater: the API server stayed unreachable, slow or failing.
+        KubernetesError: the names are not valid Kubernetes names, the pod does
+            not exist, the credentials were refused, TLS verification failed,
+            or the answer was not a Pod object.
+    """
+    _check_name("namespace", namespace, _DNS1123_LABEL, 63)
+    _check_name("pod name", name, _DNS1123_SUBDOMAIN, 253)
+
+    import requests  # deferred: see the module docstring
+    import urllib3
+
+    # Names are validated above, so quoting changes nothing; it is a second
+    # line of defence should the grammar ever be loosened.
+    path = "/api/v1/namespaces/{}/pods/{}".format(
+        urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")
+    )
+    url = creds.server + path
+    pod_ref = f"{namespace}/{name}"
+    headers = {"Accept": "application/json", "User-Agent": f"rdma-cni/{__version__}"}
+    if creds.token:
+        headers["Authorization"] = f"Bearer {creds.token}"
+
+    attempts = max(1, retries + 1)
+    last_error = "no attempt made"
+    with contextlib.ExitStack() as stack:
+        verify, cert = stack.enter_context(_tls_files(creds))
+        if verify is False:
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+        session = stack.enter_context(requests.Session())
+        # Ignore proxy variables, .netrc and REQUESTS_CA_BUNDLE from the
+        # environment: the runtime's proxy settings are meant for image pulls,
+        # and a .netrc entry would silently replace the bearer token.
+        session.trust_env = False
+        session.verify = verify
+        if cert is not None:
+            session.cert = cert
+        for attempt in range(attempts):
+            if attempt:
+                delay = backoff * (2 ** (attempt - 1))
+                log.info("retrying GET pod %s in %.2fs after: %s", pod_ref, delay, last_error)
+                time.sleep(delay)
+            log.debug("GET %s (attempt %d of %d)", url, attempt + 1, attempts)
+            try:
+                resp = session.get(url, headers=headers, timeout=timeout, allow_redirects=False)
+            except requests.exceptions.SSLError as exc:
+                # A bad certificate does not heal by retrying.
+                raise KubernetesError(
+                    f"TLS connection to API server {creds.server} failed",
+                    _redact(f"{_describe(exc)}; check the certificate authority in {creds.source}", creds),
+                ) from exc
+            except (
+                requests.exceptions.ConnectionError,
+                requests.exceptions.Timeout,
+                requests.exceptions.ChunkedEncodingError,
+            ) as exc:
+                last_error = _redact(_describe(exc), creds)
+                continue
+            except requests.exceptions.RequestException as exc:
+                raise KubernetesError(
+                    f"request to API server {creds.server} failed", _redact(_describe(exc), creds)
+                ) from exc
+
+            status = resp.status_code
+            if status == 200:
+                return _decode_pod(resp, creds, pod_ref)
+            server_says = _status_message(resp, creds)
+            if status >= 500 or status == 429:
+                last_error = f"HTTP {status}" + (f": {server_says}" if server_says else "")
+                continue
+            if status == 404:
+                raise KubernetesError(f"pod {pod_ref} not found", server_says)
+            if status in (401, 403):
+                raise KubernetesError(
+                    f"API server {creds.server} refused the credentials from {creds.source} "
+                    f"(HTTP {status}) reading pod {pod_ref}",
+                    server_says,
+                )
+            raise KubernetesError(
+                f"API server {creds.server} answered HTTP {status} reading pod {pod_ref}", server_says
+            )
+
+    log.warning("giving up on API server %s after %d attempts: %s", creds.server, attempts, last_error)
+    raise TryAgainLater(
+        f"API server {creds.server} unavailable reading pod {pod_ref} after {attempts} attempts",
+        f"last error: {last_error}",
+    )
+
+
+def pod_annotation(pod: dict[str, Any], key: str) -> str | None:
+    """The value of annotation ``key`` on ``pod``, or None when it is absent."""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict):
+        return None
+    annotations = metadata.get("annotations")
+    if not isinstance(annotations, dict):
+        return None
+    value = annotations.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _check_name(what: str, value: object, grammar: re.Pattern[str], max_len: int) -> None:
+    if isinstance(value, str) and len(value) <= max_len and grammar.fullmatch(value):
+        return
+    shown = repr(value)[:80]
+    raise KubernetesError(
+        f"invalid {what} {shown}: not a valid Kubernetes name",
+        f"a {what} must be at most {max_len} lowercase letters, digits, '-'"
+        + (" or '.'" if grammar is _DNS1123_SUBDOMAIN else ""),
+    )
+
+
+@contextlib.contextmanager
+def _tls_files(creds: ClusterCredentials) -> Iterator[tuple[str | bool, tuple[str, str] | None]]:
+    """Yield requests' ``verify`` and ``cert`` values, materialising inline PEM data.
+
+    requests only accepts file paths, so inline data goes into a fresh 0700
+    directory as 0600 files, removed when the block exits.
+    """
+    tmpdir: str | None = None
+
+    def materialise(filename: str, data: bytes) -> str:
+        nonlocal tmpdir
+        if tmpdir is None:
+            tmpdir = tempfile.mkdtemp(prefix="rdma-cni-k8s-")  # mkdtemp creates it 0700
+        target = os.path.join(tmpdir, filename)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return target
+
+    try:
+        verify: str | bool
+        if creds.insecure_skip_tls_verify:
+            verify = False
+        elif creds.ca_data is not None:
+            verify = materialise("ca.crt", creds.ca_data)
+        elif creds.ca_file is not None:
+            verify = creds.ca_file
+        else:
+            verify = True  # the system trust store
+        cert_path = creds.client_cert_file
+        if creds.client_cert_data is not None:
+            cert_path = materialise("client.crt", creds.client_cert_data)
+        key_path = creds.client_key_file
+        if creds.client_key_data is not None:
+            key_path = materialise("client.key", creds.client_key_data)
+        cert = (cert_path, key_path) if cert_path and key_path else None
+        yield verify, cert
+    finally:
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _decode_pod(resp: Any, creds: ClusterCredentials, pod_ref: str) -> dict[str, Any]:
+    try:
+        doc = resp.json()
+    except ValueError:
+        raise KubernetesError(
+            f"API server {creds.server} answered pod {pod_ref} with something that is not JSON",
+            _snippet(_redact(resp.text, creds)),
+        ) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict):
+        raise KubernetesError(f"API server {creds.server} answered pod {pod_ref} with a malformed object")
+    kind = doc.get("kind")
+    if kind is not None and kind != "Pod":
+        raise KubernetesError(
+            f"API server {creds.server} answered pod {pod_ref} with a {str(kind)[:40]!r}, not a Pod"
+        )
+    return doc
+
+
+def _status_message(resp: Any, creds: ClusterCredentials) -> str:
+    """The ``message`` of a Kubernetes Status body, else a snippet of the body."""
+    try:
+        doc = resp.json()
+    except ValueError:
+        return _snippet(_redact(resp.text, creds))
+    if isinstance(doc, dict) and isinstance(doc.get("message"), str):
+        return _snippet(_redact(doc["message"], creds))
+    return ""
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{exc.__class__.__name__}: {exc}"
+
+
+def _snippet(text: str) -> str:
+    text = " ".join(text.split())
+    if len(text) > _MAX_FOREIGN_TEXT:
+        return text[:_MAX_FOREIGN_TEXT] + "..."
+    return text
+
+
+def _redact(text: str, creds: ClusterCredentials) -> str:
+    for secret in creds.secrets():
+        if secret:
+            text = text.replace(secret, "<redacted>")
+    return text

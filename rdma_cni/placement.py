@@ -1,0 +1,632 @@
+"""Decide which physical function (PF) each RDMA interface of a pod goes on.
+
+Pure computation, standard library only: the CNI plugin calls :func:`place` on
+ADD and the scheduler extender imports this same module to filter nodes, so the
+two can never disagree about what fits.
+
+Model
+-----
+A pod asks for interfaces, each a :class:`Request` with ``min_tx_rate`` (a
+bandwidth reservation) and ``max_tx_rate`` (a cap, 0 = no cap), in Mbit/s. The
+node offers PFs (:class:`PfState`), each with free VFs, a link capacity (None
+when unknown) and bandwidth already reserved by other pods. Putting a request
+on a PF takes one free VF and reserves its min rate there; the reservations on
+a PF never exceed its capacity. A cap may not exceed the PF's capacity. A PF of
+unknown capacity takes only requests without a min rate (there is nothing to
+reserve against), whatever their cap. A PF whose existing reservations already
+exceed its capacity (the link renegotiated down) has nothing left to reserve
+but still takes requests without a min rate, since those add no reservation.
+
+Policy
+------
+Among the placements that fit, the one returned is chosen so the node stays
+useful for later pods:
+
+* Interfaces with a min rate go, largest first, on the PF with the least free
+  bandwidth left after the reservation (best fit). Packing reservations onto
+  already busy PFs keeps whole PFs free for the next large request.
+* Ties in leftover bandwidth go first to a PF on ``preferred_numa`` (the pod's
+  NUMA node; locality is free here), then to a PF this pod does not use yet
+  (spreading the pod's interfaces is free here), then by PF name.
+* Interfaces without a min rate only consume a VF, so they take the VF that is
+  least useful to future min-rate requests: a PF of unknown capacity first,
+  then the PF with the least free bandwidth, then the lowest capacity; the
+  same NUMA / spreading / name tie-breaks follow.
+
+``policy="numa_first"`` puts NUMA locality before everything else instead, for
+callers that value locality over packing.
+
+Algorithm
+---------
+Exact: when some assignment fits, one is returned. The search is over the
+min-rate requests only (bin packing with VF counts and per-PF cap limits):
+
+1. Cheap necessary conditions first, each giving its own :class:`NoFit`
+   reason: enough VFs in total; Hall's condition on VF counts (PF capacities
+   are nested, so the few "capacity at least c" thresholds suffice); every
+   request fits alone somewhere; total bandwidth; a dual-feasible-function
+   (Martello-Toth L2 style) bound generalised to PFs of different sizes.
+2. Depth-first search, requests by decreasing min rate, candidate PFs in
+   policy order. Its first descent is plain best-fit-decreasing and returns at
+   once when it succeeds, which is the usual case.
+3. Pruning: PFs in the same state are interchangeable, so only one of them is
+   tried per search node; equal requests take PFs in non-decreasing order of
+   the policy order fixed when their run starts, so their permutations are
+   not explored; at every node the remaining min rates must fit into the
+   bandwidth each PF can still take (at most its free bandwidth, at most the
+   sum of as many of the largest remaining requests as it has VFs); the VF
+   Hall condition is kept incrementally; states that failed are remembered
+   under a canonical key (multiset of PF states plus position), so no state
+   is expanded twice.
+4. Requests without a min rate need only a VF on a PF whose capacity reaches
+   their cap (or of unknown capacity). Those sets are nested, so the Hall
+   condition kept during the search is exactly their feasibility, and
+   assigning them afterwards, most restrictive first, never fails.
+
+Bin packing is NP-hard, and the memo bounds the work only by the number of
+distinct canonical states, which is not small in the worst case for 16 PFs and
+32 requests. So the search also has a step budget (``max_steps``, default
+:data:`DEFAULT_MAX_STEPS`, roughly 10 ms of search). It is never reached on
+the benchmark's random and adversarial families (the tests check the step
+counts), but if it is, :func:`place` raises :class:`NoFit` with reason
+``"search_limit"``: no placement was found and none was proven impossible.
+That answer is conservative (nothing is over-reserved) and is distinguishable
+from a proof of no fit; pass ``max_steps=None`` to search without a limit.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_MAX_STEPS",
+    "NoFit",
+    "PfState",
+    "Placement",
+    "Policy",
+    "Request",
+    "free_summary",
+    "place",
+]
+
+Policy = Literal["best_fit", "numa_first"]
+
+# About 10 ms of search on a laptop-class CPU; see the module docstring.
+DEFAULT_MAX_STEPS = 5_000
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass; True VFs would be a caller bug, not a count.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_count(value: object, what: str) -> None:
+    if not _is_int(value):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{what} must not be negative, got {value}")
+
+
+def _check_request(req: object) -> None:
+    if not isinstance(req, Request):
+        raise ValueError(f"expected a Request, got {req!r}")
+    _check_count(req.min_tx_rate, "min_tx_rate")
+    _check_count(req.max_tx_rate, "max_tx_rate")
+    if req.max_tx_rate and req.max_tx_rate < req.min_tx_rate:
+        raise ValueError(
+            f"max_tx_rate {req.max_tx_rate} is below min_tx_rate {req.min_tx_rate} (use 0 for no cap)"
+        )
+
+
+def _check_pf(pf: object) -> None:
+    if not isinstance(pf, PfState):
+        raise ValueError(f"expected a PfState, got {pf!r}")
+    if not isinstance(pf.name, str) or not pf.name:
+        raise ValueError(f"PF name must be a non-empty string, got {pf.name!r}")
+    _check_count(pf.free_vfs, f"{pf.name}: free_vfs")
+    if pf.capacity_mbps is not None:
+        _check_count(pf.capacity_mbps, f"{pf.name}: capacity_mbps")
+    _check_count(pf.reserved_mbps, f"{pf.name}: reserved_mbps")
+    if pf.numa_node is not None and not _is_int(pf.numa_node):
+        raise ValueError(f"{pf.name}: numa_node must be an integer or None, got {pf.numa_node!r}")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One requested interface: ``min_tx_rate`` is reserved, ``max_tx_rate`` caps (0 = no cap); Mbit/s."""
+
+    min_tx_rate: int = 0
+    max_tx_rate: int = 0
+
+    def __post_init__(self) -> None:
+        _check_request(self)
+
+
+@dataclass(frozen=True)
+class PfState:
+    """What a PF has free: VFs, link capacity (None = unknown) and bandwidth already reserved."""
+
+    name: str
+    free_vfs: int
+    capacity_mbps: int | None
+    reserved_mbps: int = 0
+    numa_node: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_pf(self)
+
+    @property
+    def free_mbps(self) -> int | None:
+        """Bandwidth still reservable (never negative), or None when the capacity is unknown."""
+        if self.capacity_mbps is None:
+            return None
+        return max(0, self.capacity_mbps - self.reserved_mbps)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The chosen PF name for each request, in request order, and the search steps spent."""
+
+    pfs: tuple[str, ...]
+    steps: int = 0
+
+
+class NoFit(Exception):
+    """No assignment of the requests to PFs fits; the message says what was asked and what is free.
+
+    ``reason`` is one of ``"vfs"`` (too few free VFs in total), ``"unknown_capacity"``
+    (min-rate requests but only PFs of unknown capacity have VFs for them),
+    ``"max_rate"`` (too few VFs on PFs whose capacity reaches the requested
+    caps), ``"bandwidth"`` (the min rates cannot be arranged on the PFs) or
+    ``"search_limit"`` (the step budget ran out before an answer).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        requested: tuple[Request, ...],
+        free_vfs: int,
+        free_mbps: dict[str, int | None],
+        largest_unplaced: Request | None,
+        steps: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+        self.requested = requested
+        self.free_vfs = free_vfs
+        self.free_mbps = free_mbps
+        self.largest_unplaced = largest_unplaced
+        self.steps = steps
+
+
+class _OutOfSteps(Exception):
+    pass
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def free_summary(pfs: Sequence[PfState]) -> str:
+    """One line describing what each PF has free, by PF name, for error messages."""
+    parts = []
+    for pf in sorted(pfs, key=lambda p: p.name):
+        if pf.capacity_mbps is None:
+            bandwidth = "capacity unknown"
+        else:
+            bandwidth = f"{pf.free_mbps} of {pf.capacity_mbps} Mbit/s free"
+        parts.append(f"{pf.name}: {_plural(pf.free_vfs, 'VF')}, {bandwidth}")
+    return "; ".join(parts) if parts else "no PFs"
+
+
+def _sort_key(req: Request) -> tuple[int, int]:
+    # Largest first: by min rate, then by cap with "no cap" (0) smallest.
+    return (-req.min_tx_rate, -req.max_tx_rate)
+
+
+class _Problem:
+    """Precomputed arrays for one call of :func:`place`; PFs are indexed in name order."""
+
+    def __init__(
+        self,
+        requests: tuple[Request, ...],
+        pfs: list[PfState],
+        preferred_numa: int | None,
+        policy: Policy,
+    ) -> None:
+        self.requests = requests
+        self.pfs = pfs
+        self.numa_first = policy == "numa_first"
+        self.known = [pf.capacity_mbps is not None for pf in pfs]
+        self.vfs0 = [pf.free_vfs for pf in pfs]
+        # -1 keeps unknown-capacity PFs out of every "free >= min" test.
+        self.free0 = [pf.free_mbps if pf.free_mbps is not None else -1 for pf in pfs]
+        self.numa_rank = [
+            0 if preferred_numa is not None and pf.numa_node == preferred_numa else 1 for pf in pfs
+        ]
+        # Capacity levels: a request's cap allows exactly the PFs whose level is at
+        # least the request's level, so eligibility is nested.
+        self.caps = sorted({pf.capacity_mbps for pf in pfs if pf.capacity_mbps is not None})
+        self.n_levels = len(self.caps)
+        self.plevel = [
+            bisect_left(self.caps, pf.capacity_mbps) if pf.capacity_mbps is not None else -1 for pf in pfs
+        ]
+        self.known_idx = [j for j in range(len(pfs)) if self.known[j]]
+        self.unknown_vfs = sum(self.vfs0[j] for j in range(len(pfs)) if not self.known[j])
+        self.total_vfs = sum(self.vfs0)
+
+        order = sorted(range(len(requests)), key=lambda i: (_sort_key(requests[i]), i))
+        self.reserving = [i for i in order if requests[i].min_tx_rate > 0]
+        self.unreserved = [i for i in order if requests[i].min_tx_rate == 0]
+        self.rlevel = [bisect_left(self.caps, r.max_tx_rate) for r in requests]
+
+    # ----------------------------------------------------------------- messages
+
+    def _fail(self, reason: str, detail: str, unplaced: Request | None, steps: int = 0) -> NoFit:
+        mins = ", ".join(str(r.min_tx_rate) for r in self.requests)
+        head = f"{_plural(len(self.requests), 'interface')} requested (min rates {mins} Mbit/s)"
+        return NoFit(
+            f"{head}{detail} ({free_summary(self.pfs)})",
+            reason=reason,
+            requested=self.requests,
+            free_vfs=self.total_vfs,
+            free_mbps={pf.name: pf.free_mbps for pf in self.pfs},
+            largest_unplaced=unplaced,
+            steps=steps,
+        )
+
+    def _kth_largest(self, indices: list[int], k: int) -> Request:
+        # With `k` places for these requests, the (k+1)-th largest is the first left over.
+        ranked = sorted(indices, key=lambda i: (_sort_key(self.requests[i]), i))
+        return self.requests[ranked[min(k, len(ranked) - 1)]]
+
+    # ------------------------------------------------------- necessary conditions
+
+    def hall_slack(self) -> list[int]:
+        """Per capacity level, the spare VFs after Hall's condition; raises NoFit when negative.
+
+        Level ``l`` stands for "capacity at least caps[l]". Min-rate requests of
+        level >= l need VFs on known PFs of level >= l; all requests of level
+        >= l can also use unknown-capacity PFs when they have no min rate.
+        """
+        levels = self.n_levels
+        vf_at = [0] * (levels + 2)
+        for j in self.known_idx:
+            vf_at[self.plevel[j]] += self.vfs0[j]
+        for lvl in range(levels - 1, -1, -1):
+            vf_at[lvl] += vf_at[lvl + 1]
+        nb = [0] * (levels + 2)
+        nz = [0] * (levels + 2)
+        for i in self.reserving:
+            nb[self.rlevel[i]] += 1
+        for i in self.unreserved:
+            nz[self.rlevel[i]] += 1
+        for lvl in range(levels - 1, -1, -1):
+            nb[lvl] += nb[lvl + 1]
+            nz[lvl] += nz[lvl + 1]
+        only_known = [vf_at[lvl] - nb[lvl] for lvl in range(levels + 1)]
+        with_unknown = [vf_at[lvl] + self.unknown_vfs - nb[lvl] - nz[lvl] for lvl in range(levels + 1)]
+
+        if len(self.requests) > self.total_vfs:
+            raise self._fail(
+                "vfs",
+                f" but the node has {_plural(self.total_vfs, 'free VF')}",
+                self._kth_largest(list(range(len(self.requests))), self.total_vfs),
+            )
+        if only_known[0] < 0:
+            raise self._fail(
+                "unknown_capacity",
+                f": {len(self.reserving)} of them reserve a min rate, which needs a PF of known capacity, "
+                f"but those have {_plural(vf_at[0], 'free VF')}; the other "
+                f"{_plural(self.unknown_vfs, 'free VF')} are on PFs of unknown capacity, "
+                "usable only without a min rate",
+                self._kth_largest(self.reserving, vf_at[0]),
+            )
+        for lvl in range(levels, 0, -1):
+            if only_known[lvl] >= 0 and with_unknown[lvl] >= 0:
+                continue
+            above = self.caps[lvl - 1]
+            if only_known[lvl] < 0:
+                group = [i for i in self.reserving if self.rlevel[i] >= lvl]
+                room = vf_at[lvl]
+                who = " with a min rate"
+                extra = ""
+            else:
+                group = [i for i in self.reserving + self.unreserved if self.rlevel[i] >= lvl]
+                room = vf_at[lvl] + self.unknown_vfs
+                who = ""
+                extra = f", plus {_plural(self.unknown_vfs, 'free VF')} on PFs of unknown capacity"
+            if lvl == levels:
+                where = f"no PF has more than {above} Mbit/s"
+            else:
+                where = f"the PFs with at least {self.caps[lvl]} Mbit/s have {_plural(vf_at[lvl], 'free VF')}"
+            raise self._fail(
+                "max_rate",
+                f": max_tx_rate above {above} Mbit/s on {_plural(len(group), 'interface')}{who} "
+                f"needs a PF with that capacity, but {where}{extra}",
+                self._kth_largest(group, room),
+            )
+        return [min(a, b) for a, b in zip(only_known, with_unknown, strict=True)]
+
+    def check_bandwidth(self) -> None:
+        """Raise NoFit when a cheap bound shows the min rates cannot be reserved."""
+        reqs = self.requests
+        usable = [j for j in self.known_idx if self.vfs0[j] > 0]
+        for i in self.reserving:
+            need = reqs[i].min_tx_rate
+            lvl = self.rlevel[i]
+            room = [self.free0[j] for j in usable if self.plevel[j] >= lvl]
+            best = max(room)  # non-empty: the Hall check passed
+            if need > best:
+                where = "on a PF with free VFs"
+                if lvl > 0:
+                    where += f" and capacity of at least {reqs[i].max_tx_rate} Mbit/s (its max_tx_rate)"
+                raise self._fail(
+                    "bandwidth",
+                    f": cannot reserve {need} Mbit/s: the largest free bandwidth {where} is {best} Mbit/s",
+                    reqs[i],
+                )
+        total = sum(reqs[i].min_tx_rate for i in self.reserving)
+        free_total = sum(self.free0[j] for j in usable)
+        if total > free_total:
+            raise self._fail(
+                "bandwidth",
+                f": cannot reserve {total} Mbit/s in total: the PFs with free VFs have "
+                f"{free_total} Mbit/s free in total",
+                self._greedy_unplaced(),
+            )
+        if not self._dff_bound_holds(usable):
+            detail = self._arrangement_detail(total, free_total)
+            raise self._fail("bandwidth", detail, self._greedy_unplaced())
+
+    def _dff_bound_holds(self, usable: list[int]) -> bool:
+        """Generalised Martello-Toth L2 bound over PFs of different free bandwidth.
+
+        For a threshold k, give a request of size x on a PF with room r the
+        weight r when x > r - k (nothing else of size >= k fits beside it), x
+        otherwise, and 0 when x < k. Each PF's weights then sum to at most its
+        room, so summing each request's cheapest weight over the PFs it fits
+        on must not exceed the room of the PFs that can hold anything >= k.
+        """
+        reqs = self.requests
+        sizes = []
+        for i in self.reserving:
+            x = reqs[i].min_tx_rate
+            lvl = self.rlevel[i]
+            fits = [self.free0[j] for j in usable if self.plevel[j] >= lvl and self.free0[j] >= x]
+            sizes.append((x, min(fits), max(fits)))
+        rooms = [self.free0[j] for j in usable]
+        for k in sorted({x for x, _, _ in sizes}):
+            demand = 0
+            for x, smallest, largest in sizes:
+                if x >= k:
+                    demand += x if largest - x >= k else smallest
+            if demand > sum(r for r in rooms if r >= k):
+                return False
+        return True
+
+    def _arrangement_detail(self, total: int, free_total: int) -> str:
+        return (
+            f": cannot reserve {total} Mbit/s: it fits in the {free_total} Mbit/s free in total "
+            "but not PF by PF, since each interface needs its whole min rate on one PF"
+        )
+
+    def _greedy_unplaced(self) -> Request | None:
+        """First request best-fit-decreasing cannot place; names the culprit in bandwidth errors."""
+        vfs = list(self.vfs0)
+        free = list(self.free0)
+        for i in self.reserving:
+            need = self.requests[i].min_tx_rate
+            lvl = self.rlevel[i]
+            fits = [j for j in self.known_idx if vfs[j] > 0 and free[j] >= need and self.plevel[j] >= lvl]
+            if not fits:
+                return self.requests[i]
+            j = min(fits, key=lambda j: (free[j] - need, j))
+            vfs[j] -= 1
+            free[j] -= need
+        return None
+
+    # ------------------------------------------------------------------ search
+
+    def search(self, slack: list[int], max_steps: int | None) -> tuple[list[int], int]:
+        """Assign the min-rate requests exactly; returns (PF per reserving request, steps)."""
+        n = len(self.reserving)
+        if n == 0:
+            return [], 0
+        reqs = self.requests
+        weights = [reqs[i].min_tx_rate for i in self.reserving]
+        rlevels = [self.rlevel[i] for i in self.reserving]
+        prefix = [0]
+        for w in weights:
+            prefix.append(prefix[-1] + w)
+        smallest = weights[-1]
+        known = self.known_idx
+        plevel = self.plevel
+        numa = self.numa_rank
+        numa_first = self.numa_first
+        vfs = list(self.vfs0)
+        free = list(self.free0)
+        used = [0] * len(self.pfs)
+        assign = [-1] * n
+        failed: set[tuple[int, tuple[tuple[int, int, int, bool], ...]]] = set()
+        budget = max_steps if max_steps is not None else -1
+        steps = 0
+        deepest = 0
+
+        def policy_key(j: int, w: int) -> tuple[int, int, bool, int]:
+            if numa_first:
+                return (numa[j], free[j] - w, used[j] > 0, j)
+            return (free[j] - w, numa[j], used[j] > 0, j)
+
+        def state_key(i: int, pos: list[int], prev: int, rest: int) -> tuple:
+            # Bandwidth below the smallest request is dead, and beyond what is
+            # still to place it is surplus: both canonicalise to merge states.
+            state = []
+            for j in known:
+                v = vfs[j]
+                if v:
+                    f = free[j]
+                    f = -1 if f < smallest else (f if f < rest else rest)
+                    state.append((v, f, plevel[j], pos[j] >= prev))
+            state.sort()
+            return (i, tuple(state))
+
+        def dfs(i: int, pos: list[int], prev: int) -> bool:
+            nonlocal steps, deepest
+            if i == n:
+                return True
+            steps += 1
+            if steps == budget:
+                raise _OutOfSteps
+            w = weights[i]
+            a = rlevels[i]
+            if i == 0 or weights[i - 1] != w or rlevels[i - 1] != a:
+                # A new run of equal requests: freeze the order they must follow.
+                pos = [0] * len(vfs)
+                for rank, j in enumerate(sorted(known, key=lambda j: policy_key(j, w))):
+                    pos[j] = rank
+                prev = -1
+            rest = prefix[n] - prefix[i]
+            room = 0
+            for j in known:
+                v = vfs[j]
+                if v:
+                    f = free[j]
+                    if f >= smallest:
+                        cap = prefix[i + v] - prefix[i] if i + v < n else rest
+                        room += f if f < cap else cap
+            if room < rest:
+                deepest = max(deepest, i)
+                return False
+            key = None
+            if failed:
+                key = state_key(i, pos, prev, rest)
+                if key in failed:
+                    return False
+            reps: dict[tuple[int, int, int], int] = {}
+            for j in known:
+                f = free[j]
+                if vfs[j] and f >= w and plevel[j] >= a and pos[j] >= prev:
+                    cls = (vfs[j], f if f < rest else rest, plevel[j])
+                    other = reps.get(cls)
+                    if other is None or pos[j] < pos[other]:
+                        reps[cls] = j
+            for j in sorted(reps.values(), key=lambda j: policy_key(j, w)):
+                top = plevel[j]
+                vfs[j] -= 1
+                free[j] -= w
+                used[j] += 1
+                # A request on a PF above its level takes a VF that requests of
+                # the levels in between could have used.
+                ok = True
+                for lvl in range(a + 1, top + 1):
+                    slack[lvl] -= 1
+                    if slack[lvl] < 0:
+                        ok = False
+                if ok and dfs(i + 1, pos, pos[j]):
+                    assign[i] = j
+                    return True
+                for lvl in range(a + 1, top + 1):
+                    slack[lvl] += 1
+                vfs[j] += 1
+                free[j] += w
+                used[j] -= 1
+            deepest = max(deepest, i)
+            failed.add(key if key is not None else state_key(i, pos, prev, rest))
+            return False
+
+        try:
+            found = dfs(0, [], -1)
+        except _OutOfSteps:
+            raise self._fail(
+                "search_limit",
+                f": gave up after {steps} search steps without finding a placement "
+                "or proving that none exists",
+                None,
+                steps,
+            ) from None
+        if not found:
+            total = prefix[n]
+            free_total = sum(self.free0[j] for j in known if self.vfs0[j] > 0)
+            unplaced = reqs[self.reserving[deepest]]
+            greedy = self._greedy_unplaced()
+            if greedy is not None and _sort_key(greedy) > _sort_key(unplaced):
+                unplaced = greedy
+            raise self._fail("bandwidth", self._arrangement_detail(total, free_total), unplaced, steps)
+        return assign, steps
+
+    def finish(self, assign: list[int]) -> tuple[str, ...]:
+        """Place the requests without a min rate and return PF names in request order."""
+        pfs = self.pfs
+        vfs = list(self.vfs0)
+        free = list(self.free0)
+        used = [0] * len(pfs)
+        chosen: list[int] = [-1] * len(self.requests)
+        for i, j in zip(self.reserving, assign, strict=True):
+            chosen[i] = j
+            vfs[j] -= 1
+            free[j] -= self.requests[i].min_tx_rate
+            used[j] += 1
+        # Most restrictive cap first: every later request can use a superset of
+        # PFs, so any choice keeps the rest feasible (Hall held during search).
+
+        def value(j: int) -> tuple[int, ...]:
+            usefulness = (int(self.known[j]), free[j], self.plevel[j])
+            tail = (int(used[j] > 0), j)
+            if self.numa_first:
+                return (self.numa_rank[j], *usefulness, *tail)
+            return (*usefulness, self.numa_rank[j], *tail)
+
+        for i in sorted(self.unreserved, key=lambda i: (-self.rlevel[i], -self.requests[i].max_tx_rate, i)):
+            lvl = self.rlevel[i]
+            fits = [j for j in range(len(pfs)) if vfs[j] and (not self.known[j] or self.plevel[j] >= lvl)]
+            j = min(fits, key=value)
+            chosen[i] = j
+            vfs[j] -= 1
+            used[j] += 1
+        return tuple(pfs[j].name for j in chosen)
+
+
+def place(
+    requests: Sequence[Request],
+    pfs: Sequence[PfState],
+    *,
+    preferred_numa: int | None = None,
+    policy: Policy = "best_fit",
+    max_steps: int | None = DEFAULT_MAX_STEPS,
+) -> Placement:
+    """Choose a PF for each request, or raise :class:`NoFit` saying why none fits.
+
+    See the module docstring for the rules, the policy among fitting
+    placements, and the step budget. Raises ValueError on malformed input
+    (negative numbers, a cap below the min rate, duplicate PF names).
+    """
+    reqs = tuple(requests)
+    for req in reqs:
+        _check_request(req)
+    for pf in pfs:
+        _check_pf(pf)
+    ordered = sorted(pfs, key=lambda p: p.name)
+    for a, b in pairwise(ordered):
+        if a.name == b.name:
+            raise ValueError(f"duplicate PF name {a.name!r}")
+    if policy not in ("best_fit", "numa_first"):
+        raise ValueError(f"unknown placement policy {policy!r}")
+    if preferred_numa is not None and not _is_int(preferred_numa):
+        raise ValueError(f"preferred_numa must be an integer or None, got {preferred_numa!r}")
+    if max_steps is not None and (not _is_int(max_steps) or max_steps < 1):
+        raise ValueError(f"max_steps must be a positive integer or None, got {max_steps!r}")
+    if not reqs:
+        return Placement(())
+    problem = _Problem(reqs, ordered, preferred_numa, policy)
+    slack = problem.hall_slack()
+    problem.check_bandwidth()
+    assign, steps = problem.search(slack, max_steps)
+    return Placement(problem.finish(assign), steps)

@@ -1,0 +1,339 @@
+"""The CNI protocol: verbs, versions, environment, and result documents.
+
+Standard library only, so VERSION and every error path stay cheap to start.
+The environment is parsed and validated here, once, into :class:`CniEnv`;
+nothing downstream reads ``CNI_*`` variables itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rdma_cni.errors import DecodeFailure, IncompatibleVersion, InvalidEnvironment
+
+# 0.1.0 and 0.2.0 results hold a single ip4/ip6 pair and no interface list, so
+# they cannot describe a pod with several VFs: refused on purpose.
+SUPPORTED_VERSIONS: tuple[str, ...] = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+LATEST_VERSION = SUPPORTED_VERSIONS[-1]
+
+VERBS: tuple[str, ...] = ("ADD", "DEL", "CHECK", "VERSION", "STATUS", "GC")
+
+# The oldest config version in which each verb exists.
+MIN_VERSION_FOR_VERB: dict[str, str] = {"CHECK": "0.4.0", "STATUS": "1.1.0", "GC": "1.1.0"}
+
+# Required variables per verb (CNI_COMMAND itself is checked first). CNI_PATH
+# is required only when IPAM is delegated, which the config decides, so the
+# commands ask for it through CniEnv.require_path().
+REQUIRED_ENV: dict[str, tuple[str, ...]] = {
+    "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
+    "CHECK": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
+    "DEL": ("CNI_CONTAINERID", "CNI_IFNAME"),
+    "GC": ("CNI_PATH",),
+    "STATUS": (),
+    "VERSION": (),
+}
+
+# Container IDs name record files: a conservative character set with no
+# separators, starting with an alphanumeric so "." and ".." are impossible.
+_CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}")
+_IFNAME_FORBIDDEN = re.compile(r"[/:\s]")
+IFNAMSIZ = 15
+
+
+def version_tuple(version: str) -> tuple[int, int, int]:
+    """Parse ``X.Y.Z`` into a comparable tuple; raise ValueError otherwise."""
+    parts = version.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"not a semantic version: {version!r}")
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def check_version(version: object, verb: str) -> str:
+    """Return ``version`` if this plugin can speak it for ``verb``; else raise code 1."""
+    supported = ", ".join(SUPPORTED_VERSIONS)
+    if not isinstance(version, str) or version not in SUPPORTED_VERSIONS:
+        raise IncompatibleVersion(
+            f"incompatible CNI version {version!r}: supported versions are {supported}",
+            "0.1.0 and 0.2.0 cannot describe several interfaces and are not supported",
+        )
+    minimum = MIN_VERSION_FOR_VERB.get(verb)
+    if minimum and version_tuple(version) < version_tuple(minimum):
+        raise IncompatibleVersion(
+            f"CNI_COMMAND {verb} needs cniVersion {minimum} or later, the config says {version}",
+        )
+    return version
+
+
+def decode_stdin(raw: bytes) -> dict[str, Any]:
+    """Decode the network configuration from stdin: a JSON object, else code 6."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DecodeFailure(
+            "failed to decode the network configuration on stdin: not JSON", str(exc)
+        ) from exc
+    if not isinstance(doc, dict):
+        raise DecodeFailure(
+            "failed to decode the network configuration on stdin: expected a JSON object, "
+            f"got {type(doc).__name__}"
+        )
+    return doc
+
+
+def validate_ifname(name: str, what: str) -> str:
+    """Check a Linux interface name; ``what`` names its source in the error."""
+    if not name:
+        raise InvalidEnvironment(f"{what} is empty: an interface name is 1-{IFNAMSIZ} characters")
+    if len(name.encode()) > IFNAMSIZ:
+        raise InvalidEnvironment(f"{what}={name!r} is longer than {IFNAMSIZ} characters")
+    if name in (".", "..") or _IFNAME_FORBIDDEN.search(name):
+        raise InvalidEnvironment(
+            f"{what}={name!r} is not a valid interface name (no '/', ':', whitespace, '.' or '..')"
+        )
+    return name
+
+
+def valid_ifname(name: str) -> bool:
+    """True when ``name`` is acceptable as a Linux interface name."""
+    try:
+        validate_ifname(name, "name")
+    except InvalidEnvironment:
+        return False
+    return True
+
+
+def parse_cni_args(raw: str) -> dict[str, str]:
+    """Parse ``K=V;K=V``. Unknown keys are kept (runtimes send several)."""
+    args: dict[str, str] = {}
+    for item in raw.split(";"):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidEnvironment(f"CNI_ARGS is malformed: {item!r} is not KEY=VALUE")
+        args[key] = value
+    return args
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """The Kubernetes pod an attachment belongs to, from CNI_ARGS."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class CniEnv:
+    """The validated CNI environment of one invocation."""
+
+    command: str
+    container_id: str = ""
+    netns: str = ""
+    ifname: str = ""
+    args: Mapping[str, str] = field(default_factory=dict)
+    path: tuple[str, ...] = ()
+    # The raw environment, for IPAM delegation (which must see the same one).
+    environ: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def pod(self) -> PodRef | None:
+        """The pod from K8S_POD_NAMESPACE/K8S_POD_NAME, or None for manual use."""
+        ns = self.args.get("K8S_POD_NAMESPACE", "")
+        name = self.args.get("K8S_POD_NAME", "")
+        if ns and name:
+            return PodRef(ns, name, self.args.get("K8S_POD_UID", ""))
+        return None
+
+    def require_path(self) -> tuple[str, ...]:
+        """CNI_PATH as a list of directories; code 4 when IPAM needs it and it is missing."""
+        if not self.path:
+            raise InvalidEnvironment(
+                f"CNI_PATH is not set: it is needed to find the IPAM plugin for {self.command}"
+            )
+        return self.path
+
+
+def parse_env(environ: Mapping[str, str]) -> CniEnv:
+    """Validate the CNI environment for the verb in CNI_COMMAND."""
+    command = environ.get("CNI_COMMAND", "")
+    if not command:
+        raise InvalidEnvironment("CNI_COMMAND is not set: expected one of " + ", ".join(VERBS))
+    if command not in VERBS:
+        raise InvalidEnvironment(
+            f"CNI_COMMAND={command!r} is not a CNI verb: expected one of " + ", ".join(VERBS)
+        )
+    for var in REQUIRED_ENV[command]:
+        if not environ.get(var):
+            raise InvalidEnvironment(f"{var} is required for {command} but is not set")
+    container_id = environ.get("CNI_CONTAINERID", "")
+    if container_id and not _CONTAINER_ID.fullmatch(container_id):
+        raise InvalidEnvironment(
+            f"CNI_CONTAINERID={container_id!r} is invalid: use 1-200 characters from "
+            "[A-Za-z0-9_.-], starting with a letter or digit"
+        )
+    ifname = environ.get("CNI_IFNAME", "")
+    if ifname:
+        validate_ifname(ifname, "CNI_IFNAME")
+    netns = environ.get("CNI_NETNS", "")
+    if netns and not netns.startswith("/"):
+        raise InvalidEnvironment(f"CNI_NETNS={netns!r} must be an absolute path")
+    path = tuple(p for p in environ.get("CNI_PATH", "").split(":") if p)
+    return CniEnv(
+        command=command,
+        container_id=container_id,
+        netns=netns,
+        ifname=ifname,
+        args=parse_cni_args(environ.get("CNI_ARGS", "")),
+        path=path,
+        environ=dict(environ),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class Interface:
+    """An interface in a result; ``sandbox`` is the netns path for pod-side ones."""
+
+    name: str
+    mac: str = ""
+    sandbox: str = ""
+    mtu: int | None = None
+    pci_id: str = ""
+
+
+@dataclass
+class IPConfig:
+    """An address from IPAM, attached to the result interface at ``interface``."""
+
+    address: str  # CIDR notation, e.g. 10.1.0.5/24
+    gateway: str = ""
+    interface: int | None = None
+
+    @property
+    def family(self) -> str:
+        return "6" if ":" in self.address else "4"
+
+
+@dataclass
+class Route:
+    """A route from IPAM; the 1.1.0 extras are emitted only in 1.1.0."""
+
+    dst: str
+    gw: str = ""
+    mtu: int | None = None
+    advmss: int | None = None
+    priority: int | None = None
+    table: int | None = None
+    scope: int | None = None
+
+
+@dataclass
+class Result:
+    """A CNI ADD result in version-neutral form; :meth:`to_dict` shapes it."""
+
+    interfaces: list[Interface] = field(default_factory=list)
+    ips: list[IPConfig] = field(default_factory=list)
+    routes: list[Route] = field(default_factory=list)
+    dns: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self, version: str) -> dict[str, Any]:
+        """Serialize for ``version``: 0.3.x/0.4.0 carry ips[].version, 1.1.0 adds mtu/pciID."""
+        v = version_tuple(version)
+        modern = v >= (1, 1, 0)
+        interfaces = []
+        for itf in self.interfaces:
+            doc: dict[str, Any] = {"name": itf.name}
+            if itf.mac:
+                doc["mac"] = itf.mac
+            if itf.sandbox:
+                doc["sandbox"] = itf.sandbox
+            if modern and itf.mtu:
+                doc["mtu"] = itf.mtu
+            if modern and itf.pci_id:
+                doc["pciID"] = itf.pci_id
+            interfaces.append(doc)
+        ips = []
+        for ip in self.ips:
+            ipdoc: dict[str, Any] = {}
+            if v < (1, 0, 0):
+                ipdoc["version"] = ip.family
+            ipdoc["address"] = ip.address
+            if ip.gateway:
+                ipdoc["gateway"] = ip.gateway
+            if ip.interface is not None:
+                ipdoc["interface"] = ip.interface
+            ips.append(ipdoc)
+        routes = []
+        for r in self.routes:
+            rdoc: dict[str, Any] = {"dst": r.dst}
+            if r.gw:
+                rdoc["gw"] = r.gw
+            if modern:
+                for key in ("mtu", "advmss", "priority", "table", "scope"):
+                    val = getattr(r, key)
+                    if val is not None:
+                        rdoc[key] = val
+            routes.append(rdoc)
+        out: dict[str, Any] = {"cniVersion": version, "interfaces": interfaces, "ips": ips}
+        if routes:
+            out["routes"] = routes
+        out["dns"] = dict(self.dns)
+        return out
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Result:
+        """Read a result of any supported version (an IPAM answer or a prevResult)."""
+        if not isinstance(doc, Mapping):
+            raise DecodeFailure("a CNI result must be a JSON object")
+        try:
+            interfaces = [
+                Interface(
+                    name=str(i["name"]),
+                    mac=str(i.get("mac", "")),
+                    sandbox=str(i.get("sandbox", "")),
+                    mtu=i.get("mtu"),
+                    pci_id=str(i.get("pciID", "")),
+                )
+                for i in doc.get("interfaces") or []
+            ]
+            ips = [
+                IPConfig(
+                    address=str(i["address"]), gateway=str(i.get("gateway", "")), interface=i.get("interface")
+                )
+                for i in doc.get("ips") or []
+            ]
+            routes = [
+                Route(
+                    dst=str(r["dst"]),
+                    gw=str(r.get("gw", "")),
+                    mtu=r.get("mtu"),
+                    advmss=r.get("advmss"),
+                    priority=r.get("priority"),
+                    table=r.get("table"),
+                    scope=r.get("scope"),
+                )
+                for r in doc.get("routes") or []
+            ]
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise DecodeFailure("malformed CNI result", f"{type(exc).__name__}: {exc}") from exc
+        dns = doc.get("dns") or {}
+        if not isinstance(dns, Mapping):
+            raise DecodeFailure("malformed CNI result: dns must be an object")
+        return cls(interfaces=interfaces, ips=ips, routes=routes, dns=dict(dns))
+
+
+def version_document(cni_version: str) -> dict[str, Any]:
+    """The VERSION answer."""
+    return {"cniVersion": cni_version, "supportedVersions": list(SUPPORTED_VERSIONS)}

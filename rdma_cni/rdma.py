@@ -1,0 +1,660 @@
+"""Client for the kernel's RDMA netlink device interface (NETLINK_RDMA, client "nldev").
+
+The plugin needs four things from the RDMA core: the list of RDMA devices, the
+port-to-netdev mapping (to find the RDMA device behind a VF netdev), the
+system's netns mode (``exclusive`` or ``shared``), and moving a device into
+another network namespace. All of them are nldev commands; the wire format is
+a bare 16-byte ``nlmsghdr`` followed by netlink attributes (there is no family
+header as in generic netlink).
+
+Design choices:
+
+* Messages are described with pyroute2's own ``nlmsg`` class (an ``nla_map``
+  of ``(number, name, type)`` triples), which does the attribute encoding and
+  decoding. Framing, sequence matching and ``NLMSG_ERROR``/``NLMSG_DONE``
+  handling are done here: a dump can end in a DONE that carries an errno or
+  NLM_F_DUMP_INTR, and callers need the kernel's errno and extended-ack text.
+* The transport is a plain ``socket.socket(AF_NETLINK, SOCK_RAW, 20)``, not
+  pyroute2's ``NetlinkSocket``. In pyroute2 0.9 that class is a synchronous
+  wrapper around an asyncio event loop; its ``netns=`` option forks a helper
+  process per socket and by default *creates* a missing namespace (wrong for
+  DEL, where a vanished pod netns must stay vanished); and its ``Marshal``
+  parser loops forever when asked to skip replies with a foreign sequence
+  number. Four request/reply exchanges need none of that, and a plain socket
+  makes the test seam trivial: anything with ``send``/``recv``/``close``.
+* pyroute2 is imported on the first encode or decode, through
+  :func:`rdma_cni.nlsock.pyroute2_module`: a plain ``import pyroute2.netlink``
+  runs the package ``__init__``, which imports the whole library (~130 ms).
+  Importing this module costs only the standard library.
+
+Network namespaces: the kernel binds an nldev socket to the netns of the task
+that creates it, and only shows and accepts devices of that netns. To move a
+device out of a pod (on DEL), the socket must be opened inside the pod's
+netns: ``RdmaClient(netns_path=...)`` does that by switching the calling
+thread into the namespace just for the ``socket()`` call (with
+:func:`rdma_cni.nlsock.in_netns`, shared with the rtnetlink code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+import socket
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pyroute2.netlink import nlmsg
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "NETLINK_RDMA",
+    "NetlinkMessage",
+    "NetlinkTransport",
+    "RdmaClient",
+    "RdmaDevice",
+    "RdmaNetlinkError",
+    "RdmaPort",
+    "RdmaUnsupported",
+    "decode_messages",
+    "encode_get_devices",
+    "encode_move",
+    "encode_port_get_dump",
+    "encode_sys_get",
+    "open_rdma_socket",
+]
+
+NETLINK_RDMA = 20
+RDMA_NL_NLDEV = 5
+
+
+def _nldev_type(op: int) -> int:
+    return (RDMA_NL_NLDEV << 10) + op
+
+
+RDMA_NLDEV_CMD_GET = _nldev_type(1)
+RDMA_NLDEV_CMD_SET = _nldev_type(2)
+RDMA_NLDEV_CMD_PORT_GET = _nldev_type(5)
+RDMA_NLDEV_CMD_SYS_GET = _nldev_type(6)
+
+RDMA_NLDEV_ATTR_PAD = 0
+RDMA_NLDEV_ATTR_DEV_INDEX = 1
+RDMA_NLDEV_ATTR_DEV_NAME = 2
+RDMA_NLDEV_ATTR_PORT_INDEX = 3
+RDMA_NLDEV_ATTR_NODE_GUID = 6
+RDMA_NLDEV_ATTR_NDEV_INDEX = 50
+RDMA_NLDEV_ATTR_NDEV_NAME = 51
+RDMA_NLDEV_SYS_ATTR_NETNS_MODE = 66
+RDMA_NLDEV_NET_NS_FD = 68
+
+NLM_F_REQUEST = 0x1
+NLM_F_MULTI = 0x2
+NLM_F_ACK = 0x4
+NLM_F_DUMP_INTR = 0x10
+NLM_F_DUMP = 0x300
+# Flags that only appear on NLMSG_ERROR / NLMSG_DONE replies.
+NLM_F_CAPPED = 0x100
+NLM_F_ACK_TLVS = 0x200
+
+NLMSG_NOOP = 1
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+NLMSG_OVERRUN = 4
+
+NLMSGERR_ATTR_MSG = 1
+NLA_TYPE_MASK = 0x3FFF  # strips NLA_F_NESTED / NLA_F_NET_BYTEORDER
+
+SOL_NETLINK = 270
+NETLINK_EXT_ACK = 11
+
+_NLMSGHDR = struct.Struct("=IHHII")
+_NLATTR = struct.Struct("=HH")
+
+# Large enough for any datagram the kernel sends: netlink dump skbs are capped
+# at 32 KiB, and a truncated datagram would be silently cut short.
+RECV_BUFSIZE = 65536
+DEFAULT_TIMEOUT = 10.0
+# Dumps flagged NLM_F_DUMP_INTR raced with a device change; retry this often.
+_DUMP_ATTEMPTS = 3
+
+# (number, pyroute2 name, pyroute2 type). Kernel attribute names without the
+# common prefix; pad attributes decode to None and are dropped.
+_NLA_MAP: tuple[tuple[int, str, str], ...] = (
+    (RDMA_NLDEV_ATTR_PAD, "ATTR_PAD", "none"),
+    (RDMA_NLDEV_ATTR_DEV_INDEX, "ATTR_DEV_INDEX", "uint32"),
+    (RDMA_NLDEV_ATTR_DEV_NAME, "ATTR_DEV_NAME", "asciiz"),
+    (RDMA_NLDEV_ATTR_PORT_INDEX, "ATTR_PORT_INDEX", "uint32"),
+    (RDMA_NLDEV_ATTR_NODE_GUID, "ATTR_NODE_GUID", "uint64"),
+    (RDMA_NLDEV_ATTR_NDEV_INDEX, "ATTR_NDEV_INDEX", "uint32"),
+    (RDMA_NLDEV_ATTR_NDEV_NAME, "ATTR_NDEV_NAME", "asciiz"),
+    (RDMA_NLDEV_SYS_ATTR_NETNS_MODE, "SYS_ATTR_NETNS_MODE", "uint8"),
+    (RDMA_NLDEV_NET_NS_FD, "NET_NS_FD", "uint32"),
+)
+_NAME_TO_NUMBER = {name: number for number, name, _ in _NLA_MAP if number != RDMA_NLDEV_ATTR_PAD}
+_NUMBER_TO_NAME = {number: name for name, number in _NAME_TO_NUMBER.items()}
+_PY_TYPE = {
+    number: (str if kind == "asciiz" else int)
+    for number, _, kind in _NLA_MAP
+    if number != RDMA_NLDEV_ATTR_PAD
+}
+
+_NETNS_MODES = {0: "exclusive", 1: "shared"}
+
+
+# --------------------------------------------------------------------------- errors
+
+_UNKNOWN_DEVICE = "unknown RDMA device, or it is not in the network namespace the request was sent from"
+_EXPLANATIONS: dict[int, str] = {
+    errno.EOPNOTSUPP: (
+        "this RDMA device's driver cannot be moved between network namespaces, "
+        "or the system is in shared netns mode"
+    ),
+    errno.EPERM: "permission denied: changing RDMA devices needs CAP_NET_ADMIN",
+    errno.EACCES: "permission denied: changing RDMA devices needs CAP_NET_ADMIN",
+    errno.EBUSY: "the RDMA device is busy (another change to it is in progress); try again",
+    errno.EINVAL: _UNKNOWN_DEVICE,
+    errno.ENODEV: _UNKNOWN_DEVICE,
+    errno.EPROTONOSUPPORT: "the kernel has no RDMA netlink support (no RDMA stack loaded)",
+    errno.EAFNOSUPPORT: "the kernel has no netlink support",
+    errno.EBADF: "the target network namespace file descriptor is not open",
+    errno.ETIMEDOUT: "the kernel did not answer in time",
+    errno.EPROTO: "the kernel's reply could not be understood",
+}
+
+
+class RdmaNetlinkError(Exception):
+    """An RDMA netlink operation failed.
+
+    ``errno`` is the positive errno (from the kernel's ``NLMSG_ERROR`` reply or
+    from a failed system call), ``op`` says what was being attempted, and
+    ``kernel_message`` is the kernel's extended-ack text when it sent one.
+    ``str(error)`` is meant for users: the operation, what the errno means in
+    this context, and the errno name.
+    """
+
+    def __init__(
+        self,
+        errno_: int,
+        op: str,
+        *,
+        reason: str | None = None,
+        kernel_message: str | None = None,
+    ) -> None:
+        self.errno = errno_
+        self.op = op
+        self.reason = reason or _EXPLANATIONS.get(errno_) or os.strerror(errno_)
+        self.kernel_message = kernel_message
+        text = f"{op}: {self.reason} [{errno.errorcode.get(errno_, str(errno_))}]"
+        if kernel_message:
+            text += f" (kernel: {kernel_message})"
+        super().__init__(text)
+
+
+class RdmaUnsupported(RdmaNetlinkError):
+    """The kernel has no RDMA netlink at all (socket creation failed).
+
+    Raised for EPROTONOSUPPORT/EAFNOSUPPORT from ``socket()``: there is no RDMA
+    stack on this node, which callers may treat as "nothing to do" rather
+    than as a failure.
+    """
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class RdmaDevice:
+    """An RDMA device as seen from the socket's network namespace."""
+
+    index: int
+    name: str
+    node_guid: int | None
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    """One port of an RDMA device and the netdev behind it.
+
+    ``netdev_index``/``netdev_name`` are None when the port has no netdev, or
+    when the netdev lives in a different network namespace than the socket
+    (the kernel hides it then).
+    """
+
+    dev_index: int
+    dev_name: str
+    port_index: int
+    netdev_index: int | None
+    netdev_name: str | None
+
+
+@dataclass
+class NetlinkMessage:
+    """One decoded netlink message.
+
+    For nldev messages ``attrs`` maps attribute numbers (``RDMA_NLDEV_*``) to
+    int or str values; pad and unknown attributes are left out. For
+    ``NLMSG_ERROR`` and ``NLMSG_DONE``, ``error`` is the kernel's (zero or
+    negative) error code and ``kernel_message`` the extended-ack text, if any.
+    """
+
+    type: int
+    flags: int
+    seq: int
+    pid: int
+    attrs: dict[int, int | str] = field(default_factory=dict)
+    error: int | None = None
+    kernel_message: str | None = None
+
+
+# --------------------------------------------------------------------------- codec
+
+
+@functools.cache
+def _message_class() -> type[nlmsg]:
+    # Built on first use so that importing this module does not import pyroute2,
+    # and through pyroute2_module so that the package __init__ does not run.
+    from rdma_cni.nlsock import pyroute2_module
+
+    base: type[nlmsg] = pyroute2_module("pyroute2.netlink").nlmsg
+
+    class NldevMessage(base):  # type: ignore[valid-type,misc]
+        """An RDMA nldev netlink message: nlmsghdr + attributes, no family header."""
+
+        __slots__ = ()
+        nla_map = _NLA_MAP
+
+    NldevMessage.__module__ = __name__
+    NldevMessage.__qualname__ = "NldevMessage"
+    return NldevMessage
+
+
+def __getattr__(name: str) -> Any:
+    # Exposes the pyroute2 message class as ``rdma.NldevMessage`` without
+    # importing pyroute2 at module import time.
+    if name == "NldevMessage":
+        return _message_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _encode(msg_type: int, flags: int, seq: int, attrs: Iterable[tuple[int, int | str]] = ()) -> bytes:
+    msg = _message_class()()
+    msg["header"]["type"] = msg_type
+    msg["header"]["flags"] = flags
+    msg["header"]["sequence_number"] = seq
+    msg["header"]["pid"] = 0
+    msg["attrs"] = [(_NUMBER_TO_NAME[number], value) for number, value in attrs]
+    msg.encode()
+    return bytes(msg.data)
+
+
+def encode_get_devices(seq: int) -> bytes:
+    """The device-list dump request (RDMA_NLDEV_CMD_GET, flags 0x305): 16 bytes."""
+    return _encode(RDMA_NLDEV_CMD_GET, NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP, seq)
+
+
+def encode_port_get_dump(seq: int) -> bytes:
+    """The port dump request (RDMA_NLDEV_CMD_PORT_GET, flags 0x305): 16 bytes."""
+    return _encode(RDMA_NLDEV_CMD_PORT_GET, NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP, seq)
+
+
+def encode_sys_get(seq: int) -> bytes:
+    """The system attributes request (RDMA_NLDEV_CMD_SYS_GET, flags 0x5): 16 bytes."""
+    return _encode(RDMA_NLDEV_CMD_SYS_GET, NLM_F_REQUEST | NLM_F_ACK, seq)
+
+
+def encode_move(seq: int, dev_index: int, netns_fd: int) -> bytes:
+    """The request moving device ``dev_index`` into the netns open as ``netns_fd``: 32 bytes."""
+    return _encode(
+        RDMA_NLDEV_CMD_SET,
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        [(RDMA_NLDEV_ATTR_DEV_INDEX, dev_index), (RDMA_NLDEV_NET_NS_FD, netns_fd)],
+    )
+
+
+def _align4(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def _protocol_error(what: str) -> RdmaNetlinkError:
+    return RdmaNetlinkError(errno.EPROTO, "decode RDMA netlink reply", reason=f"malformed reply: {what}")
+
+
+def _ext_ack_message(data: bytes, start: int, end: int) -> str | None:
+    offset = start
+    while offset + _NLATTR.size <= end:
+        nla_len, nla_type = _NLATTR.unpack_from(data, offset)
+        if nla_len < _NLATTR.size or offset + nla_len > end:
+            break
+        if nla_type & NLA_TYPE_MASK == NLMSGERR_ATTR_MSG:
+            raw = data[offset + _NLATTR.size : offset + nla_len]
+            return raw.split(b"\0", 1)[0].decode("utf-8", "replace") or None
+        offset += _align4(nla_len)
+    return None
+
+
+def _decode_error(
+    data: bytes, offset: int, length: int, mtype: int, flags: int, seq: int, pid: int
+) -> NetlinkMessage:
+    end = offset + length
+    if length < _NLMSGHDR.size + 4:
+        if mtype == NLMSG_DONE:  # some senders end a dump with a bare header
+            return NetlinkMessage(mtype, flags, seq, pid, error=0)
+        raise _protocol_error("NLMSG_ERROR too short")
+    (error,) = struct.unpack_from("=i", data, offset + _NLMSGHDR.size)
+    kernel_message = None
+    if flags & NLM_F_ACK_TLVS:
+        if mtype == NLMSG_DONE:
+            tlv_start = offset + _NLMSGHDR.size + 4
+        else:
+            # The TLVs follow the echoed request: its header only when the
+            # kernel capped the echo, otherwise the whole request.
+            orig = offset + _NLMSGHDR.size + 4
+            if orig + _NLMSGHDR.size > end:
+                raise _protocol_error("NLMSG_ERROR without the echoed request header")
+            (orig_len,) = struct.unpack_from("=I", data, orig)
+            echoed = _NLMSGHDR.size if flags & NLM_F_CAPPED else _align4(orig_len)
+            tlv_start = orig + echoed
+        kernel_message = _ext_ack_message(data, tlv_start, end)
+    return NetlinkMessage(mtype, flags, seq, pid, error=error, kernel_message=kernel_message)
+
+
+def _decode_nldev(data: bytes, offset: int, length: int) -> dict[int, int | str]:
+    msg = _message_class()(bytearray(data[offset : offset + length]))
+    try:
+        msg.decode()
+        slots = [(slot.name, slot.value) for slot in msg["attrs"]]
+    except Exception as exc:  # pyroute2 raises its own exception types plus struct.error
+        raise _protocol_error(f"attributes of message type {msg['header'].get('type', '?'):#x}") from exc
+    attrs: dict[int, int | str] = {}
+    for name, value in slots:
+        number = _NAME_TO_NUMBER.get(name)
+        if number is None:
+            continue  # pad, or an attribute this client does not use
+        if isinstance(value, bytes) and _PY_TYPE[number] is str:
+            value = value.decode("utf-8", "replace")
+        # pyroute2 hands back raw bytes for an attribute too short for its
+        # type; treat it as absent rather than guessing.
+        if isinstance(value, _PY_TYPE[number]):
+            attrs[number] = value
+    return attrs
+
+
+def decode_messages(data: bytes) -> list[NetlinkMessage]:
+    """Split one ``recv()`` buffer into netlink messages and decode each.
+
+    nldev messages (client 5) get their attributes decoded; NLMSG_ERROR and
+    NLMSG_DONE get their error code and extended-ack text; anything else is
+    returned with its header only. Raises :class:`RdmaNetlinkError` (EPROTO)
+    on a malformed buffer.
+    """
+    messages: list[NetlinkMessage] = []
+    offset = 0
+    while offset < len(data):
+        if len(data) - offset < _NLMSGHDR.size:
+            raise _protocol_error(f"{len(data) - offset} trailing bytes")
+        length, mtype, flags, seq, pid = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size or offset + length > len(data):
+            raise _protocol_error(f"message length {length} at offset {offset} of {len(data)}")
+        if mtype in (NLMSG_ERROR, NLMSG_DONE):
+            messages.append(_decode_error(data, offset, length, mtype, flags, seq, pid))
+        elif mtype >> 10 == RDMA_NL_NLDEV:
+            messages.append(NetlinkMessage(mtype, flags, seq, pid, _decode_nldev(data, offset, length)))
+        else:
+            messages.append(NetlinkMessage(mtype, flags, seq, pid))
+        # The last message of a buffer may omit its alignment padding.
+        offset = min(offset + _align4(length), len(data))
+    return messages
+
+
+# --------------------------------------------------------------------------- transport
+
+
+class NetlinkTransport(Protocol):
+    """What :class:`RdmaClient` needs from a socket (tests pass a fake)."""
+
+    def send(self, data: bytes, /) -> int: ...
+
+    def recv(self, bufsize: int, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+def _create_socket() -> socket.socket:
+    op = "open RDMA netlink socket"
+    try:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_RDMA)
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        if code == errno.EPROTONOSUPPORT:
+            raise RdmaUnsupported(code, op) from exc
+        if code == errno.EAFNOSUPPORT:
+            raise RdmaUnsupported(code, op, reason="the kernel has no netlink support") from exc
+        raise RdmaNetlinkError(code, op) from exc
+    # Best effort: asks the kernel to explain its errors; old kernels lack it.
+    with contextlib.suppress(OSError):
+        sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
+    return sock
+
+
+def _create_socket_in(netns_path: str) -> socket.socket:
+    from rdma_cni.nlsock import in_netns
+
+    try:
+        with in_netns(netns_path):
+            return _create_socket()
+    except RdmaNetlinkError:
+        raise
+    except OSError as exc:
+        # Raised by in_netns itself: opening the path or entering the namespace.
+        code = exc.errno or errno.EIO
+        reason = {
+            errno.ENOENT: "the network namespace does not exist",
+            errno.EINVAL: "the path is not a network namespace",
+            errno.EPERM: "permission denied: entering a network namespace needs CAP_SYS_ADMIN",
+        }.get(code)
+        raise RdmaNetlinkError(code, f"enter network namespace {netns_path}", reason=reason) from exc
+
+
+def open_rdma_socket(
+    netns_path: str | None = None, timeout: float | None = DEFAULT_TIMEOUT
+) -> NetlinkTransport:
+    """Open an RDMA netlink socket, in the network namespace at ``netns_path`` if given.
+
+    With ``netns_path``, only the calling thread is switched into that
+    namespace, and only for the ``socket()`` call; it is switched back before
+    this returns or raises. The socket stays bound to that namespace for its
+    lifetime. Raises :class:`RdmaUnsupported` when the kernel has no RDMA
+    netlink, :class:`RdmaNetlinkError` when the namespace cannot be entered.
+
+    :class:`RdmaClient` looks this function up at call time, so tests can
+    replace it (``monkeypatch.setattr(rdma, "open_rdma_socket", ...)``).
+    """
+    sock = _create_socket() if netns_path is None else _create_socket_in(netns_path)
+    sock.settimeout(timeout)
+    return sock
+
+
+# --------------------------------------------------------------------------- client
+
+
+class RdmaClient:
+    """A synchronous nldev client over one netlink socket.
+
+    ``RdmaClient()`` opens a socket in the calling thread's netns;
+    ``RdmaClient(netns_path)`` opens it in that netns (see
+    :func:`open_rdma_socket`); ``RdmaClient(sock=...)`` uses the given
+    transport, which tests use to script the kernel. Sequence numbers start
+    at 1 and grow by one per request. Use as a context manager, or call
+    :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        netns_path: str | None = None,
+        *,
+        sock: NetlinkTransport | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> None:
+        if sock is not None and netns_path is not None:
+            raise ValueError("pass either netns_path or sock, not both")
+        self._sock: NetlinkTransport | None = (
+            sock if sock is not None else open_rdma_socket(netns_path, timeout)
+        )
+        self._seq = 0
+
+    def __enter__(self) -> RdmaClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        if self._sock is not None:
+            sock, self._sock = self._sock, None
+            sock.close()
+
+    # ------------------------------------------------------------------ requests
+
+    def list_devices(self) -> list[RdmaDevice]:
+        """All RDMA devices visible in the socket's network namespace."""
+        devices = []
+        for msg in self._dump("list RDMA devices", encode_get_devices):
+            index, name = msg.attrs.get(RDMA_NLDEV_ATTR_DEV_INDEX), msg.attrs.get(RDMA_NLDEV_ATTR_DEV_NAME)
+            if not isinstance(index, int) or not isinstance(name, str):
+                continue  # not a device record; nothing sensible to report
+            guid = msg.attrs.get(RDMA_NLDEV_ATTR_NODE_GUID)
+            devices.append(RdmaDevice(index, name, guid if isinstance(guid, int) else None))
+        return devices
+
+    def list_ports(self) -> list[RdmaPort]:
+        """All ports of the visible RDMA devices, with their netdevs where visible."""
+        ports = []
+        for msg in self._dump("list RDMA ports", encode_port_get_dump):
+            attrs = msg.attrs
+            index, name = attrs.get(RDMA_NLDEV_ATTR_DEV_INDEX), attrs.get(RDMA_NLDEV_ATTR_DEV_NAME)
+            port = attrs.get(RDMA_NLDEV_ATTR_PORT_INDEX)
+            if not isinstance(index, int) or not isinstance(name, str) or not isinstance(port, int):
+                continue
+            ndev_index, ndev_name = (
+                attrs.get(RDMA_NLDEV_ATTR_NDEV_INDEX),
+                attrs.get(RDMA_NLDEV_ATTR_NDEV_NAME),
+            )
+            ports.append(
+                RdmaPort(
+                    index,
+                    name,
+                    port,
+                    ndev_index if isinstance(ndev_index, int) else None,
+                    ndev_name if isinstance(ndev_name, str) else None,
+                )
+            )
+        return ports
+
+    def find_by_name(self, name: str) -> RdmaDevice | None:
+        """The visible RDMA device called ``name``, or None."""
+        return next((dev for dev in self.list_devices() if dev.name == name), None)
+
+    def netns_mode(self) -> str:
+        """The RDMA subsystem's netns mode: ``"exclusive"`` or ``"shared"``."""
+        op = "read RDMA netns mode"
+        seq = self._next_seq()
+        replies = self._transact(op, encode_sys_get(seq), seq, dump=False)
+        for msg in replies:
+            if RDMA_NLDEV_SYS_ATTR_NETNS_MODE in msg.attrs:
+                value = msg.attrs[RDMA_NLDEV_SYS_ATTR_NETNS_MODE]
+                mode = _NETNS_MODES.get(value) if isinstance(value, int) else None
+                if mode is None:
+                    raise RdmaNetlinkError(errno.EPROTO, op, reason=f"unknown netns mode {value!r}")
+                return mode
+        raise RdmaNetlinkError(errno.EPROTO, op, reason="the kernel's reply has no netns mode attribute")
+
+    def move_to_netns(self, dev_index: int, netns_fd: int) -> None:
+        """Move RDMA device ``dev_index`` into the network namespace open as ``netns_fd``.
+
+        The fd is resolved by the kernel in this process; the device must be in
+        the socket's namespace. Returns once the kernel has acknowledged the
+        move; raises :class:`RdmaNetlinkError` if it refused.
+        """
+        seq = self._next_seq()
+        self._transact(
+            f"move RDMA device {dev_index} to netns fd {netns_fd}",
+            encode_move(seq, dev_index, netns_fd),
+            seq,
+            dump=False,
+        )
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _next_seq(self) -> int:
+        self._seq = self._seq % 0xFFFFFFFF + 1
+        return self._seq
+
+    def _dump(self, op: str, encoder: Callable[[int], bytes]) -> list[NetlinkMessage]:
+        for _ in range(_DUMP_ATTEMPTS):
+            seq = self._next_seq()
+            replies = self._transact(op, encoder(seq), seq, dump=True)
+            if not any(msg.flags & NLM_F_DUMP_INTR for msg in replies):
+                return replies
+        raise RdmaNetlinkError(
+            errno.EAGAIN, op, reason=f"the RDMA devices kept changing during {_DUMP_ATTEMPTS} attempts"
+        )
+
+    def _transact(self, op: str, request: bytes, seq: int, *, dump: bool) -> list[NetlinkMessage]:
+        """Send ``request`` and collect its replies up to DONE (dumps) or the ACK.
+
+        Returns the data messages (and the DONE of a dump, whose flags may
+        carry NLM_F_DUMP_INTR). Replies to other sequence numbers are left-
+        overs of earlier requests and are skipped.
+        """
+        sock = self._sock
+        if sock is None:
+            raise ValueError("RdmaClient is closed")
+        try:
+            sock.send(request)
+        except OSError as exc:
+            raise self._os_error(op, exc) from exc
+        replies: list[NetlinkMessage] = []
+        while True:
+            try:
+                data = sock.recv(RECV_BUFSIZE)
+            except OSError as exc:
+                raise self._os_error(op, exc) from exc
+            if not data:
+                raise RdmaNetlinkError(errno.EPROTO, op, reason="the socket closed before the answer came")
+            for msg in decode_messages(data):
+                if msg.seq != seq:
+                    continue
+                if msg.type == NLMSG_ERROR:
+                    if msg.error:
+                        raise RdmaNetlinkError(-msg.error, op, kernel_message=msg.kernel_message)
+                    return replies
+                if msg.type == NLMSG_DONE:
+                    if msg.error:
+                        raise RdmaNetlinkError(-msg.error, op, kernel_message=msg.kernel_message)
+                    if dump:
+                        # Kept because its flags may carry NLM_F_DUMP_INTR.
+                        replies.append(msg)
+                        return replies
+                    continue
+                if msg.type == NLMSG_OVERRUN:
+                    raise RdmaNetlinkError(errno.ENOBUFS, op, reason="the kernel dropped part of the reply")
+                if msg.type != NLMSG_NOOP:
+                    replies.append(msg)
+
+    @staticmethod
+    def _os_error(op: str, exc: OSError) -> RdmaNetlinkError:
+        if isinstance(exc, TimeoutError):
+            return RdmaNetlinkError(errno.ETIMEDOUT, op)
+        return RdmaNetlinkError(exc.errno or errno.EIO, op)

@@ -1,0 +1,112 @@
+"""Read-only access to the SR-IOV topology in sysfs.
+
+The root is ``/sys`` unless ``RDMA_CNI_SYSFS_ROOT`` says otherwise (tests and
+the demo build a fake tree whose VF netdevs are veth devices). This is the one
+place that variable is read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+_PCI_ADDR = re.compile(r"[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+
+
+def root() -> str:
+    """The sysfs root in force."""
+    return os.environ.get("RDMA_CNI_SYSFS_ROOT") or "/sys"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _read_int(path: str) -> int | None:
+    text = _read(path)
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def net_devices() -> list[str]:
+    """Netdev names in ``class/net``."""
+    return _listdir(os.path.join(root(), "class", "net"))
+
+
+def pf_device_dir(netdev: str) -> str:
+    return os.path.join(root(), "class", "net", netdev, "device")
+
+
+def num_vfs(netdev: str) -> int:
+    """``sriov_numvfs`` of a netdev's PCI device (0 when not an SR-IOV PF)."""
+    return _read_int(os.path.join(pf_device_dir(netdev), "sriov_numvfs")) or 0
+
+
+def total_vfs(netdev: str) -> int:
+    return _read_int(os.path.join(pf_device_dir(netdev), "sriov_totalvfs")) or 0
+
+
+def pci_address(device_dir: str) -> str:
+    """The PCI address a device directory (or symlink to one) stands for."""
+    name = os.path.basename(os.path.realpath(device_dir))
+    return name if _PCI_ADDR.fullmatch(name) else ""
+
+
+def numa_node(netdev: str) -> int | None:
+    """The PF's NUMA node; None when the platform has none (-1)."""
+    node = _read_int(os.path.join(pf_device_dir(netdev), "numa_node"))
+    return node if node is not None and node >= 0 else None
+
+
+def speed_mbps(netdev: str) -> int | None:
+    """Link speed in Mbit/s, or None when unknown (-1, missing, link down)."""
+    speed = _read_int(os.path.join(root(), "class", "net", netdev, "speed"))
+    return speed if speed is not None and speed > 0 else None
+
+
+def vf_pci(pf_netdev: str, vf: int) -> str:
+    """The PCI address of VF ``vf`` of a PF."""
+    return pci_address(os.path.join(pf_device_dir(pf_netdev), f"virtfn{vf}"))
+
+
+def pci_dir(pci: str) -> str:
+    return os.path.join(root(), "bus", "pci", "devices", pci)
+
+
+def pci_netdevs(pci: str) -> list[str]:
+    """Netdev names the host sees under a PCI device (empty while it lives in a pod)."""
+    return _listdir(os.path.join(pci_dir(pci), "net"))
+
+
+def pci_driver(pci: str) -> str:
+    """The bound driver's name, or "" when unbound."""
+    link = os.path.join(pci_dir(pci), "driver")
+    return os.path.basename(os.path.realpath(link)) if os.path.islink(link) else ""
+
+
+def pci_rdma_devices(pci: str) -> list[str]:
+    """RDMA devices of a PCI function (mlx5, mlx4, ...), from its ``infiniband`` directory."""
+    return _listdir(os.path.join(pci_dir(pci), "infiniband"))
+
+
+def rdma_devices() -> list[str]:
+    """Every RDMA device in ``class/infiniband``."""
+    return _listdir(os.path.join(root(), "class", "infiniband"))
+
+
+def rdma_parent_netdev(device: str) -> str:
+    """The netdev a software RDMA device (rxe, siw) sits on, from its ``parent`` file."""
+    return _read(os.path.join(root(), "class", "infiniband", device, "parent")) or ""

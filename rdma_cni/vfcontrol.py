@@ -1,0 +1,158 @@
+"""PF-side VF settings (rate, VLAN, MAC, trust, spoofchk, link state): the one test seam.
+
+:class:`KernelVfControl` talks rtnetlink to the PF. No kernel on a machine
+without SR-IOV hardware accepts these calls (a veth answers EOPNOTSUPP), so
+the integration tier sets ``RDMA_CNI_FAKE_VF_CONTROL=<file>`` to swap in
+:class:`FileVfControl`, which keeps the VF table in a JSON file and records
+every call. Everything else (netns moves, renames, addresses, IPAM) stays
+real in that tier; the real PF path is covered by the QEMU tier. The fake
+announces itself in the log on every use so it cannot hide in production.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+from typing import Any, Protocol
+
+from rdma_cni import sysfs
+from rdma_cni.errors import KernelError
+from rdma_cni.netlink import Rtnl, VfInfo
+from rdma_cni.nlsock import NetlinkError
+
+log = logging.getLogger("rdma_cni.vfcontrol")
+
+FAKE_ENV = "RDMA_CNI_FAKE_VF_CONTROL"
+
+
+def describe(settings: dict[str, Any]) -> str:
+    """Human form of a settings dict, for error messages."""
+    parts = []
+    for key, val in settings.items():
+        if key == "rate":
+            parts.append(f"min_tx_rate {val[0]} max_tx_rate {val[1]} Mbit/s")
+        elif key == "vlan":
+            parts.append(f"vlan {val[0]} qos {val[1]}")
+        else:
+            parts.append(f"{key} {val}")
+    return ", ".join(parts)
+
+
+class VfControl(Protocol):
+    def read(self, pf: str) -> dict[int, VfInfo] | None:
+        """The PF's VF table by VF index, or None when the PF reports none."""
+        ...
+
+    def apply(self, pf: str, vf: int, settings: dict[str, Any]) -> None:
+        """Apply PF-side settings to one VF; raise KernelError naming what was refused."""
+        ...
+
+
+def _refused(pf: str, vf: int, settings: dict[str, Any], code: int, text: str) -> KernelError:
+    hint = ""
+    if code == errno.EINVAL and settings.get("rate", [0, 0])[0]:
+        hint = " (many drivers, Intel's among them, support max_tx_rate but not min_tx_rate)"
+    return KernelError(
+        f"PF {pf} refused VF {vf} settings [{describe(settings)}]: {text}{hint}",
+        f"errno {code}",
+    )
+
+
+class KernelVfControl:
+    """The real thing: IFLA_VFINFO_LIST on the PF over rtnetlink, in the host namespace."""
+
+    def __init__(self, rtnl: Rtnl) -> None:
+        self._rtnl = rtnl
+
+    def read(self, pf: str) -> dict[int, VfInfo] | None:
+        link = self._rtnl.get_link(name=pf, vfs=True)
+        if link is None or not link.vfs:
+            return None
+        return {v.vf: v for v in link.vfs}
+
+    def apply(self, pf: str, vf: int, settings: dict[str, Any]) -> None:
+        link = self._rtnl.get_link(name=pf)
+        if link is None:
+            raise KernelError(f"PF {pf} does not exist in the host network namespace")
+        try:
+            self._rtnl.set_vf(link.index, vf, settings)
+        except NetlinkError as exc:
+            raise _refused(pf, vf, settings, exc.errno or 0, exc.strerror or str(exc)) from exc
+
+
+_DEFAULT = {
+    "mac": "00:00:00:00:00:00",
+    "vlan": [0, 0],
+    "rate": [0, 0],
+    "spoofchk": True,
+    "trust": False,
+    "link_state": "auto",
+}
+
+
+class FileVfControl:
+    """Test stand-in: the VF table lives in a JSON file; calls are appended to it.
+
+    File shape: ``{"pfs": {pf: {vf: settings}}, "calls": [...], "refuse": {...}}``.
+    ``refuse`` maps ``"min_tx_rate"`` (any non-zero min rate) or ``"<pf>/<vf>"``
+    to an errno, to reproduce drivers that refuse a setting.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        log.warning("PF-side VF settings are simulated in %s (%s is set): not for production", path, FAKE_ENV)
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return {}
+
+    def _save(self, doc: dict[str, Any]) -> None:
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+        os.rename(tmp, self.path)
+
+    def read(self, pf: str) -> dict[int, VfInfo] | None:
+        table = self._load().get("pfs", {}).get(pf, {})
+        out = {}
+        for vf in range(sysfs.num_vfs(pf)):
+            s = {**_DEFAULT, **table.get(str(vf), {})}
+            out[vf] = VfInfo(
+                vf=vf,
+                mac=s["mac"],
+                vlan=s["vlan"][0],
+                qos=s["vlan"][1],
+                min_tx_rate=s["rate"][0],
+                max_tx_rate=s["rate"][1],
+                spoofchk=s["spoofchk"],
+                trust=s["trust"],
+                link_state=s["link_state"],
+            )
+        return out
+
+    def apply(self, pf: str, vf: int, settings: dict[str, Any]) -> None:
+        doc = self._load()
+        doc.setdefault("calls", []).append({"pf": pf, "vf": vf, "settings": settings})
+        refuse = doc.get("refuse", {})
+        code = refuse.get(f"{pf}/{vf}")
+        if code is None and settings.get("rate", [0, 0])[0] and "min_tx_rate" in refuse:
+            code = refuse["min_tx_rate"]
+        if code:
+            self._save(doc)
+            raise _refused(pf, vf, settings, code, os.strerror(code))
+        entry = doc.setdefault("pfs", {}).setdefault(pf, {}).setdefault(str(vf), {})
+        entry.update(settings)
+        self._save(doc)
+
+
+def vf_control(rtnl: Rtnl) -> VfControl:
+    """The VF control in force: the kernel, unless the test seam is switched on."""
+    fake = os.environ.get(FAKE_ENV)
+    if fake:
+        return FileVfControl(fake)
+    return KernelVfControl(rtnl)
