@@ -9,10 +9,11 @@ ADD order per VF, and why:
    often refused (shared mode, drivers without disassociate support), and
    doing it before the netdev means a pod never sees a netdev without its
    RDMA device.
-3. The netdev into the pod, renamed and marked in one RTM_NEWLINK: the kernel
-   moves it and gives it its pod-side name atomically, so it never collides
-   with a host interface, and stamps the alias ``rdma-cni:<pci>`` that lets
-   DEL find it again in any namespace under any name.
+3. The netdev into the pod: first marked with the alias ``rdma-cni:<pci>``
+   (which lets DEL find it again in any namespace under any name), then moved
+   and renamed in one RTM_NEWLINK. The kernel only renames on the way in when
+   the current name is taken in the pod, so the pod-side name never collides
+   with a host interface and the host name never collides inside the pod.
 4. MAC, up; IPAM; addresses and routes.
 
 :func:`release` undoes these in reverse and is idempotent: it is DEL, GC and
@@ -115,13 +116,16 @@ def move_in(host: Rtnl, pod: Netns, vf: VfRecord) -> Link:
     link = host.get_link(name=vf.host_name)
     if link is None:
         raise KernelError(f"VF {vf.pci} netdev {vf.host_name} is not in the host network namespace")
+    if pod.rtnl.get_link(name=vf.pod_name) is not None:
+        raise KernelError(f"the pod already has an interface named {vf.pod_name}", f"netns {pod.path}")
     try:
-        host.set_link(link.index, netns_fd=pod.fd, name=vf.pod_name, alias=alias_for(vf.pci), mtu=vf.mtu)
+        # The kernel moves a device under its current name when that name is
+        # free in the target and renames it afterwards, so a failed rename can
+        # leave it moved but unrenamed: the alias goes on first, in the host,
+        # so that rollback finds it wherever it ended up.
+        host.set_link(link.index, alias=alias_for(vf.pci))
+        host.set_link(link.index, netns_fd=pod.fd, name=vf.pod_name, mtu=vf.mtu)
     except NetlinkError as exc:
-        if exc.errno == errno.EEXIST:
-            raise KernelError(
-                f"the pod already has an interface named {vf.pod_name}", f"moving {vf.host_name} ({vf.pci})"
-            ) from exc
         raise _nl(f"cannot move {vf.host_name} ({vf.pci}) into {pod.path} as {vf.pod_name}", exc) from exc
     moved = pod.rtnl.get_link(name=vf.pod_name)
     if moved is None:

@@ -8,6 +8,7 @@ stdout. With a first argument it runs an operator subcommand (``inventory``,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -100,10 +101,16 @@ def main(
     setup_stderr()
     if argv:
         return _subcommand(argv, out)
-    if not environ.get("CNI_COMMAND") and sys.stdin.isatty():
-        sys.stderr.write(USAGE)
-    raw = (stdin or sys.stdin.buffer).read()
-    code, doc = run_cni(environ, raw)
+    if stdin is None and sys.stdin is not None:
+        if not environ.get("CNI_COMMAND") and sys.stdin.isatty():
+            sys.stderr.write(USAGE)
+        stdin = sys.stdin.buffer
+    # A closed stdin (sys.stdin is None) reads as empty: the verb then reports code 6.
+    raw = stdin.read() if stdin is not None else b""
+    # Only the CNI document may reach stdout: a stray print() anywhere in a verb
+    # goes to stderr instead.
+    with contextlib.redirect_stdout(sys.stderr):
+        code, doc = run_cni(environ, raw)
     if doc is not None:
         _write(out, doc)
     return code

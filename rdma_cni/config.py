@@ -32,6 +32,8 @@ log = logging.getLogger("rdma_cni.config")
 MAX_INTERFACES = 32
 # 10 Tbit/s: far above any NIC, low enough that sums cannot overflow anything.
 MAX_RATE_MBPS = 10_000_000
+# The largest pod request (annotation text) accepted, in bytes.
+MAX_REQUEST_BYTES = 64 * 1024
 DEFAULT_ANNOTATION = "rdma_interfaces_required"
 DEFAULT_STATE_DIR = "/var/lib/cni/rdma-cni"
 DEFAULT_LOCK_FILE = "/run/rdma-cni/rdma-cni.lock"
@@ -53,7 +55,8 @@ class InterfaceRequest(BaseModel):
     def _name_is_ifname(cls, v: str | None) -> str | None:
         if v is not None and not valid_ifname(v):
             raise ValueError(
-                f"{v!r} is not a valid interface name (1-{IFNAMSIZ} chars, no '/', ':', whitespace)"
+                f"{v!r} is not a valid interface name (1-{IFNAMSIZ} printable ASCII characters, "
+                "no '/', ':', '%', '.' or '..')"
             )
         return v
 
@@ -75,10 +78,16 @@ class PodRequest(BaseModel):
 
     @model_validator(mode="after")
     def _names_unique(self) -> PodRequest:
-        names = [i.name for i in self.interfaces if i.name]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"interface names must be unique, repeated: {', '.join(dupes)}")
+        seen: dict[str, int] = {}
+        for index, entry in enumerate(self.interfaces):
+            if entry.name is None:
+                continue
+            if entry.name in seen:
+                raise ValueError(
+                    f"interface names must be unique: entries {seen[entry.name]} and {index} "
+                    f"are both named {entry.name!r}"
+                )
+            seen[entry.name] = index
         return self
 
 
@@ -163,7 +172,7 @@ class NetConf(BaseModel):
     @field_validator("annotation")
     @classmethod
     def _annotation_key(cls, v: str) -> str:
-        if not _ANNOTATION_KEY.match(v):
+        if not _ANNOTATION_KEY.fullmatch(v):
             raise ValueError(f"{v!r} is not a valid Kubernetes annotation key")
         return v
 
@@ -233,9 +242,10 @@ def suggest_field(key: str) -> str | None:
 def _format_errors(exc: ValidationError, prefix: str = "") -> str:
     parts = []
     for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{prefix}{loc}: {msg}")
+        # A model-level check has no location; its message names the fields.
+        parts.append(f"{prefix}{loc}: {msg}" if loc else f"{prefix}{msg}")
     return "; ".join(parts)
 
 
@@ -268,26 +278,32 @@ def load_netconf(doc: dict[str, Any]) -> NetConf:
     return conf
 
 
+def _json_type(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object (wrap a single interface in a list: [{...}])"
+    names = {str: "a string", bool: "a boolean", int: "a number", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
 def parse_request(raw: Any, source: str) -> PodRequest:
     """Validate a pod's request; ``source`` (e.g. "pod ns/name annotation X") names it in errors.
 
     ``raw`` is the annotation string (JSON) or an already decoded value from
-    the config's ``args``. A single object is accepted as a one-entry list.
+    the config's ``args``; either way it must be a list of objects.
     """
     value = raw
     if isinstance(raw, str):
-        if len(raw) > 65536:
-            raise InvalidPodRequest(f"{source}: value is {len(raw)} bytes, the limit is 65536")
+        size = len(raw.encode("utf-8", "surrogatepass"))
+        if size > MAX_REQUEST_BYTES:
+            raise InvalidPodRequest(f"{source}: value is {size} bytes, the limit is {MAX_REQUEST_BYTES}")
         try:
             value = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise InvalidPodRequest(f"{source}: not valid JSON: {exc}") from exc
-    if isinstance(value, dict):
-        value = [value]
     if not isinstance(value, list):
         raise InvalidPodRequest(
             f"{source}: expected a JSON list of interface objects like "
-            '[{"min_tx_rate": 1000, "max_tx_rate": 2000}, {}], got ' + type(value).__name__
+            '[{"min_tx_rate": 1000, "max_tx_rate": 2000}, {}], got ' + _json_type(value)
         )
     if not value:
         raise InvalidPodRequest(

@@ -22,10 +22,7 @@ class CniError(Exception):
 
     def to_dict(self, cni_version: str) -> dict[str, object]:
         """The CNI error document for this error."""
-        doc: dict[str, object] = {"cniVersion": cni_version, "code": self.code, "msg": self.msg}
-        if self.details:
-            doc["details"] = self.details
-        return doc
+        return {"cniVersion": cni_version, "code": self.code, "msg": self.msg, "details": self.details}
 
 
 # Codes reserved by the CNI specification.

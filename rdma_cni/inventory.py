@@ -34,6 +34,7 @@ class Owner:
     min_tx_rate: int
     max_tx_rate: int
     rdma_action: str = ""
+    rdma_device: str = ""
 
 
 @dataclass
@@ -107,6 +108,7 @@ def owners_by_pci(attachments: Iterable[Attachment]) -> dict[str, Owner]:
                 v.min_tx_rate,
                 v.max_tx_rate,
                 v.rdma_action,
+                v.rdma_device,
             )
     return out
 
@@ -217,6 +219,7 @@ def report(node: Node) -> dict[str, Any]:
                     "reserved_min_tx_rate": v.owner.min_tx_rate,
                     "requested_max_tx_rate": v.owner.max_tx_rate,
                     "rdma": v.owner.rdma_action or "none",
+                    "rdma_device": v.owner.rdma_device,
                 }
             vfs.append(entry)
         out_pfs.append(

@@ -40,7 +40,10 @@ REQUIRED_ENV: dict[str, tuple[str, ...]] = {
 # Container IDs name record files: a conservative character set with no
 # separators, starting with an alphanumeric so "." and ".." are impossible.
 _CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}")
-_IFNAME_FORBIDDEN = re.compile(r"[/:\s]")
+# Printable ASCII only (no whitespace, control characters or non-ASCII), and
+# none of '/' and ':' (the kernel refuses them) or '%' (the kernel would treat
+# the name as a template like "eth%d" and pick another name).
+_IFNAME_FORBIDDEN = re.compile(r"[^\x21-\x7e]|[/:%]")
 IFNAMSIZ = 15
 
 
@@ -72,7 +75,8 @@ def decode_stdin(raw: bytes) -> dict[str, Any]:
     """Decode the network configuration from stdin: a JSON object, else code 6."""
     try:
         doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # RecursionError: nesting deeper than the decoder's stack allows.
         raise DecodeFailure(
             "failed to decode the network configuration on stdin: not JSON", str(exc)
         ) from exc
@@ -88,12 +92,15 @@ def validate_ifname(name: str, what: str) -> str:
     """Check a Linux interface name; ``what`` names its source in the error."""
     if not name:
         raise InvalidEnvironment(f"{what} is empty: an interface name is 1-{IFNAMSIZ} characters")
-    if len(name.encode()) > IFNAMSIZ:
-        raise InvalidEnvironment(f"{what}={name!r} is longer than {IFNAMSIZ} characters")
+    # Characters first: past this check the name is ASCII, so len() counts bytes
+    # (and undecodable environment bytes, as surrogates, never reach .encode()).
     if name in (".", "..") or _IFNAME_FORBIDDEN.search(name):
         raise InvalidEnvironment(
-            f"{what}={name!r} is not a valid interface name (no '/', ':', whitespace, '.' or '..')"
+            f"{what}={name!r} is not a valid interface name (printable ASCII only; no '/', ':', "
+            "'%', whitespace, '.' or '..')"
         )
+    if len(name) > IFNAMSIZ:
+        raise InvalidEnvironment(f"{what}={name!r} is longer than {IFNAMSIZ} characters")
     return name
 
 

@@ -74,6 +74,9 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
             try:
                 result = perform(att, env, host, pod, vfctl, ipam, isolation, progress)
                 result.dns = merged_dns(conf, att)
+                att.state = "ready"
+                att.result = result.to_dict(att.cni_version)
+                store.write(att)
             except BaseException:
                 errors = release_vfs(
                     att.vfs,
@@ -89,9 +92,6 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
                 else:
                     store.delete(att.container_id, att.ifname)
                 raise
-            att.state = "ready"
-            att.result = result.to_dict(att.cni_version)
-            store.write(att)
             return att.result
     finally:
         pod.close()
@@ -118,20 +118,22 @@ def choose(node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation
     if not states:
         raise NoCapacity(
             f"{source} asks for {len(request)} interface(s) ({asked} Mbit/s) but this node has no "
-            "SR-IOV PF with VFs enabled" + (f" among pfs {node_pfs_hint(node)}" if node.pfs else "")
+            "SR-IOV PF with VFs enabled (check the config's pfs and the PFs' sriov_numvfs)"
         )
     try:
         placed = placement.place([placement.Request(r.min_tx_rate, r.max_tx_rate) for r in request], states)
     except placement.NoFit as exc:
+        excluded = sum(1 for pf in node.pfs for v in pf.vfs if v.free and not eligible(v))
+        note = (
+            f"; {excluded} free VF(s) have no RDMA device, which rdmaIsolation required excludes"
+            if excluded
+            else ""
+        )
         raise NoCapacity(
-            f"{source} does not fit on this node: {exc}",
+            f"{source} does not fit on this node: {exc}{note}",
             f"asked: {asked}; free: " + placement.free_summary(states),
         ) from exc
     return [pools[pf_name].pop(0) for pf_name in placed.pfs]
-
-
-def node_pfs_hint(node: Node) -> str:
-    return ", ".join(p.name for p in node.pfs)
 
 
 def plan(

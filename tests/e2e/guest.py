@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -48,6 +49,9 @@ _RUN_FILES = ("scenario.log", "console.log", "qemu.log", "guest-times", "exit-co
 #: An extra file for the share: a host path (file or directory) or literal contents.
 #: Plain str is refused on purpose: it would be ambiguous between path and contents.
 FileSource = Path | bytes
+
+# SeaBIOS clears the screen with terminal escapes; they only garble failure reports.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-9;?]*[A-Za-z]|[A-Za-z])")
 
 
 class GuestError(AssertionError):
@@ -120,7 +124,7 @@ class GuestRun:
         qemu = self.qemu_log.strip()
         if qemu:
             parts.append(f"--- qemu.log ---\n{qemu}")
-        parts.append(f"--- console.log ---\n{self.console}")
+        parts.append(f"--- console.log ---\n{_ESCAPES.sub('', self.console)}")
         return "\n".join(parts)
 
     def check(self) -> GuestRun:

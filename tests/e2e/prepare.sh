@@ -105,19 +105,23 @@ module_closure() {
 }
 
 build_initrd() {
-    local start kver moddir work
+    local start kver moddir work="$cache/initrd.work"
     start=$(now)
     kver=$(basename "$(ls -d "$root"/lib/modules/* | sort -V | tail -n1)")
     moddir="$root/lib/modules/$kver"
-    work=$(mktemp -d "$cache/initrd.XXXXXX")
-    # shellcheck disable=SC2064  # expand now: $work is local
-    trap "rm -rf '$work'" RETURN
-
+    # A fixed work directory, cleared first, so an aborted run leaves nothing behind
+    # that a later run would not clean up.
+    rm -rf "$work"
     mkdir -p "$work"/{bin,proc,sys,dev,newroot,modules}
+    # The initramfs has no libc: only a static busybox (package busybox-static) works.
+    # ldd fails on static executables.
+    if ldd /bin/busybox >/dev/null 2>&1; then
+        echo "prepare: /bin/busybox is not static; install busybox-static" >&2
+        exit 1
+    fi
     cp /bin/busybox "$work/bin/busybox"
     local load=()
     local rel name
-    # virtio_pci is built into Debian's kernel; overlay gives the guest a writable root.
     while read -r rel; do
         name=$(basename "$rel")
         name=${name%.xz}
@@ -129,12 +133,14 @@ build_initrd() {
             *) cp "$moddir/$rel" "$work/modules/$name" ;;
         esac
         load+=("$name")
+    # virtio_pci is built into Debian's kernel; overlay makes the 9p root writable.
     done < <(module_closure "$moddir" 9p 9pnet_virtio overlay)
     printf '%s\n' "${load[@]}" >"$work/modules/order"
     cp "$here/initramfs-init.sh" "$work/init"
     chmod 755 "$work/init"
     (cd "$work" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 >"$cache/initrd.img.new"
     mv "$cache/initrd.img.new" "$cache/initrd.img"
+    rm -rf "$work"
     echo "$kver" >"$cache/kernel-version"
     echo "prepare: initramfs ($kver: ${load[*]}) took $(elapsed "$start") s"
 }
@@ -146,7 +152,7 @@ build_cnirun() {
     # with no network so the build is reproducible on the offline CI machine.
     (
         cd "$here/cnirun"
-        GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH="$cache/gopath:/usr/share/gocode" \
+        GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH=/usr/share/gocode \
             GOCACHE="$cache/go-build" CGO_ENABLED=0 \
             go build -trimpath -ldflags='-s -w' -o "$cache/cnirun.new" .
     )

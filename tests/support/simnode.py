@@ -163,8 +163,9 @@ def del_netns(name: str) -> None:
 
 def netns_links(name: str) -> dict[str, dict[str, object]]:
     """Links in a named netns as ``ip -j -d`` reports them, by name."""
-    out = subprocess.run(["ip", "-n", name, "-j", "-d", "addr", "show"], check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        ["ip", "-n", name, "-j", "-d", "addr", "show"], check=True, capture_output=True, text=True
+    ).stdout
     return {link["ifname"]: link for link in json.loads(out)}
 
 

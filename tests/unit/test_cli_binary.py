@@ -1,0 +1,156 @@
+"""Key protocol checks against the built executable named by ``RDMA_CNI_BINARY``.
+
+The Makefile's CI target sets ``RDMA_CNI_BINARY=dist/rdma-cni`` (the
+PyInstaller build), so these tests prove the shipped binary works: that it
+starts, speaks the protocol, and carries the modules config verbs need. Without
+the variable they are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rdma_cni import __version__
+
+SUPPORTED = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+BINARY_ENV = "RDMA_CNI_BINARY"
+
+pytestmark = pytest.mark.skipif(
+    not os.environ.get(BINARY_ENV),
+    reason=f"{BINARY_ENV} is not set: these tests run the built executable (make ci sets it to "
+    "dist/rdma-cni)",
+)
+
+
+@pytest.fixture(scope="module")
+def binary() -> str:
+    path = os.environ[BINARY_ENV]
+    assert os.path.isfile(path) and os.access(path, os.X_OK), f"{BINARY_ENV}={path} is not an executable file"
+    return os.path.abspath(path)
+
+
+@pytest.fixture
+def sysfs(tmp_path: Path) -> Path:
+    empty = tmp_path / "sys"
+    empty.mkdir()
+    return empty
+
+
+def run(
+    binary: str, sysfs: Path, *args: str, stdin: bytes = b"", **cni: str
+) -> subprocess.CompletedProcess[bytes]:
+    """Run the binary with a clean environment: only PATH, the fake sysfs root, and ``cni``."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "RDMA_CNI_SYSFS_ROOT": str(sysfs), **cni}
+    return subprocess.run([binary, *args], input=stdin, capture_output=True, env=env, timeout=60, check=False)
+
+
+def one_document(proc: subprocess.CompletedProcess[bytes]) -> dict[str, Any]:
+    """stdout is exactly one JSON object on one line."""
+    text = proc.stdout.decode()
+    doc, end = json.JSONDecoder().raw_decode(text)
+    assert text[end:] == "\n", text
+    assert isinstance(doc, dict)
+    return doc
+
+
+def error(proc: subprocess.CompletedProcess[bytes], code: int) -> dict[str, Any]:
+    assert proc.returncode != 0, proc
+    doc = one_document(proc)
+    assert set(doc) == {"cniVersion", "code", "msg", "details"}, doc
+    assert doc["code"] == code, doc
+    assert proc.stderr, "diagnostics belong on stderr"
+    return doc
+
+
+def conf(tmp_path: Path, **extra: Any) -> bytes:
+    doc = {
+        "cniVersion": "1.1.0",
+        "name": "rdma-net",
+        "type": "rdma-cni",
+        "stateDir": str(tmp_path / "state"),
+        "lockFile": str(tmp_path / "lock" / "rdma-cni.lock"),
+        **extra,
+    }
+    return json.dumps(doc).encode()
+
+
+DEL_ENV = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "0a1b2c3d", "CNI_IFNAME": "net1"}
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_version(binary: str, sysfs: Path, version: str) -> None:
+    proc = run(binary, sysfs, stdin=json.dumps({"cniVersion": version}).encode(), CNI_COMMAND="VERSION")
+    assert proc.returncode == 0, proc.stderr
+    assert one_document(proc) == {"cniVersion": version, "supportedVersions": SUPPORTED}
+    assert proc.stderr == b""
+
+
+def test_version_with_empty_stdin(binary: str, sysfs: Path) -> None:
+    proc = run(binary, sysfs, CNI_COMMAND="VERSION")
+    assert proc.returncode == 0, proc.stderr
+    assert one_document(proc) == {"cniVersion": "1.1.0", "supportedVersions": SUPPORTED}
+
+
+def test_config_error_is_code_7(binary: str, sysfs: Path, tmp_path: Path) -> None:
+    doc = error(run(binary, sysfs, stdin=conf(tmp_path, vlan=5000), **DEL_ENV), 7)
+    assert "vlan" in doc["msg"]
+
+
+def test_misspelled_key_is_code_2(binary: str, sysfs: Path, tmp_path: Path) -> None:
+    doc = error(run(binary, sysfs, stdin=conf(tmp_path, statedir="/x"), **DEL_ENV), 2)
+    assert "statedir" in doc["msg"] and "stateDir" in doc["msg"]
+
+
+@pytest.mark.parametrize("version", ["0.1.0", "0.2.0", "2.0.0"])
+def test_bad_version_is_code_1(binary: str, sysfs: Path, tmp_path: Path, version: str) -> None:
+    doc = error(run(binary, sysfs, stdin=conf(tmp_path, cniVersion=version), **DEL_ENV), 1)
+    assert all(v in doc["msg"] for v in SUPPORTED)
+
+
+def test_non_json_stdin_is_code_6(binary: str, sysfs: Path) -> None:
+    error(run(binary, sysfs, stdin=b"this is not json", **DEL_ENV), 6)
+
+
+def test_missing_variable_is_code_4(binary: str, sysfs: Path, tmp_path: Path) -> None:
+    doc = error(run(binary, sysfs, stdin=conf(tmp_path), CNI_COMMAND="DEL", CNI_IFNAME="net1"), 4)
+    assert "CNI_CONTAINERID" in doc["msg"]
+
+
+def test_del_without_record_succeeds(binary: str, sysfs: Path, tmp_path: Path) -> None:
+    """Exercises the config model, the lock and the record store inside the binary."""
+    for _ in range(2):
+        proc = run(binary, sysfs, stdin=conf(tmp_path, cniVersion="0.4.0"), **DEL_ENV)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == b""
+
+
+def test_status_without_pfs_is_code_50(binary: str, sysfs: Path, tmp_path: Path) -> None:
+    doc = error(run(binary, sysfs, stdin=conf(tmp_path), CNI_COMMAND="STATUS"), 50)
+    assert "no SR-IOV PF" in doc["msg"]
+
+
+def test_version_flag(binary: str, sysfs: Path) -> None:
+    proc = run(binary, sysfs, "--version")
+    assert proc.returncode == 0
+    assert proc.stdout.decode() == f"rdma-cni {__version__}\n"
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h", "help"])
+def test_help(binary: str, sysfs: Path, flag: str) -> None:
+    proc = run(binary, sysfs, flag)
+    assert proc.returncode == 0
+    text = proc.stdout.decode()
+    assert "CNI_COMMAND" in text and "inventory" in text
+
+
+def test_unknown_subcommand_exits_2(binary: str, sysfs: Path) -> None:
+    proc = run(binary, sysfs, "frobnicate")
+    assert proc.returncode == 2
+    assert proc.stdout == b""
+    assert b"frobnicate" in proc.stderr

@@ -1,0 +1,319 @@
+"""The deployment files in conf/, checked offline against Kubernetes' schemas and the plugin's own parsers."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import string
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from rdma_cni import install, k8s
+from rdma_cni.config import load_netconf, parse_request
+from rdma_cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+# The oldest Kubernetes these manifests promise to work on, and the newest
+# schemas the installed kubernetes-validate ships.
+K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+
+MANIFESTS = ("daemonset.yaml", "rbac.yaml", "pod.yaml", "network-attachment-definition.yaml")
+EXPECTED_FILES = {
+    *MANIFESTS,
+    "rdma-cni.conflist",
+    "kubeconfig.template.json",
+    "Containerfile",
+}
+
+NAD_API_VERSION = "k8s.cni.cncf.io/v1"
+NAD_KIND = "NetworkAttachmentDefinition"
+
+FAKE_CA = b"-----BEGIN CERTIFICATE-----\nMIIBfakefakefake\n-----END CERTIFICATE-----\n"
+
+
+def load_docs(name: str) -> list[dict[str, Any]]:
+    """Every non-empty YAML document in conf/<name>."""
+    with open(CONF / name, encoding="utf-8") as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc]
+
+
+def all_docs() -> Iterator[tuple[str, dict[str, Any]]]:
+    for name in MANIFESTS:
+        for doc in load_docs(name):
+            yield name, doc
+
+
+def one(name: str, kind: str) -> dict[str, Any]:
+    found = [doc for doc in load_docs(name) if doc.get("kind") == kind]
+    assert len(found) == 1, f"{name}: expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def validate_k8s(doc: dict[str, Any], version: str) -> None:
+    """Strict schema validation; raises kubernetes_validate.ValidationError on a bad manifest."""
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+def validate_nad(doc: dict[str, Any]) -> dict[str, Any]:
+    """Check a NetworkAttachmentDefinition's shape and return its decoded spec.config.
+
+    Its CRD is not among the core schemas, so this follows the CRD by hand:
+    only metadata and spec.config (a JSON string) are expected.
+    """
+    assert doc.get("apiVersion") == NAD_API_VERSION
+    assert doc.get("kind") == NAD_KIND
+    assert set(doc) <= {"apiVersion", "kind", "metadata", "spec"}, sorted(doc)
+    metadata = doc.get("metadata")
+    assert isinstance(metadata, dict) and isinstance(metadata.get("name"), str) and metadata["name"]
+    spec = doc.get("spec")
+    assert isinstance(spec, dict) and set(spec) == {"config"}, spec
+    assert isinstance(spec["config"], str)
+    config = json.loads(spec["config"])
+    assert isinstance(config, dict)
+    return config
+
+
+# --------------------------------------------------------------------------
+# Coverage of the directory
+
+
+def test_conf_holds_exactly_the_checked_files() -> None:
+    # A new file must get a test here; a missing one is a packaging mistake.
+    assert {p.name for p in CONF.iterdir()} == EXPECTED_FILES
+
+
+# --------------------------------------------------------------------------
+# Kubernetes schemas
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("name", [m for m in MANIFESTS if m != "network-attachment-definition.yaml"])
+def test_manifest_validates_strictly(name: str, version: str) -> None:
+    docs = load_docs(name)
+    assert docs
+    for doc in docs:
+        validate_k8s(doc, version)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        # A misspelled field is only caught by strict validation.
+        (("spec", "template", "spec", "serviceAcountName"), "rdma-cni"),
+        (("spec", "template", "spec", "containers", 0, "readinessProbe", "periodSeconds"), "ten"),
+        (("spec", "template", "spec", "tolerations", 0, "operatr"), "Exists"),
+    ],
+)
+def test_broken_daemonset_fails_validation(path: tuple[str | int, ...], value: Any) -> None:
+    doc = copy.deepcopy(one("daemonset.yaml", "DaemonSet"))
+    node: Any = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_k8s(doc, K8S_VERSIONS[0])
+
+
+def test_broken_pod_fails_validation() -> None:
+    doc = copy.deepcopy(one("pod.yaml", "Pod"))
+    doc["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = "IPC_LOCK"  # not a list
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_k8s(doc, K8S_VERSIONS[0])
+
+
+# --------------------------------------------------------------------------
+# The network configurations against the plugin's parser
+
+
+def test_nad_structure_and_config() -> None:
+    nad = one("network-attachment-definition.yaml", NAD_KIND)
+    config = validate_nad(nad)
+    conf = load_netconf(config)
+    assert conf.type == "rdma-cni"
+    assert conf.name == nad["metadata"]["name"]
+    assert conf.kubeconfig == install.DEFAULT_KUBECONFIG_PATH
+    assert conf.annotation == "rdma_interfaces_required"
+    assert conf.ipam is not None and conf.ipam.type == "host-local"
+
+
+def test_broken_nad_is_rejected() -> None:
+    nad = one("network-attachment-definition.yaml", NAD_KIND)
+    config = json.loads(nad["spec"]["config"])
+
+    misspelled = dict(config)
+    misspelled["rdmaIsolaton"] = misspelled.pop("rdmaIsolation")
+    with pytest.raises(UnsupportedField):
+        load_netconf(misspelled)
+
+    bad_value = dict(config, rdmaIsolation="sometimes")
+    with pytest.raises(InvalidConfig):
+        load_netconf(bad_value)
+
+    no_config = copy.deepcopy(nad)
+    no_config["spec"] = {"conifg": nad["spec"]["config"]}
+    with pytest.raises(AssertionError):
+        validate_nad(no_config)
+
+
+def test_conflist_plugin_entry_loads() -> None:
+    with open(CONF / "rdma-cni.conflist", encoding="utf-8") as f:
+        conflist = json.load(f)
+    assert conflist["cniVersion"] == "1.0.0"
+    assert conflist["name"] == "rdma-net"
+    (entry,) = conflist["plugins"]
+    assert entry["type"] == "rdma-cni"
+    # A runtime hands each plugin its entry with the list's version and name inserted.
+    conf = load_netconf({**entry, "cniVersion": conflist["cniVersion"], "name": conflist["name"]})
+    assert conf.kubeconfig == install.DEFAULT_KUBECONFIG_PATH
+    assert conf.ipam is not None and conf.ipam.type == "host-local"
+
+
+def test_builtin_default_conf_matches_conflist_file() -> None:
+    with open(CONF / "rdma-cni.conflist", encoding="utf-8") as f:
+        assert json.load(f) == install.default_conflist()
+
+
+def test_nad_and_conflist_agree() -> None:
+    nad_config = json.loads(one("network-attachment-definition.yaml", NAD_KIND)["spec"]["config"])
+    with open(CONF / "rdma-cni.conflist", encoding="utf-8") as f:
+        (entry,) = json.load(f)["plugins"]
+    for key in ("type", "kubeconfig", "annotation", "ipam", "rdmaIsolation"):
+        assert nad_config[key] == entry[key], key
+
+
+# --------------------------------------------------------------------------
+# The pod
+
+
+def test_pod_request_parses() -> None:
+    pod = one("pod.yaml", "Pod")
+    annotations = pod["metadata"]["annotations"]
+    request = parse_request(annotations["rdma_interfaces_required"], "conf/pod.yaml")
+    rates = [(i.min_tx_rate, i.max_tx_rate) for i in request.interfaces]
+    assert rates == [(15000, 20000), (5000, 0), (0, 0)]
+    nad = one("network-attachment-definition.yaml", NAD_KIND)
+    assert annotations["k8s.v1.cni.cncf.io/networks"] == nad["metadata"]["name"]
+    assert pod["metadata"]["namespace"] == nad["metadata"]["namespace"]
+
+
+def test_broken_pod_request_is_rejected() -> None:
+    with pytest.raises(InvalidPodRequest):
+        parse_request('[{"min_tx_rate": 15000, "max_tx_rat": 20000}]', "mutated")
+
+
+def test_pod_has_ipc_lock_and_rdma_device_resource() -> None:
+    (container,) = one("pod.yaml", "Pod")["spec"]["containers"]
+    assert "IPC_LOCK" in container["securityContext"]["capabilities"]["add"]
+    assert container["resources"]["limits"]["rdma/hca_shared_devices_a"] == 1
+
+
+# --------------------------------------------------------------------------
+# DaemonSet and RBAC semantics the schemas cannot see
+
+
+def test_daemonset_installs_with_least_privilege() -> None:
+    ds = one("daemonset.yaml", "DaemonSet")
+    assert ds["metadata"]["namespace"] == "kube-system"
+    spec = ds["spec"]["template"]["spec"]
+    sa = one("rbac.yaml", "ServiceAccount")
+    assert spec["serviceAccountName"] == sa["metadata"]["name"]
+    assert ds["metadata"]["namespace"] == sa["metadata"]["namespace"]
+    assert {"operator": "Exists"} in spec["tolerations"]
+    assert not spec.get("hostNetwork") and not spec.get("hostPID")
+    (container,) = spec["containers"]
+    assert container["command"][:3] == ["/usr/local/bin/rdma-cni", "install", "--watch"]
+    assert container["securityContext"].get("privileged") is False
+    assert container["securityContext"].get("allowPrivilegeEscalation") is False
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert "readinessProbe" in container
+
+    # Host directories are mounted at their own paths, so the installer's
+    # defaults are the host paths the plugin and the runtime use.
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert sorted(host_paths.values()) == sorted([install.DEFAULT_CNI_BIN_DIR, install.DEFAULT_CNI_CONF_DIR])
+    for volume, host_path in host_paths.items():
+        assert mounts[volume] == host_path
+    assert install.DEFAULT_KUBECONFIG_PATH.startswith(install.DEFAULT_CNI_CONF_DIR + "/")
+
+    # The ready file the probe looks for is the one the installer is told to write.
+    ready = [a.split("=", 1)[1] for a in container["command"] if a.startswith("--ready-file=")]
+    assert ready and ready[0] in container["readinessProbe"]["exec"]["command"]
+
+
+def test_rbac_only_gets_pods() -> None:
+    role = one("rbac.yaml", "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    binding = one("rbac.yaml", "ClusterRoleBinding")
+    sa = one("rbac.yaml", "ServiceAccount")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}
+    ]
+
+
+# --------------------------------------------------------------------------
+# Kubeconfig template and Containerfile
+
+
+def _substituted_template(server: str, token: str) -> str:
+    text = (CONF / "kubeconfig.template.json").read_text(encoding="utf-8")
+    # substitute() fails on any placeholder left unfilled.
+    return string.Template(text).substitute(
+        RDMA_CNI_API_SERVER=server,
+        RDMA_CNI_CA_DATA=base64.b64encode(FAKE_CA).decode("ascii"),
+        RDMA_CNI_TOKEN=token,
+    )
+
+
+def test_kubeconfig_template_loads(tmp_path: Path) -> None:
+    path = tmp_path / "rdma-cni.kubeconfig"
+    path.write_text(_substituted_template("https://10.96.0.1:443", "abc.def-ghi"), encoding="utf-8")
+    creds = k8s.load_credentials(str(path))
+    assert creds.server == "https://10.96.0.1:443"
+    assert creds.token == "abc.def-ghi"
+    assert creds.ca_data == FAKE_CA
+
+
+def test_kubeconfig_template_matches_installer_output(tmp_path: Path) -> None:
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("abc.def-ghi\n")
+    (sa / "ca.crt").write_bytes(FAKE_CA)
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    rendered = json.loads(install.render_kubeconfig(str(sa), env))
+    assert json.loads(_substituted_template("https://10.96.0.1:443", "abc.def-ghi")) == rendered
+
+
+def test_kubeconfig_template_placeholders_are_marked() -> None:
+    text = (CONF / "kubeconfig.template.json").read_text(encoding="utf-8")
+    names = {m.group("braced") for m in string.Template.pattern.finditer(text) if m.group("braced")}
+    assert names == {"RDMA_CNI_API_SERVER", "RDMA_CNI_CA_DATA", "RDMA_CNI_TOKEN"}
+
+
+def test_containerfile_packages_the_binary() -> None:
+    lines = [
+        line.strip()
+        for line in (CONF / "Containerfile").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    from_lines = [line for line in lines if line.upper().startswith("FROM ")]
+    assert len(from_lines) == 1 and "debian:12" in from_lines[0]
+    assert any(line.startswith("COPY") and "dist/rdma-cni /usr/local/bin/rdma-cni" in line for line in lines)
+    (entrypoint,) = [line for line in lines if line.startswith("ENTRYPOINT")]
+    assert json.loads(entrypoint.removeprefix("ENTRYPOINT")) == [
+        "/usr/local/bin/rdma-cni",
+        "install",
+        "--watch",
+    ]
