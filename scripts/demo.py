@@ -1,0 +1,119 @@
+"""The README's demo: a simulated SR-IOV node, then every verb through the built binary.
+
+Builds a fake sysfs tree with two PFs of four VFs each (the VFs are real veth
+devices), a network namespace standing in for a pod, and runs VERSION,
+STATUS, ``inventory``, ADD (three interfaces with rates), CHECK and DEL,
+printing what each returns. Run as root: ``make demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.support.simnode import SimNode, SimPf, add_netns, del_netns  # noqa: E402
+
+REQUEST = [{"min_tx_rate": 15000, "max_tx_rate": 20000}, {"min_tx_rate": 5000}, {}]
+
+
+def show(title: str) -> None:
+    print(f"\n\033[1m== {title}\033[0m", flush=True)
+
+
+def run(binary: str, command: str, conf: dict[str, object], env: dict[str, str]) -> dict[str, object] | None:
+    full = {**os.environ, **env, "CNI_COMMAND": command}
+    proc = subprocess.run(
+        [binary], input=json.dumps(conf).encode(), env=full, capture_output=True, check=False
+    )
+    out = proc.stdout.decode().strip()
+    print(f"$ CNI_COMMAND={command} {binary} < conf.json   -> exit {proc.returncode}")
+    doc = json.loads(out) if out else None
+    print(json.dumps(doc, indent=2) if doc is not None else "(no output: success)")
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr.decode())
+        raise SystemExit(f"{command} failed")
+    return doc
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--binary", default="dist/rdma-cni")
+    parser.add_argument("--dir", default=".demo")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("the demo needs root: it creates veth devices and a network namespace")
+    binary = os.path.abspath(args.binary)
+    root = os.path.abspath(args.dir)
+    node = SimNode(os.path.join(root, "node"), [SimPf("demopf0", 4, 25000), SimPf("demopf1", 4, 10000)], "dm")
+    netns_name = "rdma-demo-pod"
+    del_netns(netns_name)
+    node.down()
+    node.up()
+    netns = add_netns(netns_name)
+    env = {
+        **node.env(),
+        "CNI_PATH": "/usr/lib/cni",
+        "CNI_CONTAINERID": "demo-container",
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": "net1",
+    }
+    conf: dict[str, object] = {
+        "cniVersion": "1.1.0",
+        "name": "rdma-demo",
+        "type": "rdma-cni",
+        "stateDir": os.path.join(root, "state"),
+        "lockFile": os.path.join(root, "rdma-cni.lock"),
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{"subnet": "10.99.0.0/24", "gateway": "10.99.0.1"}]],
+            "dataDir": os.path.join(root, "ipam"),
+        },
+        "args": {"cni": {"rdma_interfaces_required": REQUEST}},
+    }
+    with open(os.path.join(root, "conf.json"), "w") as f:
+        json.dump(conf, f, indent=2)
+    try:
+        show("VERSION")
+        run(binary, "VERSION", conf, env)
+        show("STATUS (can this node serve ADD?)")
+        run(binary, "STATUS", conf, env)
+        show("inventory: the simulated node (PF summary)")
+        inv = subprocess.run(
+            [binary, "inventory", "--config", os.path.join(root, "conf.json")],
+            env={**os.environ, **env},
+            capture_output=True,
+            check=True,
+            text=True,
+        )
+        for pf in json.loads(inv.stdout)["pfs"]:
+            print(
+                f"  {pf['name']}: {pf['capacity_vfs']} VFs, {pf['capacity_tx_rate']} Mbit/s, "
+                f"VF netdevs {[v['netdev'] for v in pf['vfs']]}"
+            )
+        show(f"ADD: the pod asks for {json.dumps(REQUEST)}")
+        result = run(binary, "ADD", conf, env)
+        subprocess.run(["ip", "-n", netns_name, "-br", "addr"], check=False)
+        print("PF-side VF settings (simulated):", json.dumps(node.vf_state()["pfs"]))
+        show("CHECK")
+        run(binary, "CHECK", {**conf, "prevResult": result}, env)
+        show("DEL (twice: DEL is idempotent)")
+        run(binary, "DEL", conf, env)
+        run(binary, "DEL", conf, env)
+        subprocess.run(["ip", "-n", netns_name, "-br", "link"], check=False)
+        print(
+            "VF netdevs back in the host:",
+            sorted(n for n in SimNode.host_links() if n.startswith("dm0v") or n.startswith("dm1v")),
+        )
+    finally:
+        del_netns(netns_name)
+        node.down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
