@@ -386,7 +386,8 @@ def write_conf(opts: Options, out: TextIO) -> str:
             raise InstallError(f"--conf-source {origin} is not valid JSON: {exc}") from None
     else:
         origin = "the built-in default configuration"
-        doc = default_conflist(opts.kubeconfig_path)
+        # The plugin insists on an absolute kubeconfig path.
+        doc = default_conflist(os.path.abspath(opts.kubeconfig_path))
         raw = (json.dumps(doc, indent=2) + "\n").encode("utf-8")
     _check_netconf(doc, filename, origin)
 

@@ -51,6 +51,18 @@ mirror() {
     echo "${found:-http://deb.debian.org/debian}"
 }
 
+# Unmount everything at or below DIR, deepest first. debootstrap mounts /proc and
+# /sys in its target and ignores failures to unmount them at exit (seen under load);
+# a leftover mount would be exported to the guest and, worse, make `rm -rf` of the
+# tree walk into the host's /proc or /sys.
+unmount_under() {
+    local dir=$1 mnt
+    awk -v d="$dir" '$5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo \
+        | sort -r | while read -r mnt; do
+            umount "$mnt" 2>/dev/null || umount -l "$mnt"
+        done
+}
+
 build_root() {
     # The marker records the package list so that adding a package rebuilds the root.
     local want="$suite $packages"
@@ -64,13 +76,16 @@ build_root() {
     echo "prepare: debootstrap $suite from $url into $root (about a minute)"
     rm -f "$cache/root.done"
     # A half-built tree from an interrupted run cannot be trusted; start over.
-    rm -rf "$root" "$root.new"
+    unmount_under "$root"
+    unmount_under "$root.new"
+    rm -rf --one-file-system "$root" "$root.new"
     debootstrap --variant=minbase --include="$packages" "$suite" "$root.new" "$url" \
         >"$cache/debootstrap.log" 2>&1 || {
         tail -n 30 "$cache/debootstrap.log" >&2
         echo "prepare: debootstrap failed, full log in $cache/debootstrap.log" >&2
         exit 1
     }
+    unmount_under "$root.new"
     # Nothing in the guest needs these, and they only grow the tree QEMU exports.
     rm -rf "$root.new"/var/cache/apt/archives/*.deb
     mv "$root.new" "$root"

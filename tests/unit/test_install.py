@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import queue
 import select
 import signal
 import stat
@@ -432,24 +433,33 @@ def test_sigterm_stops_watch(node: Node) -> None:
         env=env,
         cwd=node.root,
     )
+    # A reader thread, not select(): lines already in the pipe object's buffer
+    # would never wake select() again.
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True)
+    reader.start()
     try:
-        assert proc.stdout is not None
-        lines: list[str] = []
-        deadline = time.monotonic() + 30
-        while not any("watching" in line for line in lines):
-            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            assert ready, "installer never started watching"
-            line = proc.stdout.readline()
-            assert line, proc.stderr.read() if proc.stderr else ""
-            lines.append(line)
+        seen: list[str] = []
+        while not any("watching" in line for line in seen):
+            try:
+                seen.append(lines.get(timeout=30))
+            except queue.Empty:
+                raise AssertionError(f"installer never started watching: {seen}") from None
         proc.send_signal(signal.SIGTERM)
-        rest, err = proc.communicate(timeout=10)
+        proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    reader.join(timeout=10)
+    err = proc.stderr.read() if proc.stderr else ""
     assert proc.returncode == 0, err
-    assert "stopping" in rest
+    rest = []
+    while not lines.empty():
+        rest.append(lines.get())
+    assert any("stopping" in line for line in rest), rest
     assert node.target.exists()
 
 

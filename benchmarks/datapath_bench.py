@@ -1,0 +1,126 @@
+"""ADD and DEL wall time for one VF: rdma-cni (built binary) beside Debian's Go host-device plugin.
+
+Both move the same kind of device (a veth on the simulated node) into a
+network namespace with the same host-local IPAM. rdma-cni also reads the pod
+from the local HTTPS API stand-in, takes the node lock and writes its
+record, as in production. Reports medians, the ratio, and the node lock's
+hold time (from rdma-cni's log). Root needed. A script, not a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.support.apiserver import ApiServer  # noqa: E402
+from tests.support.simnode import SimNode, SimPf, add_netns, del_netns, ip  # noqa: E402
+
+
+def timed(cmd: list[str], env: dict[str, str], conf: dict[str, object]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, input=json.dumps(conf).encode(), env=env, capture_output=True, check=False)
+    elapsed = (time.perf_counter() - start) * 1000
+    if proc.returncode != 0:
+        raise SystemExit(f"{env['CNI_COMMAND']} failed: {proc.stdout.decode()} {proc.stderr.decode()}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--binary", default="dist/rdma-cni")
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    tmp = tempfile.mkdtemp(prefix="rdma-cni-bench-")
+    node = SimNode(os.path.join(tmp, "node"), [SimPf("benchpf0", 1, 25000)], prefix="bn")
+    node.up()
+    api = ApiServer(os.path.join(tmp, "api"))
+    api.start()
+    api.add_pod("default", "bench", {"rdma_interfaces_required": '[{"max_tx_rate": 1000}]'})
+    kubeconfig = api.write_kubeconfig(os.path.join(tmp, "kubeconfig"), mode="token")
+    netns = add_netns("rdma-bench")
+    ipam = {
+        "type": "host-local",
+        "ranges": [[{"subnet": "10.88.0.0/24"}]],
+        "dataDir": os.path.join(tmp, "ipam"),
+    }
+    base = {
+        "PATH": os.environ.get("PATH", ""),
+        "CNI_PATH": "/usr/lib/cni",
+        "CNI_CONTAINERID": "bench",
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": "net1",
+    }
+    log = os.path.join(tmp, "rdma-cni.log")
+    ours = {
+        "cniVersion": "1.0.0",
+        "name": "bench",
+        "type": "rdma-cni",
+        "kubeconfig": kubeconfig,
+        "stateDir": os.path.join(tmp, "state"),
+        "lockFile": os.path.join(tmp, "lock"),
+        "ipam": ipam,
+        "logFile": log,
+    }
+    ours_env = {
+        **base,
+        **node.env(),
+        "CNI_ARGS": "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench",
+    }
+    theirs = {
+        "cniVersion": "1.0.0",
+        "name": "bench-hd",
+        "type": "host-device",
+        "device": node.vf_netdev(0, 0),
+        "ipam": {**ipam, "dataDir": os.path.join(tmp, "ipam-hd")},
+    }
+    results: dict[str, dict[str, list[float]]] = {
+        "rdma-cni": {"ADD": [], "DEL": []},
+        "host-device (Go)": {"ADD": [], "DEL": []},
+    }
+    try:
+        for _ in range(args.runs):
+            for verb in ("ADD", "DEL"):
+                results["rdma-cni"][verb].append(
+                    timed([os.path.abspath(args.binary)], {**ours_env, "CNI_COMMAND": verb}, ours)
+                )
+            for verb in ("ADD", "DEL"):
+                results["host-device (Go)"][verb].append(
+                    timed(["/usr/lib/cni/host-device"], {**base, "CNI_COMMAND": verb}, theirs)
+                )
+    finally:
+        del_netns("rdma-bench")
+        ip("link", "del", node.vf_wire(0, 0), check=False)
+        api.stop()
+        node.down()
+    print("| plugin | ADD median ms | DEL median ms | ADD+DEL ms |")
+    print("| --- | ---: | ---: | ---: |")
+    cycle = {}
+    for name, r in results.items():
+        a, d = statistics.median(r["ADD"]), statistics.median(r["DEL"])
+        cycle[name] = a + d
+        print(f"| {name} | {a:.1f} | {d:.1f} | {a + d:.1f} |")
+    print(
+        f"\nratio rdma-cni / host-device (ADD+DEL): {cycle['rdma-cni'] / cycle['host-device (Go)']:.2f}x "
+        f"over {args.runs} cycles"
+    )
+    with open(log) as f:
+        held = [float(m.group(1)) for m in re.finditer(r"held ([0-9.]+) ms", f.read())]
+    if held:
+        print(
+            f"node lock hold time: median {statistics.median(held):.1f} ms, max {max(held):.1f} ms "
+            f"({len(held)} verbs)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
