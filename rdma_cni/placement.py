@@ -76,7 +76,7 @@ from a proof of no fit; pass ``max_steps=None`` to search without a limit.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -443,10 +443,16 @@ class _Problem:
         reqs = self.requests
         weights = [reqs[i].min_tx_rate for i in self.reserving]
         rlevels = [self.rlevel[i] for i in self.reserving]
+        negated = [-w for w in weights]
         prefix = [0]
         for w in weights:
             prefix.append(prefix[-1] + w)
         smallest = weights[-1]
+        # small_sums[k]: the k smallest requests together (they are the last k).
+        small_sums = [prefix[n] - prefix[n - k] for k in range(n + 1)]
+        # Runs of requests that are interchangeable (same min rate, same cap level).
+        starts_run = [i == 0 or (weights[i - 1], rlevels[i - 1]) != (weights[i], rlevels[i]) for i in range(n)]
+        continues_run = [i + 1 < n and not starts_run[i + 1] for i in range(n)]
         known = self.known_idx
         plevel = self.plevel
         numa = self.numa_rank
@@ -455,7 +461,9 @@ class _Problem:
         free = list(self.free0)
         used = [0] * len(self.pfs)
         assign = [-1] * n
-        failed: set[tuple[int, tuple[tuple[int, int, int, bool], ...]]] = set()
+        vf_base = max(vfs) + 1
+        level_base = 2 * (self.n_levels + 1)
+        failed: set[tuple[int, tuple[int, ...]]] = set()
         budget = max_steps if max_steps is not None else -1
         steps = 0
         deepest = 0
@@ -465,7 +473,7 @@ class _Problem:
                 return (numa[j], free[j] - w, used[j] > 0, j)
             return (free[j] - w, numa[j], used[j] > 0, j)
 
-        def state_key(i: int, pos: list[int], prev: int, rest: int) -> tuple:
+        def state_key(i: int, pos: list[int] | None, prev: int, rest: int) -> tuple[int, tuple[int, ...]]:
             # Bandwidth below the smallest request is dead, and beyond what is
             # still to place it is surplus: both canonicalise to merge states.
             state = []
@@ -473,12 +481,13 @@ class _Problem:
                 v = vfs[j]
                 if v:
                     f = free[j]
-                    f = -1 if f < smallest else (f if f < rest else rest)
-                    state.append((v, f, plevel[j], pos[j] >= prev))
+                    f = 0 if f < smallest else (f if f < rest else rest)
+                    allowed = pos is None or pos[j] >= prev
+                    state.append(((f * vf_base + v) * level_base + plevel[j]) * 2 + allowed)
             state.sort()
             return (i, tuple(state))
 
-        def dfs(i: int, pos: list[int], prev: int) -> bool:
+        def dfs(i: int, pos: list[int] | None, prev: int) -> bool:
             nonlocal steps, deepest
             if i == n:
                 return True
@@ -487,22 +496,35 @@ class _Problem:
                 raise _OutOfSteps
             w = weights[i]
             a = rlevels[i]
-            if i == 0 or weights[i - 1] != w or rlevels[i - 1] != a:
-                # A new run of equal requests: freeze the order they must follow.
-                pos = [0] * len(vfs)
-                for rank, j in enumerate(sorted(known, key=lambda j: policy_key(j, w))):
-                    pos[j] = rank
+            if starts_run[i]:
                 prev = -1
+                pos = None
+                if continues_run[i]:
+                    # Freeze the order in which this run's requests must take PFs.
+                    pos = [0] * len(vfs)
+                    for rank, j in enumerate(sorted(known, key=lambda j: policy_key(j, w))):
+                        pos[j] = rank
             rest = prefix[n] - prefix[i]
+            left = n - i
             room = 0
+            slots = 0
             for j in known:
                 v = vfs[j]
                 if v:
                     f = free[j]
                     if f >= smallest:
-                        cap = prefix[i + v] - prefix[i] if i + v < n else rest
+                        # It takes at most as many requests as its VFs allow and as
+                        # the smallest remaining ones fit in its bandwidth...
+                        if v > left:
+                            v = left
+                        if small_sums[v] > f:
+                            v = bisect_right(small_sums, f, 0, v + 1) - 1
+                        slots += v
+                        # ...and at most that many of the largest that fit it.
+                        s = bisect_left(negated, -f, i)
+                        cap = prefix[s + v] - prefix[s] if s + v < n else prefix[n] - prefix[s]
                         room += f if f < cap else cap
-            if room < rest:
+            if room < rest or slots < left:
                 deepest = max(deepest, i)
                 return False
             key = None
@@ -510,15 +532,23 @@ class _Problem:
                 key = state_key(i, pos, prev, rest)
                 if key in failed:
                     return False
-            reps: dict[tuple[int, int, int], int] = {}
-            for j in known:
+            fits = [j for j in known if vfs[j] and free[j] >= w and plevel[j] >= a]
+            if pos is not None and prev >= 0:
+                # Inside a run, the earliest equivalent PF in the frozen order stands for its class.
+                fits = sorted((j for j in fits if pos[j] >= prev), key=pos.__getitem__)
+            else:
+                fits.sort(key=lambda j: policy_key(j, w))
+            seen: set[tuple[int, int, int]] = set()
+            reps = []
+            for j in fits:
                 f = free[j]
-                if vfs[j] and f >= w and plevel[j] >= a and pos[j] >= prev:
-                    cls = (vfs[j], f if f < rest else rest, plevel[j])
-                    other = reps.get(cls)
-                    if other is None or pos[j] < pos[other]:
-                        reps[cls] = j
-            for j in sorted(reps.values(), key=lambda j: policy_key(j, w)):
+                cls = (vfs[j], f if f < rest else rest, plevel[j])
+                if cls not in seen:
+                    seen.add(cls)
+                    reps.append(j)
+            if pos is not None and prev >= 0:
+                reps.sort(key=lambda j: policy_key(j, w))
+            for j in reps:
                 top = plevel[j]
                 vfs[j] -= 1
                 free[j] -= w
@@ -530,7 +560,7 @@ class _Problem:
                     slack[lvl] -= 1
                     if slack[lvl] < 0:
                         ok = False
-                if ok and dfs(i + 1, pos, pos[j]):
+                if ok and dfs(i + 1, pos, pos[j] if pos is not None else -1):
                     assign[i] = j
                     return True
                 for lvl in range(a + 1, top + 1):
@@ -543,7 +573,7 @@ class _Problem:
             return False
 
         try:
-            found = dfs(0, [], -1)
+            found = dfs(0, None, -1)
         except _OutOfSteps:
             raise self._fail(
                 "search_limit",

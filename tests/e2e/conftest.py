@@ -1,6 +1,6 @@
 """Fixtures for the QEMU end-to-end tier (``pytest -m e2e tests/e2e``).
 
-The cache is built on first use (about 90 s, then seconds), so CI needs no separate
+The cache is built on first use (1.5-3 min, then about a second), so CI needs no separate
 step; only a non-root run is skipped. Set ``RDMA_CNI_E2E_CACHE`` to put the cache
 elsewhere than ``<repo>/.e2e-cache``.
 """

@@ -59,6 +59,7 @@ unmount_under() {
     local dir=$1 mnt
     awk -v d="$dir" '$5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo \
         | sort -r | while read -r mnt; do
+            echo "prepare: unmounting leftover $mnt" >&2
             umount "$mnt" 2>/dev/null || umount -l "$mnt"
         done
 }

@@ -83,21 +83,16 @@ def conf(tmp_path: Path, **extra: Any) -> bytes:
 DEL_ENV = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "0a1b2c3d", "CNI_IFNAME": "net1"}
 
 
-# Each start of a one-file build unpacks it (most of a second): keep the runs few.
+# Each start of a one-file build unpacks it (most of a second): keep the runs few;
+# the unit tier covers the protocol in depth.
 
 
-@pytest.mark.parametrize("version", ["0.3.0", "1.1.0"])
-def test_version(binary: str, sysfs: Path, version: str) -> None:
+def test_version(binary: str, sysfs: Path) -> None:
+    version = "0.4.0"  # the answer echoes the input's version, not the latest
     proc = run(binary, sysfs, stdin=json.dumps({"cniVersion": version}).encode(), CNI_COMMAND="VERSION")
     assert proc.returncode == 0, proc.stderr
     assert one_document(proc) == {"cniVersion": version, "supportedVersions": SUPPORTED}
     assert proc.stderr == b""
-
-
-def test_version_with_empty_stdin(binary: str, sysfs: Path) -> None:
-    proc = run(binary, sysfs, CNI_COMMAND="VERSION")
-    assert proc.returncode == 0, proc.stderr
-    assert one_document(proc) == {"cniVersion": "1.1.0", "supportedVersions": SUPPORTED}
 
 
 def test_config_error_is_code_7(binary: str, sysfs: Path, tmp_path: Path) -> None:
@@ -105,24 +100,13 @@ def test_config_error_is_code_7(binary: str, sysfs: Path, tmp_path: Path) -> Non
     assert "vlan" in doc["msg"]
 
 
-def test_misspelled_key_is_code_2(binary: str, sysfs: Path, tmp_path: Path) -> None:
-    doc = error(run(binary, sysfs, stdin=conf(tmp_path, statedir="/x"), **DEL_ENV), 2)
-    assert "statedir" in doc["msg"] and "stateDir" in doc["msg"]
-
-
-@pytest.mark.parametrize("version", ["0.2.0", "2.0.0"])
-def test_bad_version_is_code_1(binary: str, sysfs: Path, tmp_path: Path, version: str) -> None:
-    doc = error(run(binary, sysfs, stdin=conf(tmp_path, cniVersion=version), **DEL_ENV), 1)
+def test_bad_version_is_code_1(binary: str, sysfs: Path, tmp_path: Path) -> None:
+    doc = error(run(binary, sysfs, stdin=conf(tmp_path, cniVersion="0.2.0"), **DEL_ENV), 1)
     assert all(v in doc["msg"] for v in SUPPORTED)
 
 
 def test_non_json_stdin_is_code_6(binary: str, sysfs: Path) -> None:
     error(run(binary, sysfs, stdin=b"this is not json", **DEL_ENV), 6)
-
-
-def test_missing_variable_is_code_4(binary: str, sysfs: Path, tmp_path: Path) -> None:
-    doc = error(run(binary, sysfs, stdin=conf(tmp_path), CNI_COMMAND="DEL", CNI_IFNAME="net1"), 4)
-    assert "CNI_CONTAINERID" in doc["msg"]
 
 
 def test_del_without_record_succeeds(binary: str, sysfs: Path, tmp_path: Path) -> None:
