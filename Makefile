@@ -1,6 +1,7 @@
 # rdma-cni developer entry points. Root is needed for demo, test and e2e
 # (network namespaces, veth devices); `make deps` installs the Debian packages.
 PYTHON ?= python3
+CC     ?= cc
 VENV   := .venv
 BIN    := $(VENV)/bin
 BINARY := dist/rdma-cni
@@ -13,7 +14,7 @@ all: build
 deps:  ## Debian packages the tests and the e2e tier use (run as root)
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-		iproute2 containernetworking-plugins openssl python3-venv \
+		iproute2 containernetworking-plugins openssl python3-venv gcc libc6-dev \
 		debootstrap busybox-static cpio xz-utils zstd golang-go golang-github-appc-cni-dev >/dev/null
 
 venv: $(VENV)/.stamp
@@ -24,8 +25,11 @@ $(VENV)/.stamp: setup.cfg pyproject.toml
 	touch $@
 
 build: $(BINARY)
-$(BINARY): $(VENV)/.stamp $(SRC)
+$(BINARY): $(VENV)/.stamp $(SRC) launcher/launcher.c scripts/pack_launcher.py
 	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN build.spec
+	mkdir -p build
+	$(CC) -O2 -Wall -Wextra -Werror -static -o build/launcher launcher/launcher.c
+	$(BIN)/python scripts/pack_launcher.py --launcher build/launcher --tree dist/rdma-cni-dir --output $(BINARY)
 
 demo: build  ## a simulated node, then VERSION, STATUS, inventory, ADD, CHECK, DEL through dist/rdma-cni
 	$(BIN)/python scripts/demo.py --binary $(BINARY)

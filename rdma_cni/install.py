@@ -498,7 +498,13 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
 
 
 def _default_source() -> str | None:
-    # A PyInstaller one-file build runs with sys.executable set to the binary
+    # The shipped binary is launcher/launcher.c with the PyInstaller tree packed
+    # behind it: the launcher execs the unpacked program from its cache and
+    # names itself in RDMA_CNI_LAUNCHER, and that single file is what to copy.
+    launcher = os.environ.get("RDMA_CNI_LAUNCHER")
+    if launcher and getattr(sys, "frozen", False):
+        return launcher
+    # A plain PyInstaller build runs with sys.executable set to the binary
     # itself; from the Python package, sys.executable is the interpreter.
     if getattr(sys, "frozen", False):
         return sys.executable

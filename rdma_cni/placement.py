@@ -210,6 +210,11 @@ class _OutOfSteps(Exception):
     pass
 
 
+# Value orders the search restarts with, and the steps each but the last gets.
+_PHASES = ("policy", "vf_balance", "few_vfs", "worst_fit")
+_PHASE_SHARE = DEFAULT_MAX_STEPS // 4
+
+
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
@@ -451,7 +456,8 @@ class _Problem:
         # small_sums[k]: the k smallest requests together (they are the last k).
         small_sums = [prefix[n] - prefix[n - k] for k in range(n + 1)]
         # Runs of requests that are interchangeable (same min rate, same cap level).
-        starts_run = [i == 0 or (weights[i - 1], rlevels[i - 1]) != (weights[i], rlevels[i]) for i in range(n)]
+        kinds = list(zip(weights, rlevels, strict=True))
+        starts_run = [i == 0 or kinds[i - 1] != kinds[i] for i in range(n)]
         continues_run = [i + 1 < n and not starts_run[i + 1] for i in range(n)]
         known = self.known_idx
         plevel = self.plevel
@@ -460,39 +466,46 @@ class _Problem:
         vfs = list(self.vfs0)
         free = list(self.free0)
         used = [0] * len(self.pfs)
+        work = list(slack)
         assign = [-1] * n
         vf_base = max(vfs) + 1
         level_base = 2 * (self.n_levels + 1)
         failed: set[tuple[int, tuple[int, ...]]] = set()
-        budget = max_steps if max_steps is not None else -1
         steps = 0
+        stop_at = -1
         deepest = 0
 
-        def policy_key(j: int, w: int) -> tuple[int, int, bool, int]:
+        def by_policy(j: int, w: int) -> tuple[int, ...]:
             if numa_first:
                 return (numa[j], free[j] - w, used[j] > 0, j)
             return (free[j] - w, numa[j], used[j] > 0, j)
 
-        def state_key(i: int, pos: list[int] | None, prev: int, rest: int) -> tuple[int, tuple[int, ...]]:
-            # Bandwidth below the smallest request is dead, and beyond what is
-            # still to place it is surplus: both canonicalise to merge states.
-            state = []
-            for j in known:
-                v = vfs[j]
-                if v:
-                    f = free[j]
-                    f = 0 if f < smallest else (f if f < rest else rest)
-                    allowed = pos is None or pos[j] >= prev
-                    state.append(((f * vf_base + v) * level_base + plevel[j]) * 2 + allowed)
-            state.sort()
-            return (i, tuple(state))
+        def by_vf_balance(j: int, w: int) -> tuple[int, ...]:
+            # Leave a PF with several VFs about this request's size per VF, so
+            # its bandwidth is not stranded behind too few VFs (or vice versa).
+            v = vfs[j]
+            return (abs(free[j] - w * v) if v > 1 else 0, v, free[j] - w, j)
+
+        def by_few_vfs(j: int, w: int) -> tuple[int, ...]:
+            return (vfs[j], free[j] - w, j)
+
+        def by_worst_fit(j: int, w: int) -> tuple[int, ...]:
+            return (w - free[j], j)
+
+        orders = {
+            "policy": by_policy,
+            "vf_balance": by_vf_balance,
+            "few_vfs": by_few_vfs,
+            "worst_fit": by_worst_fit,
+        }
+        policy_key = by_policy
 
         def dfs(i: int, pos: list[int] | None, prev: int) -> bool:
             nonlocal steps, deepest
             if i == n:
                 return True
             steps += 1
-            if steps == budget:
+            if steps == stop_at:
                 raise _OutOfSteps
             w = weights[i]
             a = rlevels[i]
@@ -506,8 +519,14 @@ class _Problem:
                         pos[j] = rank
             rest = prefix[n] - prefix[i]
             left = n - i
+            inside = pos is not None and prev >= 0
             room = 0
             slots = 0
+            # The memo key: the multiset of PF states, where bandwidth below the
+            # smallest request is dead and beyond what is left to place is
+            # surplus (both canonicalised to merge states), plus whether the
+            # current run of equal requests may still use the PF.
+            state = []
             for j in known:
                 v = vfs[j]
                 if v:
@@ -515,25 +534,31 @@ class _Problem:
                     if f >= smallest:
                         # It takes at most as many requests as its VFs allow and as
                         # the smallest remaining ones fit in its bandwidth...
-                        if v > left:
-                            v = left
-                        if small_sums[v] > f:
-                            v = bisect_right(small_sums, f, 0, v + 1) - 1
-                        slots += v
+                        k = v if v < left else left
+                        if small_sums[k] > f:
+                            k = bisect_right(small_sums, f, 0, k + 1) - 1
+                        slots += k
                         # ...and at most that many of the largest that fit it.
                         s = bisect_left(negated, -f, i)
-                        cap = prefix[s + v] - prefix[s] if s + v < n else prefix[n] - prefix[s]
+                        cap = prefix[s + k] - prefix[s] if s + k < n else prefix[n] - prefix[s]
                         room += f if f < cap else cap
+                        if f > rest:
+                            f = rest
+                    else:
+                        f = 0
+                    code = ((f * vf_base + v) * level_base + plevel[j]) * 2
+                    state.append(code + 1 if not inside or pos[j] >= prev else code)
             if room < rest or slots < left:
                 deepest = max(deepest, i)
                 return False
             key = None
             if failed:
-                key = state_key(i, pos, prev, rest)
+                state.sort()
+                key = (i, tuple(state))
                 if key in failed:
                     return False
             fits = [j for j in known if vfs[j] and free[j] >= w and plevel[j] >= a]
-            if pos is not None and prev >= 0:
+            if inside:
                 # Inside a run, the earliest equivalent PF in the frozen order stands for its class.
                 fits = sorted((j for j in fits if pos[j] >= prev), key=pos.__getitem__)
             else:
@@ -546,7 +571,7 @@ class _Problem:
                 if cls not in seen:
                     seen.add(cls)
                     reps.append(j)
-            if pos is not None and prev >= 0:
+            if inside:
                 reps.sort(key=lambda j: policy_key(j, w))
             for j in reps:
                 top = plevel[j]
@@ -557,31 +582,52 @@ class _Problem:
                 # the levels in between could have used.
                 ok = True
                 for lvl in range(a + 1, top + 1):
-                    slack[lvl] -= 1
-                    if slack[lvl] < 0:
+                    work[lvl] -= 1
+                    if work[lvl] < 0:
                         ok = False
                 if ok and dfs(i + 1, pos, pos[j] if pos is not None else -1):
                     assign[i] = j
                     return True
                 for lvl in range(a + 1, top + 1):
-                    slack[lvl] += 1
+                    work[lvl] += 1
                 vfs[j] += 1
                 free[j] += w
                 used[j] -= 1
             deepest = max(deepest, i)
-            failed.add(key if key is not None else state_key(i, pos, prev, rest))
+            if key is None:
+                state.sort()
+                key = (i, tuple(state))
+            failed.add(key)
             return False
 
-        try:
-            found = dfs(0, None, -1)
-        except _OutOfSteps:
-            raise self._fail(
-                "search_limit",
-                f": gave up after {steps} search steps without finding a placement "
-                "or proving that none exists",
-                None,
-                steps,
-            ) from None
+        # Restarts with other value orders escape an unlucky early choice; the
+        # memo of failed states is valid across orders, so no work is lost.
+        phases = _PHASES
+        for number, name in enumerate(phases):
+            policy_key = orders[name]
+            last = number == len(phases) - 1
+            share = _PHASE_SHARE if max_steps is None else max(1, max_steps // len(phases))
+            if last:
+                stop_at = -1 if max_steps is None else max_steps
+            else:
+                stop_at = steps + share if max_steps is None else min(max_steps, steps + share)
+            vfs[:] = self.vfs0
+            free[:] = self.free0
+            used[:] = [0] * len(used)
+            work[:] = slack
+            try:
+                found = dfs(0, None, -1)
+                break
+            except _OutOfSteps:
+                if not last:
+                    continue
+                raise self._fail(
+                    "search_limit",
+                    f": gave up after {steps} search steps without finding a placement "
+                    "or proving that none exists",
+                    None,
+                    steps,
+                ) from None
         if not found:
             total = prefix[n]
             free_total = sum(self.free0[j] for j in known if self.vfs0[j] > 0)
