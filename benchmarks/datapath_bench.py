@@ -21,8 +21,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.support.apiserver import ApiServer  # noqa: E402
-from tests.support.simnode import SimNode, SimPf, add_netns, del_netns, ip  # noqa: E402
+from tests.support.apiserver import ApiServer
+from tests.support.simnode import SimNode, SimPf, add_netns, del_netns, ip
 
 
 def timed(cmd: list[str], env: dict[str, str], conf: dict[str, object]) -> float:

@@ -96,7 +96,7 @@ __all__ = [
 Policy = Literal["best_fit", "numa_first"]
 
 # About 10 ms of search on a laptop-class CPU; see the module docstring.
-DEFAULT_MAX_STEPS = 5_000
+DEFAULT_MAX_STEPS = 800
 
 
 def _is_int(value: object) -> bool:
@@ -207,6 +207,10 @@ class NoFit(Exception):
 
 
 class _OutOfSteps(Exception):
+    pass
+
+
+class _NoArrangement(Exception):
     pass
 
 
@@ -387,34 +391,42 @@ class _Problem:
                 f"{free_total} Mbit/s free in total",
                 self._greedy_unplaced(),
             )
-        if not self._dff_bound_holds(usable):
-            detail = self._arrangement_detail(total, free_total)
-            raise self._fail("bandwidth", detail, self._greedy_unplaced())
 
-    def _dff_bound_holds(self, usable: list[int]) -> bool:
-        """Generalised Martello-Toth L2 bound over PFs of different free bandwidth.
+    def dff_bound_holds(self) -> bool:
+        """A generalised Martello-Toth L2 bound; False proves the min rates cannot be arranged.
 
-        For a threshold k, give a request of size x on a PF with room r the
-        weight r when x > r - k (nothing else of size >= k fits beside it), x
-        otherwise, and 0 when x < k. Each PF's weights then sum to at most its
-        room, so summing each request's cheapest weight over the PFs it fits
-        on must not exceed the room of the PFs that can hold anything >= k.
+        Fix a threshold k. Weigh a request of size x on a PF of room r as r
+        when x > r - k (nothing else of size >= k fits beside it), as x when
+        k <= x <= r - k, and as 0 when x < k: a PF's weights then never exceed
+        its room. So the sum over requests of their lightest weight on any PF
+        they fit must not exceed the room of the PFs that can hold a request of
+        size k. PFs of different rooms are allowed, unlike in the textbook form.
+
+        VF counts enter by adding lam to every request and lam per VF to every
+        PF's room, which keeps every real packing valid: lam = 0 is the pure
+        bandwidth bound, a lam above every room is a pure counting bound (it
+        proves, say, that 32 requests cannot pair up on 16 PFs with 2 VFs), and
+        the median request size mixes the two.
         """
         reqs = self.requests
-        sizes = []
-        for i in self.reserving:
-            x = reqs[i].min_tx_rate
-            lvl = self.rlevel[i]
-            fits = [self.free0[j] for j in usable if self.plevel[j] >= lvl and self.free0[j] >= x]
-            sizes.append((x, min(fits), max(fits)))
-        rooms = [self.free0[j] for j in usable]
-        for k in sorted({x for x, _, _ in sizes}):
-            demand = 0
-            for x, smallest, largest in sizes:
-                if x >= k:
-                    demand += x if largest - x >= k else smallest
-            if demand > sum(r for r in rooms if r >= k):
-                return False
+        usable = [j for j in self.known_idx if self.vfs0[j] > 0]
+        sizes = sorted(reqs[i].min_tx_rate for i in self.reserving)
+        lams = (0, sizes[len(sizes) // 2], max(self.free0[j] for j in usable) + 1)
+        for lam in lams:
+            rooms = [(self.free0[j] + lam * self.vfs0[j], j) for j in usable]
+            items = []
+            for i in self.reserving:
+                x = reqs[i].min_tx_rate
+                lvl = self.rlevel[i]
+                fits = [room for room, j in rooms if self.plevel[j] >= lvl and self.free0[j] >= x]
+                items.append((x + lam, min(fits), max(fits)))
+            for k in sorted({size for size, _, _ in items}):
+                demand = 0
+                for size, lightest, heaviest in items:
+                    if size >= k:
+                        demand += size if heaviest - size >= k else lightest
+                if demand > sum(room for room, _ in rooms if room >= k):
+                    return False
         return True
 
     def _arrangement_detail(self, total: int, free_total: int) -> str:
@@ -474,6 +486,7 @@ class _Problem:
         steps = 0
         stop_at = -1
         deepest = 0
+        bounded = False
 
         def by_policy(j: int, w: int) -> tuple[int, ...]:
             if numa_first:
@@ -501,7 +514,7 @@ class _Problem:
         policy_key = by_policy
 
         def dfs(i: int, pos: list[int] | None, prev: int) -> bool:
-            nonlocal steps, deepest
+            nonlocal steps, deepest, bounded
             if i == n:
                 return True
             steps += 1
@@ -594,6 +607,11 @@ class _Problem:
                 free[j] += w
                 used[j] -= 1
             deepest = max(deepest, i)
+            if not bounded:
+                # Only now, when best fit has failed once, is the costlier bound worth it.
+                bounded = True
+                if not self.dff_bound_holds():
+                    raise _NoArrangement
             if key is None:
                 state.sort()
                 key = (i, tuple(state))
@@ -617,6 +635,9 @@ class _Problem:
             work[:] = slack
             try:
                 found = dfs(0, None, -1)
+                break
+            except _NoArrangement:
+                found = False
                 break
             except _OutOfSteps:
                 if not last:

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.support.simnode import SimNode, SimPf, add_netns, del_netns  # noqa: E402
+from tests.support.simnode import SimNode, SimPf, add_netns, del_netns
 
 REQUEST = [{"min_tx_rate": 15000, "max_tx_rate": 20000}, {"min_tx_rate": 5000}, {}]
 

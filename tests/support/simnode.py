@@ -172,7 +172,7 @@ def netns_links(name: str) -> dict[str, dict[str, object]]:
 def _parse_pfs(spec: str) -> list[SimPf]:
     out = []
     for item in spec.split(","):
-        name, count, speed = (item.split(":") + ["25000"])[:3]
+        name, count, speed = [*item.split(":"), "25000"][:3]
         out.append(SimPf(name, int(count), int(speed)))
     return out
 

@@ -130,9 +130,11 @@ rc_dump() {
     # e2e_dump writes $E2E_OUT/dump-LABEL; a unique label keeps concurrent names apart.
     label="rc-$$-$RANDOM"
     e2e_dump "$label"
-    mkdir -p "$(dirname "$dir")"
-    rm -rf "$dir"
-    mv "$E2E_OUT/dump-$label" "$dir"
+    # Merged into DIR rather than renamed: DIR may already hold a scenario's CNI results.
+    mkdir -p "$dir"
+    cp -r "$E2E_OUT/dump-$label/." "$dir/"
+    rm -rf "$E2E_OUT/dump-$label"
+    rm -rf "$dir/records"
     mkdir -p "$dir/records"
     if [[ -d $RC_STATE/attachments ]]; then
         find "$RC_STATE/attachments" -maxdepth 1 -name '*.json' -exec cp {} "$dir/records/" \;
@@ -205,9 +207,10 @@ rc_run() {
     ) >"$dir/trace.log" 2>&1
     rc=$?
     set -e
-    # The plugin's own logs for this scenario's networks (named NAME or NAME-*).
+    # The plugin's own logs for this scenario's networks (named NAME or NAME-*, with
+    # any '/' in NAME as '-').
     local log
-    for log in "$RC_LOGS/$name.log" "$RC_LOGS/$name"-*.log; do
+    for log in "$RC_LOGS/${name//\//-}.log" "$RC_LOGS/${name//\//-}"-*.log; do
         if [[ -f $log ]]; then
             cp "$log" "$dir/plugin-$(basename "$log")"
         fi
