@@ -40,10 +40,35 @@ def run(binary: str, command: str, conf: dict[str, object], env: dict[str, str])
     return doc
 
 
+def write_manual_setup(root: str, conf: dict[str, object], node: SimNode, binary: str, netns: str) -> None:
+    """A conflist and an env.sh for running the plugin by hand (cnitool) against the simulated node."""
+    netd = os.path.join(root, "net.d")
+    bindir = os.path.join(root, "bin")
+    os.makedirs(netd, exist_ok=True)
+    os.makedirs(bindir, exist_ok=True)
+    link = os.path.join(bindir, "rdma-cni")
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(binary, link)
+    plugin = {k: v for k, v in conf.items() if k not in ("cniVersion", "name")}
+    with open(os.path.join(netd, "10-rdma-demo.conflist"), "w") as f:
+        json.dump({"cniVersion": "1.0.0", "name": "rdma-demo", "plugins": [plugin]}, f, indent=2)
+    env = {**node.env(), "NETCONFPATH": netd, "CNI_PATH": f"{bindir}:/usr/lib/cni", "NETNS": netns}
+    with open(os.path.join(root, "env.sh"), "w") as f:
+        f.writelines(f"export {k}={v}\n" for k, v in env.items())
+    print(f"simulated node and pod netns {netns} are up; `source {root}/env.sh`, then run cnitool")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--binary", default="dist/rdma-cni")
     parser.add_argument("--dir", default=".demo")
+    parser.add_argument(
+        "--setup-only",
+        action="store_true",
+        help="build the simulated node and pod netns, write a conflist and env.sh, and stop",
+    )
+    parser.add_argument("--teardown", action="store_true", help="remove what --setup-only built")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("the demo needs root: it creates veth devices and a network namespace")
@@ -53,6 +78,8 @@ def main() -> int:
     netns_name = "rdma-demo-pod"
     del_netns(netns_name)
     node.down()
+    if args.teardown:
+        return 0
     node.up()
     netns = add_netns(netns_name)
     env = {
@@ -77,6 +104,9 @@ def main() -> int:
     }
     with open(os.path.join(root, "conf.json"), "w") as f:
         json.dump(conf, f, indent=2)
+    if args.setup_only:
+        write_manual_setup(root, conf, node, binary, netns)
+        return 0
     try:
         show("VERSION")
         run(binary, "VERSION", conf, env)
