@@ -45,7 +45,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
     commands = {
-        "dist/rdma-cni (PyInstaller one-file)": [os.path.abspath(args.binary)],
+        "dist/rdma-cni (packed one-dir build)": [os.path.abspath(args.binary)],
         "python -m rdma_cni": [sys.executable, "-m", "rdma_cni"],
     }
     print("| command | case | median ms | p90 ms | runs |")

@@ -36,42 +36,59 @@ useful for later pods:
 ``policy="numa_first"`` puts NUMA locality before everything else instead, for
 callers that value locality over packing.
 
+These rules order the search, so the placement returned is the first one the
+search meets; usually that is plain best fit. Only when the inputs are so
+tight that best fit has to backtrack a lot does the answer come from a restart
+with another order (see below) and follow the preferences less closely.
+
 Algorithm
 ---------
-Exact: when some assignment fits, one is returned. The search is over the
-min-rate requests only (bin packing with VF counts and per-PF cap limits):
+Exact: when some assignment fits, one is returned. Only the min-rate requests
+need a search (bin packing with VF counts and per-PF cap limits):
 
-1. Cheap necessary conditions first, each giving its own :class:`NoFit`
-   reason: enough VFs in total; Hall's condition on VF counts (PF capacities
-   are nested, so the few "capacity at least c" thresholds suffice); every
-   request fits alone somewhere; total bandwidth; a dual-feasible-function
-   (Martello-Toth L2 style) bound generalised to PFs of different sizes.
-2. Depth-first search, requests by decreasing min rate, candidate PFs in
-   policy order. Its first descent is plain best-fit-decreasing and returns at
-   once when it succeeds, which is the usual case.
+1. Cheap necessary conditions first, each with its own :class:`NoFit` reason:
+   enough VFs in total; Hall's condition on VF counts (a cap admits exactly
+   the PFs of capacity at least the cap, so these sets are nested and one
+   check per distinct capacity suffices); every request fits alone on some
+   PF; total bandwidth.
+2. Depth-first search over the min-rate requests by decreasing min rate,
+   candidate PFs in policy order. Its first descent is plain
+   best-fit-decreasing and returns at once when it succeeds, the usual case.
+   When it first has to backtrack, a stronger bound is tried once: a
+   Martello-Toth L2 style dual-feasible-function bound, generalised to PFs of
+   different sizes and folding in VF counts (see ``dff_bound_holds``).
 3. Pruning: PFs in the same state are interchangeable, so only one of them is
-   tried per search node; equal requests take PFs in non-decreasing order of
-   the policy order fixed when their run starts, so their permutations are
-   not explored; at every node the remaining min rates must fit into the
-   bandwidth each PF can still take (at most its free bandwidth, at most the
-   sum of as many of the largest remaining requests as it has VFs); the VF
-   Hall condition is kept incrementally; states that failed are remembered
-   under a canonical key (multiset of PF states plus position), so no state
-   is expanded twice.
-4. Requests without a min rate need only a VF on a PF whose capacity reaches
+   tried per search node; equal requests take PFs in a fixed order, so their
+   permutations are not explored; at every node the remaining min rates must
+   fit in what the PFs can still take (bounded by free bandwidth, by VFs and
+   by how many of the smallest remaining requests fit); the VF Hall condition
+   is kept incrementally; failed states are remembered under a canonical key
+   (multiset of PF states plus position) and never expanded again.
+4. If best fit's search gets stuck it restarts with other value orders (VF
+   balance, fewest VFs, worst fit). The memo of failed states stays valid
+   across orders, so a restart never loses work, and finishing any one order
+   without a fit proves there is none.
+5. Requests without a min rate need only a VF on a PF whose capacity reaches
    their cap (or of unknown capacity). Those sets are nested, so the Hall
    condition kept during the search is exactly their feasibility, and
-   assigning them afterwards, most restrictive first, never fails.
+   assigning them afterwards, most restrictive cap first, never fails.
 
+Step budget
+-----------
 Bin packing is NP-hard, and the memo bounds the work only by the number of
-distinct canonical states, which is not small in the worst case for 16 PFs and
-32 requests. So the search also has a step budget (``max_steps``, default
-:data:`DEFAULT_MAX_STEPS`, roughly 10 ms of search). It is never reached on
-the benchmark's random and adversarial families (the tests check the step
-counts), but if it is, :func:`place` raises :class:`NoFit` with reason
-``"search_limit"``: no placement was found and none was proven impossible.
-That answer is conservative (nothing is over-reserved) and is distinguishable
-from a proof of no fit; pass ``max_steps=None`` to search without a limit.
+distinct canonical states, which for 16 PFs and 32 requests can be huge. So
+the search has a budget of ``max_steps`` nodes (default
+:data:`DEFAULT_MAX_STEPS`, sized to stay under 10 ms on one server core; a
+count keeps the answer deterministic, a clock would not). Easy and clearly
+infeasible inputs take a few dozen steps, including the adversarial ones that
+defeat plain backtracking (many identical PFs, bandwidth that fits in total
+but not PF by PF); the tests check that the benchmark's families stay far
+below the budget. Inputs tight in both bandwidth and VFs at once (a few
+percent to spare) can exhaust it; on such inputs an LP-based MILP solver also
+takes from tenths of a second to more than a few seconds. Then :func:`place`
+raises :class:`NoFit` with reason ``"search_limit"``: nothing was found and
+nothing was proven. That answer is conservative (nothing is over-reserved)
+and distinguishable from a proof; ``max_steps=None`` searches to the end.
 """
 
 from __future__ import annotations
@@ -95,8 +112,8 @@ __all__ = [
 
 Policy = Literal["best_fit", "numa_first"]
 
-# About 10 ms of search on a laptop-class CPU; see the module docstring.
-DEFAULT_MAX_STEPS = 800
+# Search nodes at 10-15 us each on tight inputs, plus setup: under 10 ms. See "Step budget".
+DEFAULT_MAX_STEPS = 500
 
 
 def _is_int(value: object) -> bool:
@@ -105,7 +122,7 @@ def _is_int(value: object) -> bool:
 
 
 def _check_count(value: object, what: str) -> None:
-    if not _is_int(value):
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{what} must be an integer, got {value!r}")
     if value < 0:
         raise ValueError(f"{what} must not be negative, got {value}")
@@ -214,9 +231,11 @@ class _NoArrangement(Exception):
     pass
 
 
-# Value orders the search restarts with, and the steps each but the last gets.
+# Value orders the search restarts with, and the steps each but the last gets
+# when the caller sets no budget.
 _PHASES = ("policy", "vf_balance", "few_vfs", "worst_fit")
 _PHASE_SHARE = DEFAULT_MAX_STEPS // 4
+_UNLIMITED = 1 << 62
 
 
 def _plural(count: int, word: str) -> str:
@@ -410,22 +429,38 @@ class _Problem:
         """
         reqs = self.requests
         usable = [j for j in self.known_idx if self.vfs0[j] > 0]
-        sizes = sorted(reqs[i].min_tx_rate for i in self.reserving)
-        lams = (0, sizes[len(sizes) // 2], max(self.free0[j] for j in usable) + 1)
-        for lam in lams:
-            rooms = [(self.free0[j] + lam * self.vfs0[j], j) for j in usable]
-            items = []
-            for i in self.reserving:
-                x = reqs[i].min_tx_rate
-                lvl = self.rlevel[i]
-                fits = [room for room, j in rooms if self.plevel[j] >= lvl and self.free0[j] >= x]
-                items.append((x + lam, min(fits), max(fits)))
-            for k in sorted({size for size, _, _ in items}):
-                demand = 0
-                for size, lightest, heaviest in items:
-                    if size >= k:
-                        demand += size if heaviest - size >= k else lightest
-                if demand > sum(room for room, _ in rooms if room >= k):
+        free0 = self.free0
+        vfs0 = self.vfs0
+        fitting = [
+            (
+                reqs[i].min_tx_rate,
+                [j for j in usable if self.plevel[j] >= self.rlevel[i] and free0[j] >= reqs[i].min_tx_rate],
+            )
+            for i in self.reserving
+        ]
+        sizes = sorted(x for x, _ in fitting)
+        for lam in (0, sizes[len(sizes) // 2], max(free0[j] for j in usable) + 1):
+            rooms = sorted(free0[j] + lam * vfs0[j] for j in usable)
+            above = [0] * (len(rooms) + 1)
+            for t in range(len(rooms) - 1, -1, -1):
+                above[t] = above[t + 1] + rooms[t]
+            ks = sorted({x + lam for x in sizes})
+            # Difference array over the thresholds: each request weighs its size
+            # for small k, its lightest room for middling k, nothing above it.
+            diff = [0] * (len(ks) + 1)
+            for x, js in fitting:
+                size = x + lam
+                lightest = min(free0[j] + lam * vfs0[j] for j in js)
+                heaviest = max(free0[j] + lam * vfs0[j] for j in js)
+                top = bisect_right(ks, size)
+                cut = min(top, bisect_right(ks, heaviest - size))
+                diff[0] += size
+                diff[cut] += lightest - size
+                diff[top] -= lightest
+            demand = 0
+            for t, k in enumerate(ks):
+                demand += diff[t]
+                if demand > above[bisect_left(rooms, k)]:
                     return False
         return True
 
@@ -484,7 +519,7 @@ class _Problem:
         level_base = 2 * (self.n_levels + 1)
         failed: set[tuple[int, tuple[int, ...]]] = set()
         steps = 0
-        stop_at = -1
+        stop_at = _UNLIMITED
         deepest = 0
         bounded = False
 
@@ -494,8 +529,9 @@ class _Problem:
             return (free[j] - w, numa[j], used[j] > 0, j)
 
         def by_vf_balance(j: int, w: int) -> tuple[int, ...]:
-            # Leave a PF with several VFs about this request's size per VF, so
-            # its bandwidth is not stranded behind too few VFs (or vice versa).
+            # Single-VF PFs first, then PFs whose free bandwidth is about this
+            # request's size per VF, so that neither bandwidth nor VFs are
+            # stranded when both are scarce.
             v = vfs[j]
             return (abs(free[j] - w * v) if v > 1 else 0, v, free[j] - w, j)
 
@@ -517,9 +553,9 @@ class _Problem:
             nonlocal steps, deepest, bounded
             if i == n:
                 return True
-            steps += 1
-            if steps == stop_at:
+            if steps >= stop_at:
                 raise _OutOfSteps
+            steps += 1
             w = weights[i]
             a = rlevels[i]
             if starts_run[i]:
@@ -624,11 +660,10 @@ class _Problem:
         for number, name in enumerate(phases):
             policy_key = orders[name]
             last = number == len(phases) - 1
-            share = _PHASE_SHARE if max_steps is None else max(1, max_steps // len(phases))
-            if last:
-                stop_at = -1 if max_steps is None else max_steps
+            if max_steps is None:
+                stop_at = _UNLIMITED if last else steps + _PHASE_SHARE
             else:
-                stop_at = steps + share if max_steps is None else min(max_steps, steps + share)
+                stop_at = max_steps if last else min(max_steps, steps + max(1, max_steps // len(phases)))
             vfs[:] = self.vfs0
             free[:] = self.free0
             used[:] = [0] * len(used)
@@ -646,7 +681,7 @@ class _Problem:
                     "search_limit",
                     f": gave up after {steps} search steps without finding a placement "
                     "or proving that none exists",
-                    None,
+                    reqs[self.reserving[deepest]],
                     steps,
                 ) from None
         if not found:
@@ -671,8 +706,6 @@ class _Problem:
             vfs[j] -= 1
             free[j] -= self.requests[i].min_tx_rate
             used[j] += 1
-        # Most restrictive cap first: every later request can use a superset of
-        # PFs, so any choice keeps the rest feasible (Hall held during search).
 
         def value(j: int) -> tuple[int, ...]:
             usefulness = (int(self.known[j]), free[j], self.plevel[j])
@@ -681,6 +714,8 @@ class _Problem:
                 return (self.numa_rank[j], *usefulness, *tail)
             return (*usefulness, self.numa_rank[j], *tail)
 
+        # Most restrictive cap first: every later request can use a superset of
+        # PFs, so any choice keeps the rest feasible (Hall held during search).
         for i in sorted(self.unreserved, key=lambda i: (-self.rlevel[i], -self.requests[i].max_tx_rate, i)):
             lvl = self.rlevel[i]
             fits = [j for j in range(len(pfs)) if vfs[j] and (not self.known[j] or self.plevel[j] >= lvl)]

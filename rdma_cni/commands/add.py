@@ -37,6 +37,12 @@ from rdma_cni.vfcontrol import VfControl, describe, vf_control
 
 log = logging.getLogger("rdma_cni.add")
 
+# The placement search budget. The scheduler extender keeps the module's small
+# default (it decides for many nodes per pod); here, under the node lock, a
+# pod refused although it fits costs more than a second of search, so the
+# budget is ~100x larger (about a second on pathological bin-packing inputs).
+PLACEMENT_STEPS = 50_000
+
 # What a VF's PF-side settings are taken to be when the driver does not report them.
 _NEUTRAL: dict[str, Any] = {
     "rate": [0, 0],
@@ -121,7 +127,11 @@ def choose(node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation
             "SR-IOV PF with VFs enabled (check the config's pfs and the PFs' sriov_numvfs)"
         )
     try:
-        placed = placement.place([placement.Request(r.min_tx_rate, r.max_tx_rate) for r in request], states)
+        placed = placement.place(
+            [placement.Request(r.min_tx_rate, r.max_tx_rate) for r in request],
+            states,
+            max_steps=PLACEMENT_STEPS,
+        )
     except placement.NoFit as exc:
         excluded = sum(1 for pf in node.pfs for v in pf.vfs if v.free and not eligible(v))
         note = (

@@ -1,14 +1,14 @@
 # shellcheck shell=bash
-# Guest-side helpers for the rdma-cni scenarios (test_plugin.py). Source after
-# guest_setup.sh and e2e_setup. The host passes in (under $E2E_IN):
+# Guest-side helpers for the rdma-cni scenarios (test_plugin.py, driven by plugin.sh).
+# Source after guest_setup.sh. The host passes in (under $E2E_IN):
 #   rdma-cni        the plugin (dist/rdma-cni)
 #   apiserver.py    tests/support/apiserver.py, the HTTPS Kubernetes API stand-in
 #   pods.json       the pods it serves, with their rdma_interfaces_required annotations
 #   scenarios/      this directory
 #
 # Scenarios only collect facts: CNI results, exit codes and the kernel's own view
-# (`ip -d -j link`, the PF's vfinfo_list, `rdma -j dev/link`, `ip netns`) before and
-# after each step. test_plugin.py asserts on them, so a wrong answer from the plugin
+# (`ip -d -j link` with the PF's vfinfo_list, `rdma -j dev/link`, `ip netns`) around
+# each step. test_plugin.py asserts on them, so a wrong answer from the plugin
 # fails one test with the evidence at hand instead of aborting the whole boot.
 
 # Where the plugin and its state live in the guest (all on the guest's tmpfs overlay).
@@ -20,19 +20,40 @@ RC_LOCK=/run/rdma-cni-e2e/rdma-cni.lock
 RC_LOGS=/var/log/rdma-cni-e2e
 RC_API=/run/rdma-cni-e2e-api
 RC_SUBNET=10.77.0.0/24
-# Filled by rc_setup.
+# Filled by rc_node_facts and rc_start_api.
 RC_CAPACITY=0
 RC_API_PID=""
 
-# rc_setup: install the plugin next to host-local, start the API stand-in and record
-# the node's starting point ($E2E_OUT/node.env, vf-pci.txt, vf-netdevs.txt).
-rc_setup() {
+# rc_install: put the plugin next to host-local in the CNI bin dir and warm it up.
+rc_install() {
     mkdir -p "$RC_BIN" "$RC_CONF" "$RC_LOGS"
     install -m 0755 "$E2E_IN/rdma-cni" "$RC_BIN/rdma-cni"
     # The plugin delegates IPAM through CNI_PATH, so host-local must sit in the same
     # bin dir that cnirun passes; a symlink keeps trixie's own binary.
     ln -sf /usr/lib/cni/host-local "$RC_BIN/host-local"
+    # The first start unpacks the bundled interpreter into the launcher's cache;
+    # doing it now, in the background, overlaps it with the slow device setup.
+    "$RC_BIN/rdma-cni" --version >/dev/null 2>&1 &
+}
 
+# rc_start_api: start the API stand-in with the guest's python3, in the background:
+# generating its keys with openssl takes ~10 s under TCG, so it overlaps e2e_setup.
+# rc_wait_api waits for it.
+rc_start_api() {
+    mkdir -p "$RC_API"
+    python3 "$E2E_IN/apiserver.py" --dir "$RC_API" --port 0 --pods "$E2E_IN/pods.json" \
+        >"$E2E_OUT/apiserver.out" 2>"$E2E_OUT/apiserver.err" &
+    RC_API_PID=$!
+}
+
+rc_wait_api() {
+    e2e_wait_for 120 grep -q '^ready ' "$E2E_OUT/apiserver.out"
+    e2e_log "API stand-in: $(cat "$E2E_OUT/apiserver.out")"
+}
+
+# rc_node_facts: after e2e_setup, pick the PF capacity and record the node's starting
+# point ($E2E_OUT/node.env, vf-pci.txt, vf-netdevs.txt).
+rc_node_facts() {
     # The emulated 82576 reports its link speed; fall back to its nominal 1 Gbit/s
     # should a future QEMU report none (-1), since min_tx_rate needs a capacity.
     local speed
@@ -51,18 +72,6 @@ rc_setup() {
         echo "rxe=$E2E_RXE"
         echo "kernel=$(uname -r)"
     } >"$E2E_OUT/node.env"
-    rc_start_api
-}
-
-# rc_start_api: run the API stand-in with the guest's python3 and wait for its
-# kubeconfig. Key generation with openssl is slow under TCG, hence the generous wait.
-rc_start_api() {
-    mkdir -p "$RC_API"
-    python3 "$E2E_IN/apiserver.py" --dir "$RC_API" --port 0 --pods "$E2E_IN/pods.json" \
-        >"$E2E_OUT/apiserver.out" 2>"$E2E_OUT/apiserver.err" &
-    RC_API_PID=$!
-    e2e_wait_for 120 grep -q '^ready ' "$E2E_OUT/apiserver.out"
-    e2e_log "API stand-in: $(cat "$E2E_OUT/apiserver.out")"
 }
 
 # rc_stop_api: stop the stand-in started by rc_start_api (by its pid, nothing else).
@@ -96,62 +105,64 @@ rc_network() {
     cat >"$RC_CONF/$name.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "$name", "plugins": [$plugin]}
 EOF
-    # A single config carries cniVersion and name itself.
-    python3 - "$RC_CONF/$name.json" "$name" "$plugin" <<'EOF'
-import json, sys
-conf = {"cniVersion": "1.0.0", "name": sys.argv[2], **json.loads(sys.argv[3])}
-with open(sys.argv[1], "w") as f:
-    json.dump(conf, f, indent=1)
-EOF
+    # A single config carries cniVersion and name itself: splice them into the entry.
+    printf '{"cniVersion": "1.0.0", "name": "%s", %s\n' "$name" "${plugin#\{}" >"$RC_CONF/$name.json"
 }
 
 # rc_cni VERB NETWORK POD OUTDIR LABEL: one cnirun VERB for pod default/POD
 # (container ctr-POD, netns /run/netns/POD, CNI_IFNAME net1). The output goes to
 # OUTDIR/LABEL.json, stderr to LABEL.err, the exit status to LABEL.rc. Never fails:
-# a refused ADD is a fact to assert on, not a scenario error.
+# a refused ADD is a fact to assert on, not a scenario error. The timeout is well
+# above libcni's default because five concurrent plugin starts under TCG take ~45 s.
 rc_cni() {
     local verb=$1 network=$2 pod=$3 dir=$4 label=$5 rc=0
     mkdir -p "$dir"
     cnirun "$verb" -conflist "$RC_CONF/$network.conflist" -netns "/run/netns/$pod" \
-        -id "ctr-$pod" -ifname net1 -bin-dir "$RC_BIN" \
+        -id "ctr-$pod" -ifname net1 -bin-dir "$RC_BIN" -timeout 5m \
         -args "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=$pod;K8S_POD_UID=uid-$pod" \
         >"$dir/$label.json" 2>"$dir/$label.err" || rc=$?
     echo "$rc" >"$dir/$label.rc"
     e2e_log "cnirun $verb $network $pod -> $rc"
 }
 
-# rc_dump DIR [NETNS...]: the kernel's view (e2e_dump) plus the plugin's state into
-# DIR: records/ (copies of the allocation records), leases.txt (every file under the
-# IPAM dataDir), rxe-parents.txt (RDMA device -> netdev from sysfs) and, for each
-# NETNS given, netns-NETNS-links.json / netns-NETNS-addrs.json.
+# rc_dump DIR LABEL [NETNS...]: the kernel's view and the plugin's state into
+# DIR/dump-LABEL/:
+#   links.json          ip -d -j link (the PF's entry carries vfinfo_list)
+#   rdma-dev.json       rdma -j dev
+#   rdma-link.json      rdma -j link
+#   rdma-system.txt     rdma system (the netns mode)
+#   netns.txt           ip netns list
+#   rxe-parents.txt     "<rdma device> <netdev>" from /sys/class/infiniband/*/parent
+#   records/            copies of the plugin's allocation records
+#   leases.txt          every file under host-local's dataDir, relative to it
+#   netns-NETNS.json    ip -n NETNS -d -j addr (links with details and addresses)
+# Leaner than e2e_dump (every process start costs ~0.1-0.2 s under TCG, and a run
+# takes ~17 dumps): builtins wherever a command is not needed.
 rc_dump() {
-    local dir=$1 label ns dev
-    shift
-    # e2e_dump writes $E2E_OUT/dump-LABEL; a unique label keeps concurrent names apart.
-    label="rc-$$-$RANDOM"
-    e2e_dump "$label"
-    # Merged into DIR rather than renamed: DIR may already hold a scenario's CNI results.
-    mkdir -p "$dir"
-    cp -r "$E2E_OUT/dump-$label/." "$dir/"
-    rm -rf "$E2E_OUT/dump-$label"
-    rm -rf "$dir/records"
+    local dir="$1/dump-$2" ns dev parent file
+    shift 2
     mkdir -p "$dir/records"
-    if [[ -d $RC_STATE/attachments ]]; then
-        find "$RC_STATE/attachments" -maxdepth 1 -name '*.json' -exec cp {} "$dir/records/" \;
-    fi
-    if [[ -d $RC_IPAM ]]; then
-        find "$RC_IPAM" -type f -printf '%P\n' | sort >"$dir/leases.txt"
-    else
-        : >"$dir/leases.txt"
-    fi
-    : >"$dir/rxe-parents.txt"
+    ip -d -j link >"$dir/links.json"
+    rdma -j dev >"$dir/rdma-dev.json"
+    rdma -j link >"$dir/rdma-link.json"
+    rdma system >"$dir/rdma-system.txt"
+    ip netns list >"$dir/netns.txt"
     for dev in /sys/class/infiniband/*; do
         [[ -e $dev ]] || continue
-        echo "$(basename "$dev") $(cat "$dev/parent" 2>/dev/null || true)" >>"$dir/rxe-parents.txt"
-    done
+        parent=""
+        read -r parent <"$dev/parent" || true
+        echo "${dev##*/} $parent"
+    done >"$dir/rxe-parents.txt"
+    if compgen -G "$RC_STATE/attachments/*.json" >/dev/null; then
+        cp "$RC_STATE"/attachments/*.json "$dir/records/"
+    fi
+    for file in "$RC_IPAM"/* "$RC_IPAM"/*/*; do
+        if [[ -f $file ]]; then
+            echo "${file#"$RC_IPAM"/}"
+        fi
+    done >"$dir/leases.txt"
     for ns in "$@"; do
-        _e2e_capture "$dir/netns-$ns-links.json" ip -n "$ns" -d -j link
-        _e2e_capture "$dir/netns-$ns-addrs.json" ip -n "$ns" -j addr
+        ip -n "$ns" -d -j addr >"$dir/netns-$ns.json"
     done
 }
 

@@ -7,15 +7,14 @@
 scenario_netns_gone() {
     local dir="$E2E_OUT/s3_netns_gone"
     rc_network s3_netns_gone
-    rc_dump "$dir/before"
     ip netns add gone
     rc_cni add s3_netns_gone gone "$dir" add
-    rc_dump "$dir/after-add" gone
+    rc_dump "$dir" after-add gone
     ip netns del gone
     # Namespace teardown is asynchronous: wait until every VF is back in the host.
     rc_wait_vf_netdevs "${E2E_VF_PCI[@]}"
-    rc_dump "$dir/netns-deleted"
+    rc_dump "$dir" netns-deleted
     # -netns still names the deleted namespace, as kubelet does after a pod died.
     rc_cni del s3_netns_gone gone "$dir" del
-    rc_dump "$dir/after-del"
+    rc_dump "$dir" after-del
 }
