@@ -1,0 +1,79 @@
+"""ADD's VF selection: placement over the inventory, then concrete VFs, and refusals that explain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rdma_cni import placement
+from rdma_cni.commands import add
+from rdma_cni.config import InterfaceRequest
+from rdma_cni.errors import NoCapacity
+from rdma_cni.inventory import Node, Owner, Pf, Vf
+from rdma_cni.isolation import RdmaIsolation
+
+
+def pf(name: str, cap: int | None, vfs: int, taken: dict[int, int] | None = None, rdma: bool = True) -> Pf:
+    out = Pf(name=name, pci="", numa_node=None, capacity_mbps=cap, capacity_source="config", total_vfs=vfs)
+    for i in range(vfs):
+        owner = Owner("c", "net1", "ns/p", "net1", "ready", taken[i], 0) if taken and i in taken else None
+        out.vfs.append(
+            Vf(
+                pf=name,
+                index=i,
+                pci=f"{name}:{i}",
+                netdev=f"{name}v{i}",
+                driver="mlx5_core",
+                rdma_devices=[f"mlx5_{name}{i}"] if rdma else [],
+                settings=None,
+                owner=owner,
+            )
+        )
+    return out
+
+
+def reqs(*rates: tuple[int, int]) -> list[InterfaceRequest]:
+    return [InterfaceRequest(min_tx_rate=lo, max_tx_rate=hi) for lo, hi in rates]
+
+
+def test_picks_lowest_free_vfs_on_the_placed_pfs() -> None:
+    node = Node(pfs=[pf("a", 25000, 3, taken={0: 10000}), pf("b", 10000, 2)])
+    chosen = add.choose(node, reqs((12000, 0), (0, 0)), RdmaIsolation("off"), "test")
+    assert (chosen[0].pf, chosen[0].index) == ("a", 1)
+    assert len({v.pci for v in chosen}) == 2
+
+
+def test_reservations_of_other_pods_count() -> None:
+    node = Node(pfs=[pf("a", 25000, 3, taken={0: 20000})])
+    with pytest.raises(NoCapacity) as err:
+        add.choose(node, reqs((6000, 0)), RdmaIsolation("off"), "pod ns/p annotation x")
+    assert err.value.code == 100
+    assert "pod ns/p" in err.value.msg and "6000" in err.value.msg + err.value.details
+    assert "a: 2 VFs, 5000 of 25000 Mbit/s free" in err.value.details
+
+
+def test_no_pf_at_all_is_explained() -> None:
+    with pytest.raises(NoCapacity, match="no SR-IOV PF"):
+        add.choose(Node(pfs=[]), reqs((0, 0)), RdmaIsolation("off"), "test")
+
+
+def test_required_isolation_skips_vfs_without_rdma_and_says_so() -> None:
+    node = Node(pfs=[pf("a", 25000, 2, rdma=False), pf("b", 25000, 1)])
+    iso = RdmaIsolation("required")
+    assert [v.pf for v in add.choose(node, reqs((0, 0)), iso, "t")] == ["b"]
+    with pytest.raises(NoCapacity, match="2 free VF\\(s\\) have no RDMA device"):
+        add.choose(node, reqs((0, 0), (0, 0)), iso, "t")
+
+
+def test_plugin_searches_with_its_larger_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    real = placement.place
+
+    def spy(*args: Any, **kwargs: Any) -> placement.Placement:
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(placement, "place", spy)
+    add.choose(Node(pfs=[pf("a", 1000, 1)]), reqs((0, 0)), RdmaIsolation("off"), "t")
+    assert seen["max_steps"] == add.PLACEMENT_STEPS > placement.DEFAULT_MAX_STEPS
