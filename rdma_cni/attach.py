@@ -31,7 +31,7 @@ import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdma_cni.errors import CniError, KernelError
 from rdma_cni.ipam import Ipam
@@ -39,6 +39,9 @@ from rdma_cni.netlink import Link, Rtnl
 from rdma_cni.nlsock import NetlinkError, host_netns_fd
 from rdma_cni.record import VfRecord
 from rdma_cni.vfcontrol import VfControl
+
+if TYPE_CHECKING:
+    from rdma_cni.isolation import RdmaIsolation
 
 log = logging.getLogger("rdma_cni.attach")
 
@@ -228,7 +231,7 @@ def release(
     vfctl: VfControl,
     ipam: Ipam | None,
     progress: Progress | None,
-    rdma: Any = None,
+    rdma: RdmaIsolation | None = None,
 ) -> list[str]:
     """Undo ADD for ``vfs``, last VF first; returns the errors (it keeps going past them)."""
     errors: list[str] = []

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, BinaryIO, TextIO
 
 from rdma_cni import __version__
@@ -124,16 +124,11 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
     if name == "--version":
         out.write(f"rdma-cni {__version__}\n")
         return 0
-    handlers: dict[str, Callable[[list[str], TextIO], int]] = {}
     if name == "inventory":
-        from rdma_cni.inventory_cli import main as inventory_main
-
-        handlers[name] = inventory_main
+        from rdma_cni.inventory_cli import main as run_subcommand
     elif name == "install":
-        from rdma_cni.install import main as install_main
-
-        handlers[name] = install_main
-    if name not in handlers:
+        from rdma_cni.install import main as run_subcommand
+    else:
         sys.stderr.write(f"rdma-cni: unknown subcommand {name!r}\n\n{USAGE}")
         return 2
-    return handlers[name](rest, out)
+    return run_subcommand(rest, out)

@@ -23,7 +23,7 @@ BINARY_ENV = "RDMA_CNI_BINARY"
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get(BINARY_ENV),
-    reason=f"{BINARY_ENV} is not set: these tests run the built executable (make ci sets it to "
+    reason=f"{BINARY_ENV} is not set: these tests run the built executable (make test sets it to "
     "dist/rdma-cni)",
 )
 
