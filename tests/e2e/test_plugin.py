@@ -282,12 +282,14 @@ def original_names(plugin_run: GuestRun) -> dict[str, str]:
     """PCI address -> the VF netdev name the kernel gave it at setup (eth1..eth4)."""
     names = plugin_run.read_text("vf-netdevs.txt").split()
     assert plugin_run.read_text("vf-pci.txt").split() == EXPECTED_VFS
+    # Kernel names (the guest has no udev): what "restored" means in every scenario.
+    assert names == ["eth1", "eth2", "eth3", "eth4"]
     return dict(zip(EXPECTED_VFS, names, strict=True))
 
 
 @pytest.fixture(scope="module")
 def node_env(plugin_run: GuestRun) -> dict[str, str]:
-    """Facts rc_setup recorded: PF name, its speed, the capacity configured, rxe."""
+    """Facts rc_node_facts recorded: PF name, its speed, the capacity configured, rxe."""
     pairs = (line.partition("=") for line in plugin_run.read_text("node.env").splitlines())
     return {key: value for key, _, value in pairs}
 
