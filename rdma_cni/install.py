@@ -14,7 +14,7 @@ the plugin credentials to read pods:
   kubelet rotates, until SIGTERM.
 
 Standard library only: the installer must not pay for pydantic or requests,
-and it never starts a subprocess.
+and it never starts another process.
 """
 
 from __future__ import annotations
