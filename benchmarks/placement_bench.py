@@ -13,6 +13,7 @@ reached on these inputs.
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import sys
@@ -20,9 +21,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from original_backtracking import Timeout, place_backtracking
 
 from rdma_cni.placement import DEFAULT_MAX_STEPS, NoFit, PfState, Request, place
+from tests.support.placement_oracle import assignment_ok
 
 SEED = 20_240_611
 TIMEOUT_S = 2.0
@@ -215,25 +219,7 @@ def families(seed: int = SEED) -> dict[str, list[Instance]]:
 
 def valid(instance: Instance, names: Sequence[str]) -> bool:
     """Independent check of an assignment against VF counts, min rates and max rates."""
-    by_name = {pf.name: pf for pf in instance.pfs}
-    taken: dict[str, int] = {}
-    reserved: dict[str, int] = {}
-    for req, name in zip(instance.requests, names, strict=True):
-        pf = by_name[name]
-        if pf.capacity_mbps is None:
-            if req.min_tx_rate:
-                return False
-        elif req.max_tx_rate > pf.capacity_mbps:
-            return False
-        taken[name] = taken.get(name, 0) + 1
-        reserved[name] = reserved.get(name, 0) + req.min_tx_rate
-    for name, count in taken.items():
-        pf = by_name[name]
-        if count > pf.free_vfs:
-            return False
-        if reserved[name] and pf.reserved_mbps + reserved[name] > (pf.capacity_mbps or 0):
-            return False
-    return True
+    return assignment_ok(instance.requests, instance.pfs, names)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from rdma_cni import placement
 from rdma_cni.placement import DEFAULT_MAX_STEPS, NoFit, PfState, Placement, Request, free_summary, place
+from tests.support.placement_oracle import allowed_on, assignment_ok
 
 ROOT = Path(__file__).resolve().parents[2]
 REASONS = {"vfs", "unknown_capacity", "max_rate", "bandwidth"}
@@ -29,35 +30,6 @@ NAMES = ("enp1s0f0", "enp1s0f1", "enp2s0f0", "enp2s0f1", "ib0", "mlx5_3")
 # ---------------------------------------------------------------- the oracle
 # Written straight from the rules in the module docstring, sharing no code with
 # the module, so that agreement means something.
-
-
-def allowed_on(req: Request, pf: PfState) -> bool:
-    """Whether ``req`` may go on ``pf`` at all, ignoring VFs and other requests."""
-    if pf.capacity_mbps is None:
-        return req.min_tx_rate == 0
-    return req.max_tx_rate <= pf.capacity_mbps
-
-
-def assignment_ok(requests: Sequence[Request], pfs: Sequence[PfState], names: Sequence[str]) -> bool:
-    """Every constraint of a placement: VF counts, bandwidth, caps, unknown capacity."""
-    if len(names) != len(requests):
-        return False
-    by_name = {pf.name: pf for pf in pfs}
-    count: dict[str, int] = {}
-    load: dict[str, int] = {}
-    for req, name in zip(requests, names, strict=True):
-        pf = by_name.get(name)
-        if pf is None or not allowed_on(req, pf):
-            return False
-        count[name] = count.get(name, 0) + 1
-        load[name] = load.get(name, 0) + req.min_tx_rate
-    for name, used in count.items():
-        pf = by_name[name]
-        if used > pf.free_vfs:
-            return False
-        if load[name] and pf.reserved_mbps + load[name] > (pf.capacity_mbps or 0):
-            return False
-    return True
 
 
 def brute_force(requests: Sequence[Request], pfs: Sequence[PfState]) -> tuple[str, ...] | None:
