@@ -25,10 +25,10 @@ $(VENV)/.stamp: setup.cfg pyproject.toml
 	touch $@
 
 build: $(BINARY)
-$(BINARY): $(VENV)/.stamp $(SRC) launcher/launcher.c scripts/pack_launcher.py
+$(BINARY): $(VENV)/.stamp $(SRC) launcher/launcher.c launcher/warm.c launcher/warm.h scripts/pack_launcher.py
 	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN build.spec
 	mkdir -p build
-	$(CC) -O2 -Wall -Wextra -Werror -static -o build/launcher launcher/launcher.c
+	$(CC) -O2 -Wall -Wextra -Werror -static -o build/launcher launcher/launcher.c launcher/warm.c
 	$(BIN)/python scripts/pack_launcher.py --launcher build/launcher --tree dist/rdma-cni-dir --output $(BINARY)
 
 demo: build  ## a simulated node, then VERSION, STATUS, inventory, ADD, CHECK, DEL through dist/rdma-cni

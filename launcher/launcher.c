@@ -33,6 +33,8 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "warm.h"
+
 #define MAGIC "RDMACNI\001"
 #define ID_LEN 16
 #define PROGRAM "rdma-cni"
@@ -219,7 +221,6 @@ static void unpack(int self, const struct trailer *t, const char *base, const ch
 
 int main(int argc, char **argv)
 {
-    (void)argc;
     char self_path[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
     if (n < 0)
@@ -258,6 +259,12 @@ int main(int argc, char **argv)
     if (access(complete, F_OK) < 0)
         unpack(self, &t, base, target);
     close(self);
+    /* CNI verbs only: operator subcommands (install runs for the life of a
+     * DaemonSet pod and handles its own signals) always start cold. */
+    if (argc == 1 && getenv("CNI_COMMAND") && warm_enabled()) {
+        if (warm_run(target) == WARM_NO_SERVER)
+            warm_spawn(program);
+    }
     /* `rdma-cni install` copies this file, not the cached program. */
     setenv("RDMA_CNI_LAUNCHER", self_path, 1);
     execv(program, argv);

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any, BinaryIO, TextIO
 
 from rdma_cni import __version__
+from rdma_cni import log as rdma_log
 from rdma_cni.errors import CniError, InternalError
 from rdma_cni.log import setup_stderr
 from rdma_cni.protocol import LATEST_VERSION, check_version, decode_stdin, parse_env, version_document
@@ -34,6 +35,8 @@ Operator subcommands:
   rdma-cni inventory [--pretty] [--config FILE]   print the node's SR-IOV/RDMA state as JSON
   rdma-cni install [options]                      DaemonSet entry point: install into /opt/cni/bin
   rdma-cni --version
+
+The launcher also starts `rdma-cni warm-server` by itself (see README, "Warm start").
 """
 
 
@@ -58,11 +61,12 @@ def run_cni(environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict[str, An
         started = time.monotonic()
         result = dispatch(env, doc)
         log.info(
-            "%s %s/%s done in %.1f ms",
+            "%s %s/%s done in %.1f ms (%s start)",
             env.command,
             env.container_id,
             env.ifname,
             (time.monotonic() - started) * 1000,
+            rdma_log.start_kind,
         )
         return 0, result
     except CniError as exc:
@@ -128,6 +132,10 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         from rdma_cni.inventory_cli import main as run_subcommand
     elif name == "install":
         from rdma_cni.install import main as run_subcommand
+    elif name == "warm-server":
+        from rdma_cni.warm import main as run_warm
+
+        return run_warm(rest)
     else:
         sys.stderr.write(f"rdma-cni: unknown subcommand {name!r}\n\n{USAGE}")
         return 2

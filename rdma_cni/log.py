@@ -13,6 +13,10 @@ import sys
 _FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 _root = logging.getLogger("rdma_cni")
 
+# "warm" when a warm server's child runs this invocation (rdma_cni.warm); the
+# per-verb log line says which, so an operator can tell the two apart.
+start_kind = "cold"
+
 
 def setup_stderr() -> None:
     """Send warnings and errors to stderr until the config says more."""

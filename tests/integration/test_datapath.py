@@ -167,7 +167,7 @@ def test_del_without_record_succeeds(cluster: Cluster) -> None:
     assert_node_pristine(cluster)
 
 
-def _slow_ipam(cluster: Cluster) -> tuple[dict[str, object], str]:
+def _slow_ipam(cluster: Cluster, seconds: int = 30) -> tuple[dict[str, object], str]:
     """An IPAM plugin that signals, then waits before running host-local: a window to kill ADD in."""
     bindir = os.path.join(cluster.tmp, "bin")
     os.makedirs(bindir, exist_ok=True)
@@ -175,7 +175,7 @@ def _slow_ipam(cluster: Cluster) -> tuple[dict[str, object], str]:
     script = os.path.join(bindir, "slow-local")
     with open(script, "w") as f:
         f.write(
-            f'#!/bin/sh\nif [ "$CNI_COMMAND" = ADD ]; then touch {marker}; sleep 30; fi\n'
+            f'#!/bin/sh\nif [ "$CNI_COMMAND" = ADD ]; then touch {marker}; sleep {seconds}; fi\n'
             "exec /usr/lib/cni/host-local\n"
         )
     os.chmod(script, 0o755)
@@ -205,11 +205,98 @@ def _kill_add_midway(cluster: Cluster, pod: dict[str, str], conf: dict[str, obje
     os.killpg(proc.pid, 9)  # the plugin and its IPAM child, as a node crash would
     proc.wait()
     os.unlink(marker)
+    # Started warm, the plugin is the warm server's child, outside this process
+    # group: the server must kill its group (IPAM included) when the caller dies.
+    assert _gone(_processes_running(os.path.join(cluster.tmp, "bin", "slow-local")))
     # Half-done: the VF sits in the pod, its rate applied, the record says "adding".
     assert set(addresses_in(ns_name(pod))) == {"lo", "net1"}
     rec = f"{pod['CNI_CONTAINERID']}@net1.json"
     with open(os.path.join(cluster.state_dir, "attachments", rec)) as f:
         assert json.load(f)["state"] == "adding"
+
+
+def _processes_running(path: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if path.encode() in f.read():
+                    pids.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _gone(pids: list[int], timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and not _zombie(p)]
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].startswith("Z")
+    except OSError:
+        return True
+
+
+def _warm_servers() -> list[int]:
+    """The warm server of the binary under test (default cache), once it listens."""
+    binary = os.environ["RDMA_CNI_BINARY"]
+    with open(binary, "rb") as f:
+        f.seek(-16, os.SEEK_END)
+        tree = os.path.join("/var/cache/rdma-cni", f.read().decode())
+    if not os.path.exists(os.path.join(tree, "warm.sock")):
+        return []
+    program = os.path.join(tree, "rdma-cni").encode()
+    return [
+        pid
+        for pid in _processes_running("warm-server")
+        if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:2] == [program, b"warm-server"]
+    ]
+
+
+@pytest.mark.skipif(
+    not os.environ.get("RDMA_CNI_BINARY"), reason="warm start is a feature of the built binary"
+)
+def test_warm_server_killed_mid_add_fails_the_add_and_del_cleans_up(cluster: Cluster) -> None:
+    assert cluster.run("STATUS", {}, cluster.conf()).ok  # makes sure a warm server is up
+    deadline = time.monotonic() + 30
+    while not _warm_servers():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    conf, marker = _slow_ipam(cluster, seconds=2)
+    pod = cluster.pod([{"max_tx_rate": 1000}])
+    proc = subprocess.Popen(
+        plugin_command(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cluster.env("ADD", pod),
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(conf).encode())
+    proc.stdin.close()
+    deadline = time.monotonic() + 30
+    while not os.path.exists(marker):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    for pid in _warm_servers():
+        os.kill(pid, 9)
+    assert proc.stderr is not None
+    proc.wait(timeout=60)
+    err = proc.stderr.read()
+    # The server cannot report the outcome any more: the runtime must see a failure.
+    assert proc.returncode == 1
+    assert b"warm server went away" in err
+    done = cluster.run("DEL", pod, cluster.conf())
+    assert done.ok, done.doc
+    assert_node_pristine(cluster)
 
 
 def test_kill_9_mid_add_then_del(cluster: Cluster) -> None:

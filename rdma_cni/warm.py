@@ -1,0 +1,339 @@
+"""Warm start server: forks pre-imported plugin processes for the launcher.
+
+A cold start of the built binary spends most of its time importing pydantic,
+requests and pyroute2, on every pod. The launcher (launcher/warm.c, which
+documents the handshake) starts this server once per unpacked tree as
+``rdma-cni warm-server``; the server imports everything the verbs need,
+listens on ``<tree>/warm.sock`` and forks one child per CNI invocation. The
+child takes the caller's stdin, stdout and stderr (passed over the socket)
+and its argv, environment, working directory and umask (read from
+/proc/<pid>, so a caller cannot describe itself as someone else), then runs
+:func:`rdma_cni.cli.main` exactly as a cold start would.
+
+Safety:
+
+* Only a caller with our effective uid, in all of our namespaces (mount,
+  network, pid, user, ipc, uts) and with our root directory is served:
+  namespace paths such as CNI_NETNS and the "host" network namespace must
+  mean the same thing to the child as to the caller. Anyone else is refused
+  and the launcher runs the command cold.
+* The child leads its own process group; when its caller disappears (a
+  runtime killing the plugin on a timeout), the whole group, IPAM children
+  included, is killed, as killing a cold plugin's process group would.
+* One server per tree: it holds ``warm.lock`` (flock) for its lifetime; a
+  second one exits at once. It exits after ``RDMA_CNI_WARM_IDLE`` seconds
+  (default 300) without callers, or when its tree is removed. A new binary
+  has a new tree and so a new server; the old one idles out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+
+SOCKET_NAME = "warm.sock"
+LOCK_NAME = "warm.lock"
+HELLO = b"RDMACNI-WARM-1"
+DEFAULT_IDLE_SECONDS = 300.0
+NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts")
+# Modules the verbs import lazily; importing them here is the point of the server.
+PRELOAD = (
+    "rdma_cni.config",
+    "rdma_cni.commands.add",
+    "rdma_cni.commands.delete",
+    "rdma_cni.commands.check",
+    "rdma_cni.commands.status",
+    "rdma_cni.commands.gc",
+    "rdma_cni.isolation",
+    "rdma_cni.rdma",
+    "rdma_cni.k8s",
+    "requests",
+    "urllib3",
+    "filelock",
+)
+
+
+class Refused(Exception):
+    """A caller this server must not serve (the launcher then starts cold)."""
+
+
+def idle_seconds(environ: dict[str, str] | os._Environ[str]) -> float:
+    """The idle timeout from ``RDMA_CNI_WARM_IDLE``; the default when unset or not a positive number."""
+    raw = environ.get("RDMA_CNI_WARM_IDLE", "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_IDLE_SECONDS
+    return value if 0 < value < 1e7 else DEFAULT_IDLE_SECONDS
+
+
+def preload() -> None:
+    """Import what the verbs would otherwise import on every start."""
+    import importlib
+
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    for name in PRELOAD:
+        importlib.import_module(name)
+    from rdma_cni import netlink, rdma
+
+    # pyroute2's message classes are built on first use; build them once here.
+    netlink._cls("ifinfmsg")
+    rdma._message_class()
+
+
+def _ns_ids(proc: str) -> list[tuple[int, int]]:
+    ids = []
+    for ns in NAMESPACES:
+        st = os.stat(f"{proc}/ns/{ns}")
+        ids.append((st.st_dev, st.st_ino))
+    root = os.stat(f"{proc}/root")
+    ids.append((root.st_dev, root.st_ino))
+    return ids
+
+
+class Caller:
+    """Everything about a connecting launcher process that its child must inherit."""
+
+    def __init__(self, pid: int) -> None:
+        proc = f"/proc/{pid}"
+        with open(f"{proc}/cmdline", "rb") as f:
+            self.argv = [os.fsdecode(a) for a in f.read().split(b"\0")[:-1]]
+        with open(f"{proc}/environ", "rb") as f:
+            pairs = [item.partition(b"=") for item in f.read().split(b"\0") if b"=" in item]
+        self.environ = {os.fsdecode(k): os.fsdecode(v) for k, _, v in pairs}
+        self.environ["RDMA_CNI_LAUNCHER"] = os.readlink(f"{proc}/exe")
+        self.cwd = os.readlink(f"{proc}/cwd")
+        self.umask = 0o022
+        with open(f"{proc}/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    self.umask = int(line.split()[1], 8)
+        # Read last: had the pid been reused meanwhile, its namespaces or the
+        # peer credentials checked by the caller of this class would differ.
+        self.namespaces = _ns_ids(proc)
+
+
+class Server:
+    """The accept/fork/reap loop of one tree's warm server."""
+
+    def __init__(self, tree: str, idle: float) -> None:
+        self.tree = tree
+        self.idle = idle
+        self.children: dict[int, socket.socket] = {}
+        self.own_ns = _ns_ids("/proc/self")
+        self.uid = os.geteuid()
+        self.selector = selectors.DefaultSelector()
+        self.last_activity = time.monotonic()
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self.dirfd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def listen(self) -> None:
+        """Listen on ``warm.sock`` (0600), replacing a socket left by a dead server.
+
+        The socket is bound under a temporary name and renamed once it
+        listens: a launcher never finds a name that refuses connections and
+        starts yet another server.
+        """
+        path = f"/proc/self/fd/{self.dirfd}/{SOCKET_NAME}"
+        temporary = f"{path}.{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        old = os.umask(0o177)
+        try:
+            self.listener.bind(temporary)
+        finally:
+            os.umask(old)
+        self.listener.listen(128)
+        os.rename(temporary, path)
+        self.listener.setblocking(False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "reap")
+
+    def close(self) -> None:
+        """Stop listening: remove the socket first so no caller waits on a dead server."""
+        with contextlib.suppress(OSError):
+            os.unlink(f"/proc/self/fd/{self.dirfd}/{SOCKET_NAME}")
+        self.listener.close()
+
+    def serve_forever(self) -> None:
+        """Serve until idle for ``idle`` seconds (or the tree is gone)."""
+        while True:
+            timeout = self.idle - (time.monotonic() - self.last_activity)
+            if not self.children and (
+                timeout <= 0 or not os.path.exists(os.path.join(self.tree, ".complete"))
+            ):
+                return
+            for key, _ in self.selector.select(max(timeout, 1.0) if self.children else max(timeout, 0.01)):
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "reap":
+                    self._reap()
+                else:
+                    self._caller_gone(key.data)
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        self.last_activity = time.monotonic()
+        conn.setblocking(True)
+        # A launcher sends its hello at once; a caller that stalls is dropped
+        # (it then starts cold) instead of stalling everyone behind it.
+        conn.settimeout(1.0)
+        fds: list[int] = []
+        try:
+            if conn.recv(len(HELLO)) != HELLO:
+                raise Refused("bad hello")
+            caller = self._check(conn)
+            conn.sendall(b"R")
+            msg, fds, _flags, _addr = socket.recv_fds(conn, 1, 3)
+            if msg != b"G" or len(fds) != 3:
+                raise Refused("no go")
+        except (OSError, Refused, ValueError):
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        try:
+            pid = os.fork()
+        except OSError:
+            with contextlib.suppress(OSError):
+                conn.sendall(b"F")
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        if pid == 0:  # pragma: no cover - the child never returns (coverage cannot follow it)
+            self._child(caller, fds, conn)
+        # Also set here, so the group exists even if the caller is gone before
+        # the child gets to run (see _caller_gone).
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            conn.sendall(b"S")
+        conn.settimeout(None)
+        self.children[pid] = conn
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+
+    def _check(self, conn: socket.socket) -> Caller:
+        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != self.uid:
+            raise Refused(f"uid {uid}")
+        caller = Caller(pid)
+        if caller.namespaces != self.own_ns:
+            raise Refused("other namespaces")
+        return caller
+
+    def _child(self, caller: Caller, fds: list[int], conn: socket.socket) -> None:
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for other in self.children.values():
+                other.close()
+            conn.close()
+            self.listener.close()
+            self.selector.close()
+            for fd in (self.wake_r, self.wake_w, self.dirfd):
+                os.close(fd)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
+            try:
+                os.chdir(caller.cwd)
+            except OSError:
+                os.chdir("/")
+            os.umask(caller.umask)
+            os.environ.clear()
+            os.environ.update(caller.environ)
+            sys.argv = caller.argv or ["rdma-cni"]
+            from rdma_cni import log
+            from rdma_cni.cli import main
+
+            log.start_kind = "warm"
+
+            code = main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(code & 0xFF)
+
+    def _reap(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.wake_r, 512):
+                pass
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            with contextlib.suppress(KeyError):
+                self.selector.unregister(conn)
+            with contextlib.suppress(OSError):
+                conn.sendall(b"X" + struct.pack("i", status))
+            conn.close()
+            self.last_activity = time.monotonic()
+
+    def _caller_gone(self, pid: int) -> None:
+        # The launcher never writes after 'G': readable means it has gone.
+        conn = self.children.get(pid)
+        if conn is not None:
+            self.selector.unregister(conn)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def main(argv: list[str]) -> int:
+    """``rdma-cni warm-server``: started by the launcher, not by people."""
+    if argv:
+        sys.stderr.write("rdma-cni warm-server takes no arguments\n")
+        return 2
+    if not getattr(sys, "frozen", False):
+        sys.stderr.write("rdma-cni warm-server runs only from the built binary's tree\n")
+        return 2
+    tree = os.path.dirname(os.path.abspath(sys.executable))
+    lock = os.open(os.path.join(tree, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0  # another server has this tree
+    preload()
+    server = Server(tree, idle_seconds(os.environ))
+    server.listen()
+    # Objects that exist now are shared by every child: keep the collector
+    # from touching (and so copying) their pages.
+    gc.freeze()
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
+    return 0

@@ -1,0 +1,296 @@
+"""Warm start (launcher/warm.c + rdma_cni/warm.py) through the built binary.
+
+Each test has its own cache directory and so its own warm server; the
+per-verb log line says whether an invocation started cold or warm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rdma_cni import warm
+from rdma_cni.cli import main
+
+BINARY = os.environ.get("RDMA_CNI_BINARY")
+needs_binary = pytest.mark.skipif(not BINARY, reason="RDMA_CNI_BINARY is not set (make test sets it)")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+
+
+class Node:
+    """A cache directory, an empty sysfs and a GC config (nothing to collect) that logs to a file."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.cache = tmp / "cache"
+        (tmp / "sys").mkdir()
+        self.log = tmp / "plugin.log"
+        self.conf = {
+            "cniVersion": "1.1.0",
+            "name": "warmnet",
+            "type": "rdma-cni",
+            "stateDir": str(tmp / "state"),
+            "lockFile": str(tmp / "lock"),
+            "logFile": str(self.log),
+            "cni.dev/valid-attachments": [],
+        }
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "RDMA_CNI_CACHE_DIR": str(self.cache),
+            "RDMA_CNI_SYSFS_ROOT": str(self.tmp / "sys"),
+            "CNI_COMMAND": "GC",
+            "CNI_PATH": "/usr/lib/cni",
+            **extra,
+        }
+
+    def run(
+        self, conf: dict[str, object] | None = None, prefix: tuple[str, ...] = (), **extra: str
+    ) -> subprocess.CompletedProcess[bytes]:
+        assert BINARY
+        return subprocess.run(
+            [*prefix, BINARY],
+            input=json.dumps(conf or self.conf).encode(),
+            env=self.env(**extra),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+
+    def starts(self) -> list[str]:
+        """cold/warm for each logged invocation, in order."""
+        if not self.log.exists():
+            return []
+        return [
+            line.rsplit("(", 1)[1].split()[0]
+            for line in self.log.read_text().splitlines()
+            if "done in" in line
+        ]
+
+    @property
+    def tree(self) -> Path:
+        trees = [p for p in self.cache.iterdir() if not p.name.startswith(".")]
+        assert len(trees) == 1
+        return trees[0]
+
+    def server_pid(self, timeout: float = 30) -> int:
+        """Wait for the warm server to listen; its pid."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.cache.exists() and (self.tree / warm.SOCKET_NAME).exists():
+                pids = server_pids(self.tree)
+                if pids:
+                    return pids[0]
+            time.sleep(0.05)
+        raise AssertionError("no warm server came up")
+
+
+def server_pids(tree: Path) -> list[int]:
+    program = str(tree / "rdma-cni")
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv[:2] == [program.encode(), b"warm-server"]:
+            pids.append(int(entry))
+    return pids
+
+
+def wait_gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ", 1)[1].startswith("Z"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path)
+    yield n
+    if n.cache.exists():
+        for p in n.cache.iterdir():
+            for pid in server_pids(p):
+                os.kill(pid, signal.SIGKILL)
+
+
+@needs_binary
+def test_first_start_is_cold_and_starts_a_server_later_starts_are_warm(node: Node) -> None:
+    first = node.run()
+    assert first.returncode == 0, first.stderr
+    node.server_pid()
+    second = node.run()
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout
+    assert node.starts() == ["cold", "warm"]
+    sock = node.tree / warm.SOCKET_NAME
+    assert sock.stat().st_mode & 0o777 == 0o600
+
+
+@needs_binary
+def test_warm_start_gives_the_same_error_document_and_exit_code(node: Node) -> None:
+    node.run()
+    node.server_pid()
+    bad = {**node.conf, "rdmaIsolation": "sometimes"}
+    cold = node.run(bad, RDMA_CNI_WARM="0")
+    hot = node.run(bad)
+    assert cold.returncode == hot.returncode == 1
+    assert json.loads(hot.stdout) == json.loads(cold.stdout)
+    assert json.loads(hot.stdout)["code"] == 7
+    assert b"rdmaIsolation" in hot.stderr
+
+
+@needs_binary
+@pytest.mark.parametrize("value", ["0", "off", "false", "no"])
+def test_rdma_cni_warm_off_never_starts_a_server(node: Node, value: str) -> None:
+    for _ in range(3):
+        assert node.run(RDMA_CNI_WARM=value).returncode == 0
+    time.sleep(0.5)
+    assert not (node.tree / warm.SOCKET_NAME).exists()
+    assert server_pids(node.tree) == []
+    assert node.starts() == ["cold"] * 3
+
+
+@needs_binary
+@needs_root
+def test_caller_in_another_network_namespace_is_served_cold(node: Node) -> None:
+    node.run()
+    node.server_pid()
+    # "The host's network namespace" means the caller's: a server elsewhere must not answer.
+    other = node.run(prefix=("unshare", "--net"))
+    assert other.returncode == 0, other.stderr
+    assert node.run().returncode == 0
+    assert node.starts() == ["cold", "cold", "warm"]
+
+
+@needs_binary
+def test_stopped_server_means_a_cold_start_not_a_hang(node: Node) -> None:
+    node.run()
+    pid = node.server_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        out = node.run()
+        assert out.returncode == 0, out.stderr
+        assert time.monotonic() - started < 30
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert node.starts() == ["cold", "cold"]
+    # The server drops the caller that gave up on it and carries on.
+    assert node.run().returncode == 0
+    assert node.starts()[-1] == "warm"
+
+
+@needs_binary
+def test_dead_server_leaves_a_stale_socket_that_the_next_server_replaces(node: Node) -> None:
+    node.run()
+    pid = node.server_pid()
+    os.kill(pid, signal.SIGKILL)
+    assert wait_gone(pid)
+    stale = (node.tree / warm.SOCKET_NAME).stat().st_ino
+    assert node.run().returncode == 0  # cold, and starts a new server
+    deadline = time.monotonic() + 30
+    while (node.tree / warm.SOCKET_NAME).stat().st_ino == stale:
+        assert time.monotonic() < deadline, "no new server"
+        time.sleep(0.05)
+    assert server_pids(node.tree) not in ([], [pid])
+    assert node.run().returncode == 0
+    assert node.starts() == ["cold", "cold", "warm"]
+
+
+@needs_binary
+def test_server_exits_when_idle(node: Node) -> None:
+    node.run(RDMA_CNI_WARM_IDLE="1")
+    pid = node.server_pid()
+    assert wait_gone(pid, timeout=20)
+    assert not (node.tree / warm.SOCKET_NAME).exists()
+
+
+@needs_binary
+def test_second_server_for_the_same_tree_exits_at_once(node: Node) -> None:
+    node.run()
+    pid = node.server_pid()
+    again = subprocess.run(
+        [str(node.tree / "rdma-cni"), "warm-server"], capture_output=True, timeout=30, check=False
+    )
+    assert again.returncode == 0
+    assert server_pids(node.tree) == [pid]
+
+
+@needs_binary
+@needs_root
+def test_caller_of_another_uid_is_refused(node: Node) -> None:
+    # A cache the other user can traverse (pytest's tmp is private to root).
+    open_dir = Path(tempfile.mkdtemp(prefix="rdma-cni-warm-"))
+    open_dir.chmod(0o755)
+    node.cache = open_dir / "cache"
+    node.cache.mkdir(mode=0o755)
+    node.run()
+    node.server_pid()
+    sock = node.tree / warm.SOCKET_NAME
+    os.chmod(sock, 0o666)  # only to reach the server's own check behind the file mode
+    code = (
+        "import os, socket, sys\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "s.connect(sys.argv[1])\n"
+        "s.sendall(b'RDMACNI-WARM-1')\n"
+        "s.settimeout(10)\n"
+        "print(repr(s.recv(1)))\n"
+    )
+    out = subprocess.run(
+        ["python3", "-c", code, str(sock)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "b''"  # closed without 'R'
+    for pid in server_pids(node.tree):
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(open_dir)
+
+
+@needs_binary
+def test_bad_hello_is_dropped_and_the_server_goes_on(node: Node) -> None:
+    node.run()
+    node.server_pid()
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(node.tree / warm.SOCKET_NAME))
+        s.sendall(b"hello?")
+        s.settimeout(10)
+        assert s.recv(1) == b""
+    assert node.run().returncode == 0
+    assert node.starts()[-1] == "warm"
+
+
+def test_warm_server_refuses_arguments_and_the_unbuilt_package(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["warm-server", "x"]) == 2
+    assert main(["warm-server"]) == 2
+    assert "built binary" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("", 300.0), ("2.5", 2.5), ("0", 300.0), ("-1", 300.0), ("soon", 300.0), ("1e9", 300.0)],
+)
+def test_idle_seconds(raw: str, expected: float) -> None:
+    assert warm.idle_seconds({"RDMA_CNI_WARM_IDLE": raw}) == expected
