@@ -127,7 +127,7 @@ enum warm_outcome warm_run(const char *tree)
     }
     close(dirfd);
 
-    char reply;
+    char reply = 0;
     if (send(s, HELLO, sizeof HELLO - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof HELLO - 1) ||
         read_byte(s, READY_TIMEOUT_MS, &reply) < 0 || reply != 'R') {
         close(s);
@@ -149,17 +149,14 @@ enum warm_outcome warm_run(const char *tree)
         return WARM_NOT_SERVED;
     }
     /* Committed: the server may already be forking. */
-    if (read_exact(s, &reply, 1) < 0) {
-        fprintf(stderr, "rdma-cni launcher: the warm server went away while starting this command\n");
-        exit(1);
-    }
-    if (reply == 'F') {
+    if (read_exact(s, &reply, 1) == 0 && reply == 'F') {
         close(s);
         return WARM_NOT_SERVED;
     }
     int32_t status;
     char tag;
     if (reply != 'S' || read_exact(s, &tag, 1) < 0 || tag != 'X' || read_exact(s, &status, sizeof status) < 0) {
+        /* Whether the command ran, and how far, is unknown: never run it again. */
         fprintf(stderr, "rdma-cni launcher: the warm server went away while running this command; "
                         "its outcome is unknown\n");
         exit(1);

@@ -43,6 +43,7 @@ SOCKET_NAME = "warm.sock"
 LOCK_NAME = "warm.lock"
 HELLO = b"RDMACNI-WARM-1"
 DEFAULT_IDLE_SECONDS = 300.0
+TREE_CHECK_SECONDS = 5.0
 NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts")
 # Modules the verbs import lazily; importing them here is the point of the server.
 PRELOAD = (
@@ -174,7 +175,9 @@ class Server:
                 timeout <= 0 or not os.path.exists(os.path.join(self.tree, ".complete"))
             ):
                 return
-            for key, _ in self.selector.select(max(timeout, 1.0) if self.children else max(timeout, 0.01)):
+            # Wake at least every few seconds to notice a removed tree.
+            wait = min(max(timeout, 0.01), TREE_CHECK_SECONDS)
+            for key, _ in self.selector.select(wait):
                 if key.data == "accept":
                     self._accept()
                 elif key.data == "reap":

@@ -294,3 +294,122 @@ def test_warm_server_refuses_arguments_and_the_unbuilt_package(capsys: pytest.Ca
 )
 def test_idle_seconds(raw: str, expected: float) -> None:
     assert warm.idle_seconds({"RDMA_CNI_WARM_IDLE": raw}) == expected
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(") ", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+@needs_binary
+def test_child_takes_the_callers_umask(node: Node) -> None:
+    node.run()
+    node.server_pid()
+    for umask, mode in ((0o027, 0o640), (0o002, 0o664)):
+        log = node.tmp / f"umask-{umask:o}.log"
+        old = os.umask(umask)
+        try:
+            out = node.run({**node.conf, "logFile": str(log)})
+        finally:
+            os.umask(old)
+        assert out.returncode == 0, out.stderr
+        assert "(warm start)" in log.read_text()
+        assert log.stat().st_mode & 0o777 == mode
+
+
+@needs_binary
+def test_caller_in_a_removed_directory_is_served_from_root(node: Node) -> None:
+    node.run()
+    node.server_pid()
+    gone = node.tmp / "gone"
+    gone.mkdir()
+    assert BINARY
+    out = subprocess.run(
+        [BINARY],
+        input=json.dumps(node.conf).encode(),
+        env=node.env(),
+        cwd=gone,
+        preexec_fn=lambda: os.rmdir(gone),  # after the chdir: the caller's cwd no longer exists
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert node.starts() == ["cold", "warm"]
+
+
+@needs_binary
+def test_child_killed_by_a_signal_kills_the_launcher_with_it(node: Node) -> None:
+    import fcntl
+
+    node.run()
+    server = node.server_pid()
+    # Hold the node lock so the child waits in GC, where we can find it.
+    with open(node.tmp / "lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert BINARY
+        proc = subprocess.Popen(
+            [BINARY], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=node.env()
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(node.conf).encode())
+        proc.stdin.close()
+        deadline = time.monotonic() + 30
+        while not children_of(server):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        for child in children_of(server):
+            os.kill(child, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+
+
+@needs_binary
+def test_server_exits_when_its_tree_is_removed(node: Node) -> None:
+    node.run()
+    pid = node.server_pid()
+    (node.tree / ".complete").unlink()
+    assert wait_gone(pid, timeout=20)
+
+
+def _pids_cgroup() -> Path | None:
+    v1 = Path("/sys/fs/cgroup/pids")
+    if (v1 / "cgroup.procs").exists():
+        return v1
+    v2 = Path("/sys/fs/cgroup")
+    if "pids" in (v2 / "cgroup.controllers").read_text() if (v2 / "cgroup.controllers").exists() else "":
+        (v2 / "cgroup.subtree_control").write_text("+pids")
+        return v2
+    return None
+
+
+@needs_binary
+@needs_root
+def test_server_that_cannot_fork_sends_the_caller_to_a_cold_start(node: Node) -> None:
+    root = _pids_cgroup()
+    assert root is not None, "no pids cgroup controller on this machine"
+    node.run()
+    pid = node.server_pid()
+    with open(f"/proc/{pid}/cgroup") as f:
+        home = next(line.split(":", 2)[2].strip() for line in f if line.split(":")[1] in ("pids", ""))
+    jail = root / f"rdma-cni-warm-test-{os.getpid()}"
+    jail.mkdir()
+    try:
+        (jail / "pids.max").write_text("1")
+        (jail / "cgroup.procs").write_text(str(pid))
+        out = node.run()
+        assert out.returncode == 0, out.stderr
+        assert node.starts() == ["cold", "cold"]
+    finally:
+        (root / home.lstrip("/") / "cgroup.procs").write_text(str(pid))
+        jail.rmdir()
+    assert node.run().returncode == 0
+    assert node.starts()[-1] == "warm"
