@@ -409,6 +409,13 @@ def test_s1_two_rate_capped_interfaces(
     assert_pod_empty(after, "rates")
 
 
+def test_s1_ran_in_the_warm_server(plugin_run: GuestRun) -> None:
+    """By s1 the launcher's warm server is up: it served ADD, CHECK and DEL on the real VFs."""
+    log = _scenario(plugin_run, "s1_rates").plugin_log
+    for verb in ("ADD", "CHECK", "DEL"):
+        assert re.search(rf"{verb} \S+ done in [0-9.]+ ms \(warm start\)", log), f"{verb}:\n{log}"
+
+
 def test_s2_min_tx_rate_refused_by_igb_rolls_back(
     plugin_run: GuestRun, original_names: dict[str, str], baseline: Dump
 ) -> None:
