@@ -247,6 +247,8 @@ class Server:
             os.setpgid(0, 0)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             for other in self.children.values():
                 other.close()
             conn.close()
@@ -315,6 +317,10 @@ class Server:
             os.killpg(pid, signal.SIGKILL)
 
 
+def _stop(signo: int, _frame: object) -> None:
+    raise SystemExit(128 + signo)
+
+
 def main(argv: list[str]) -> int:
     """``rdma-cni warm-server``: started by the launcher, not by people."""
     if argv:
@@ -332,6 +338,9 @@ def main(argv: list[str]) -> int:
     preload()
     server = Server(tree, idle_seconds(os.environ))
     server.listen()
+    # Stopped with SIGTERM (or SIGINT), remove the socket on the way out.
+    for signo in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signo, _stop)
     # Objects that exist now are shared by every child: keep the collector
     # from touching (and so copying) their pages.
     gc.freeze()

@@ -413,3 +413,12 @@ def test_server_that_cannot_fork_sends_the_caller_to_a_cold_start(node: Node) ->
         jail.rmdir()
     assert node.run().returncode == 0
     assert node.starts()[-1] == "warm"
+
+
+@needs_binary
+def test_sigterm_stops_the_server_and_removes_its_socket(node: Node) -> None:
+    node.run()
+    pid = node.server_pid()
+    os.kill(pid, signal.SIGTERM)
+    assert wait_gone(pid)
+    assert not (node.tree / warm.SOCKET_NAME).exists()
