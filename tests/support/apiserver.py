@@ -41,6 +41,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import socketserver
 import ssl
 import subprocess
@@ -202,6 +203,11 @@ class _HttpsServer(ThreadingHTTPServer):
 
     def get_request(self) -> tuple[Any, Any]:
         sock, addr = super().get_request()
+        # Go sets TCP_NODELAY on every TCP connection, so the real API server
+        # does too. Without it, the response waits behind the unacknowledged
+        # TLS session tickets until the client's delayed ACK (~40 ms per pod
+        # GET), a stall no real API server adds.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # The handshake runs later, in the request's own thread, so one slow
         # or broken client cannot stall the accept loop.
         return self.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
