@@ -113,7 +113,7 @@ __all__ = [
 Policy = Literal["best_fit", "numa_first"]
 
 # Search nodes at 10-15 us each on tight inputs, plus setup: under 10 ms. See "Step budget".
-DEFAULT_MAX_STEPS = 500
+DEFAULT_MAX_STEPS = 400
 
 
 def _is_int(value: object) -> bool:
@@ -243,6 +243,9 @@ _SETS_PER_STEP = 16
 # At each node, a bin's completions are enumerated only while they are fewer
 # than this (or than the best branching found so far).
 _FIRST_CAP = 4
+# PFs with at most this much free bandwidth get an exact subset-sum check in
+# the bound; bigger ones would cost more than it saves.
+_SUBSET_SUM_LIMIT = 10_000
 
 
 def _bin_completion(
@@ -264,6 +267,7 @@ def _bin_completion(
         cnt[kind_of[item]] += 1
     kw = [k[0] for k in kinds]
     kl = [k[1] for k in kinds]
+    neg_kw = [-w for w in kw]
     uniform = len(set(kl)) <= 1
     classes = sorted({b for b in bins if b[1] > 0})
     n_classes = len(classes)
@@ -327,7 +331,8 @@ def _bin_completion(
                 # kind that could replace this one.
                 bound = ub
                 if uniform:
-                    bound = min(bound, smallest_skipped - w)
+                    if smallest_skipped - w < bound:
+                        bound = smallest_skipped - w
                 else:
                     lv = elv[idx]
                     for sw, sl in skipped:
@@ -375,6 +380,7 @@ def _bin_completion(
         room = 0
         slots = 0
         open_free = []
+        limited: list[tuple[int, int, int]] = []
         for c in range(n_classes):
             m = bcnt[c]
             if not m:
@@ -386,9 +392,41 @@ def _bin_completion(
                 k = bisect_right(small, free, 0, k + 1) - 1
             s = bisect_left(negated, -free)
             top = prefix[min(n, s + k)] - prefix[s]
-            room += min(free, top) * m
             slots += k * m
-        if room < total or slots < n or not open_free or max(open_free) < items[0]:
+            if top > free and free <= _SUBSET_SUM_LIMIT:
+                # Small PF: the best sum of at most k requests that fits may
+                # fall short of it; sums[c] has bit t set when c requests make t.
+                sums = [1] + [0] * k
+                mask = (2 << free) - 1
+                for x in items[bisect_left(negated, -free) :]:
+                    for c_ in range(k, 0, -1):
+                        sums[c_] |= (sums[c_ - 1] << x) & mask
+                best = max(b.bit_length() for b in sums) - 1
+                if best < free:
+                    room += best * m
+                    continue
+            if top < free:
+                # Too few VFs to fill this PF: count-limited.
+                limited.append((free, k, m))
+            else:
+                room += free * m
+        if slots < n or not open_free or max(open_free) < items[0]:
+            return False
+        # The count-limited PFs share the large requests: smallest PF first,
+        # each takes the largest requests left that fit it, which bounds what
+        # they hold together (requests fitting a PF also fit every larger one).
+        left = list(cnt)
+        for free, k, m in limited:
+            want = k * m
+            for kk in range(bisect_left(neg_kw, -free), n_kinds):
+                take = min(left[kk], want)
+                if take:
+                    left[kk] -= take
+                    want -= take
+                    room += take * kw[kk]
+                    if not want:
+                        break
+        if room < total:
             return False
         if not uniform:
             # Hall's condition on levels: nested sets of bins.
