@@ -38,8 +38,9 @@ callers that value locality over packing.
 
 These rules order the search, so the placement returned is the first one the
 search meets; usually that is plain best fit. Only when the inputs are so
-tight that best fit has to backtrack a lot does the answer come from a restart
-with another order (see below) and follow the preferences less closely.
+tight that best fit has to backtrack a lot does the answer come from the bin
+completion search (see below), which prefers the fullest fillings but follows
+the other preferences only loosely (NUMA first, then name, within a PF class).
 
 Algorithm
 ---------
@@ -56,18 +57,27 @@ need a search (bin packing with VF counts and per-PF cap limits):
    best-fit-decreasing and returns at once when it succeeds, the usual case.
    When it first has to backtrack, a stronger bound is tried once: a
    Martello-Toth L2 style dual-feasible-function bound, generalised to PFs of
-   different sizes and folding in VF counts (see ``dff_bound_holds``).
-3. Pruning: PFs in the same state are interchangeable, so only one of them is
-   tried per search node; equal requests take PFs in a fixed order, so their
-   permutations are not explored; at every node the remaining min rates must
-   fit in what the PFs can still take (bounded by free bandwidth, by VFs and
-   by how many of the smallest remaining requests fit); the VF Hall condition
-   is kept incrementally; failed states are remembered under a canonical key
-   (multiset of PF states plus position) and never expanded again.
-4. If best fit's search gets stuck it restarts with other value orders (VF
-   balance, fewest VFs, worst fit). The memo of failed states stays valid
-   across orders, so a restart never loses work, and finishing any one order
-   without a fit proves there is none.
+   different sizes and folding in VF counts (see ``dff_bound_holds``). PFs
+   in the same state are tried once per node, equal requests take PFs in a
+   fixed order, a bound on what the PFs can still take prunes, and failed
+   states are remembered. This search gets the first 64 steps.
+3. Whatever it leaves open goes to a bin completion search (after Korf),
+   which fills one PF at a time and closes it. A PF only gets undominated
+   fillings: no remaining request fits beside them, and no remaining request
+   at least as large (and with a cap level at least as high) fits in place of
+   one of its requests; any fit can be rearranged into one that uses such a
+   filling. At each node it branches either on one PF (the fillings of the
+   tightest PF class) or on where the largest remaining request goes (every
+   PF class and filling containing it), whichever has fewer children, and
+   tries the fullest fillings first. PFs with equal (free bandwidth, VFs,
+   level) are one class, and failed (requests left, PFs left) states are
+   remembered. Each node checks: VFs and bandwidth per open PF (a PF with
+   too few VFs to be filled shares the largest requests with the others like
+   it; a small PF's exact best subset sum of requests), the L2 bound over
+   the open PFs, and Hall's condition on cap levels. Requests without a min
+   rate join as size-0 items only when some cap rules PFs out for them.
+4. Both stages are exact, so finishing either one without a fit proves there
+   is none; only the step budget can stop them early.
 5. Requests without a min rate need only a VF on a PF whose capacity reaches
    their cap (or of unknown capacity). Those sets are nested, so the Hall
    condition kept during the search is exactly their feasibility, and
@@ -75,20 +85,21 @@ need a search (bin packing with VF counts and per-PF cap limits):
 
 Step budget
 -----------
-Bin packing is NP-hard, and the memo bounds the work only by the number of
-distinct canonical states, which for 16 PFs and 32 requests can be huge. So
-the search has a budget of ``max_steps`` nodes (default
-:data:`DEFAULT_MAX_STEPS`, sized to stay under 10 ms on one server core; a
-count keeps the answer deterministic, a clock would not). Easy and clearly
-infeasible inputs take a few dozen steps, including the adversarial ones that
-defeat plain backtracking (many identical PFs, bandwidth that fits in total
-but not PF by PF); the tests check that the benchmark's families stay far
-below the budget. Inputs tight in both bandwidth and VFs at once (a few
-percent to spare) can exhaust it; on such inputs an LP-based MILP solver also
-takes from tenths of a second to more than a few seconds. Then :func:`place`
-raises :class:`NoFit` with reason ``"search_limit"``: nothing was found and
-nothing was proven. That answer is conservative (nothing is over-reserved)
-and distinguishable from a proof; ``max_steps=None`` searches to the end.
+Bin packing is NP-hard, so the search has a budget of ``max_steps`` steps
+(default :data:`DEFAULT_MAX_STEPS`). A step is one node of either search;
+the bin completion search also charges one step per 16 partial fillings it
+enumerates, so that steps track time: on a slow 2-core test machine the
+default budget is about 10 ms. A count keeps the answer deterministic, a
+clock would not. Easy and clearly infeasible inputs take a few dozen steps,
+including the adversarial ones that defeat plain backtracking (many
+identical PFs, bandwidth that fits in total but not PF by PF). This is not
+a guarantee for every input: in the benchmark's tight stress family (16 PFs
+of mixed speeds with 1-4 VFs each, 32 requests at 94-98 % load), about 2 %
+of the generated inputs need more than the default budget (up to about 1500
+steps, some 40 ms, in what was measured). Then :func:`place` raises
+:class:`NoFit` with reason ``"search_limit"``: nothing was found and nothing
+was proven. That answer is conservative (nothing is over-reserved) and
+distinguishable from a proof; ``max_steps=None`` searches to the end.
 """
 
 from __future__ import annotations
@@ -112,7 +123,7 @@ __all__ = [
 
 Policy = Literal["best_fit", "numa_first"]
 
-# Search nodes at 10-15 us each on tight inputs, plus setup: under 10 ms. See "Step budget".
+# About 10 ms of search on a slow server core. See "Step budget".
 DEFAULT_MAX_STEPS = 400
 
 
