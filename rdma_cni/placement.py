@@ -38,8 +38,9 @@ callers that value locality over packing.
 
 These rules order the search, so the placement returned is the first one the
 search meets; usually that is plain best fit. Only when the inputs are so
-tight that best fit has to backtrack a lot does the answer come from a restart
-with another order (see below) and follow the preferences less closely.
+tight that best fit has to backtrack a lot does the answer come from the bin
+completion search (see below), which prefers the fullest fillings but follows
+the other preferences only loosely (NUMA first, then name, within a PF class).
 
 Algorithm
 ---------
@@ -56,18 +57,27 @@ need a search (bin packing with VF counts and per-PF cap limits):
    best-fit-decreasing and returns at once when it succeeds, the usual case.
    When it first has to backtrack, a stronger bound is tried once: a
    Martello-Toth L2 style dual-feasible-function bound, generalised to PFs of
-   different sizes and folding in VF counts (see ``dff_bound_holds``).
-3. Pruning: PFs in the same state are interchangeable, so only one of them is
-   tried per search node; equal requests take PFs in a fixed order, so their
-   permutations are not explored; at every node the remaining min rates must
-   fit in what the PFs can still take (bounded by free bandwidth, by VFs and
-   by how many of the smallest remaining requests fit); the VF Hall condition
-   is kept incrementally; failed states are remembered under a canonical key
-   (multiset of PF states plus position) and never expanded again.
-4. If best fit's search gets stuck it restarts with other value orders (VF
-   balance, fewest VFs, worst fit). The memo of failed states stays valid
-   across orders, so a restart never loses work, and finishing any one order
-   without a fit proves there is none.
+   different sizes and folding in VF counts (see ``dff_bound_holds``). PFs
+   in the same state are tried once per node, equal requests take PFs in a
+   fixed order, a bound on what the PFs can still take prunes, and failed
+   states are remembered. This search gets the first 64 steps.
+3. Whatever it leaves open goes to a bin completion search (after Korf),
+   which fills one PF at a time and closes it. A PF only gets undominated
+   fillings: no remaining request fits beside them, and no remaining request
+   at least as large (and with a cap level at least as high) fits in place of
+   one of its requests; any fit can be rearranged into one that uses such a
+   filling. At each node it branches either on one PF (the fillings of the
+   tightest PF class) or on where the largest remaining request goes (every
+   PF class and filling containing it), whichever has fewer children, and
+   tries the fullest fillings first. PFs with equal (free bandwidth, VFs,
+   level) are one class, and failed (requests left, PFs left) states are
+   remembered. Each node checks: VFs and bandwidth per open PF (a PF with
+   too few VFs to be filled shares the largest requests with the others like
+   it; a small PF's exact best subset sum of requests), the L2 bound over
+   the open PFs, and Hall's condition on cap levels. Requests without a min
+   rate join as size-0 items only when some cap rules PFs out for them.
+4. Both stages are exact, so finishing either one without a fit proves there
+   is none; only the step budget can stop them early.
 5. Requests without a min rate need only a VF on a PF whose capacity reaches
    their cap (or of unknown capacity). Those sets are nested, so the Hall
    condition kept during the search is exactly their feasibility, and
@@ -75,20 +85,21 @@ need a search (bin packing with VF counts and per-PF cap limits):
 
 Step budget
 -----------
-Bin packing is NP-hard, and the memo bounds the work only by the number of
-distinct canonical states, which for 16 PFs and 32 requests can be huge. So
-the search has a budget of ``max_steps`` nodes (default
-:data:`DEFAULT_MAX_STEPS`, sized to stay under 10 ms on one server core; a
-count keeps the answer deterministic, a clock would not). Easy and clearly
-infeasible inputs take a few dozen steps, including the adversarial ones that
-defeat plain backtracking (many identical PFs, bandwidth that fits in total
-but not PF by PF); the tests check that the benchmark's families stay far
-below the budget. Inputs tight in both bandwidth and VFs at once (a few
-percent to spare) can exhaust it; on such inputs an LP-based MILP solver also
-takes from tenths of a second to more than a few seconds. Then :func:`place`
-raises :class:`NoFit` with reason ``"search_limit"``: nothing was found and
-nothing was proven. That answer is conservative (nothing is over-reserved)
-and distinguishable from a proof; ``max_steps=None`` searches to the end.
+Bin packing is NP-hard, so the search has a budget of ``max_steps`` steps
+(default :data:`DEFAULT_MAX_STEPS`). A step is one node of either search;
+the bin completion search also charges one step per 16 partial fillings it
+enumerates, so that steps track time: on a slow 2-core test machine the
+default budget is about 10 ms. A count keeps the answer deterministic, a
+clock would not. Easy and clearly infeasible inputs take a few dozen steps,
+including the adversarial ones that defeat plain backtracking (many
+identical PFs, bandwidth that fits in total but not PF by PF). This is not
+a guarantee for every input: in the benchmark's tight stress family (16 PFs
+of mixed speeds with 1-4 VFs each, 32 requests at 94-98 % load), about 2 %
+of the generated inputs need more than the default budget (up to about 1500
+steps, some 40 ms, in what was measured). Then :func:`place` raises
+:class:`NoFit` with reason ``"search_limit"``: nothing was found and nothing
+was proven. That answer is conservative (nothing is over-reserved) and
+distinguishable from a proof; ``max_steps=None`` searches to the end.
 """
 
 from __future__ import annotations
@@ -112,8 +123,8 @@ __all__ = [
 
 Policy = Literal["best_fit", "numa_first"]
 
-# Search nodes at 10-15 us each on tight inputs, plus setup: under 10 ms. See "Step budget".
-DEFAULT_MAX_STEPS = 500
+# About 10 ms of search on a slow server core. See "Step budget".
+DEFAULT_MAX_STEPS = 400
 
 
 def _is_int(value: object) -> bool:
@@ -231,11 +242,282 @@ class _NoArrangement(Exception):
     pass
 
 
-# Value orders the search restarts with, and the steps each but the last gets
-# when the caller sets no budget.
-_PHASES = ("policy", "vf_balance", "few_vfs", "worst_fit")
-_PHASE_SHARE = DEFAULT_MAX_STEPS // 4
 _UNLIMITED = 1 << 62
+
+
+# Steps the item-by-item search gets before the bin completion search takes
+# over; enough for best fit and short repairs of it.
+_FIRST_SHARE = 64
+# The bin completion search charges one step per node and one per this many
+# partial sets it enumerates, so that steps track time.
+_SETS_PER_STEP = 16
+# At each node, a bin's completions are enumerated only while they are fewer
+# than this (or than the best branching found so far).
+_FIRST_CAP = 4
+# PFs with at most this much free bandwidth get an exact subset-sum check in
+# the bound; bigger ones would cost more than it saves.
+_SUBSET_SUM_LIMIT = 10_000
+
+
+def _bin_completion(
+    weights: list[int], levels: list[int], bins: list[tuple[int, int, int]], budget: int
+) -> tuple[list[tuple[int, tuple[int, ...]]] | None, int, list[tuple[int, int]], list[tuple[int, int, int]]]:
+    """Exact search that fills one PF at a time (bin completion); see "Algorithm".
+
+    Items are ``weights[i]`` with cap level ``levels[i]``; ``bins`` are
+    (free bandwidth, free VFs, level) and take an item of level at most their
+    own. Returns the path (bin class, item kinds) of a fit or None, the steps
+    spent, the item kinds (weight, level) and the bin classes. Raises
+    _OutOfSteps(steps) when ``budget`` steps do not suffice.
+    """
+    kinds = sorted(set(zip(weights, levels, strict=True)), key=lambda t: (-t[0], -t[1]))
+    n_kinds = len(kinds)
+    kind_of = {k: i for i, k in enumerate(kinds)}
+    cnt = [0] * n_kinds
+    for item in zip(weights, levels, strict=True):
+        cnt[kind_of[item]] += 1
+    kw = [k[0] for k in kinds]
+    kl = [k[1] for k in kinds]
+    neg_kw = [-w for w in kw]
+    uniform = len(set(kl)) <= 1
+    classes = sorted({b for b in bins if b[1] > 0})
+    n_classes = len(classes)
+    class_of = {c: i for i, c in enumerate(classes)}
+    bcnt = [0] * n_classes
+    for b in bins:
+        if b[1] > 0:
+            bcnt[class_of[b]] += 1
+    cf = [c[0] for c in classes]
+    cv = [c[1] for c in classes]
+    cl = [c[2] for c in classes]
+    # Bins with few VFs and little bandwidth usually have the fewest completions.
+    by_tightness = sorted(range(n_classes), key=lambda c: (cv[c], cf[c], c))
+    failed: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+    path: list[tuple[int, tuple[int, ...]]] = []
+    steps = 0
+    enumerated = 0
+    huge = 1 << 62
+
+    def completions(c: int, anchor: int, cap: int, out: list[tuple[int, int, tuple[int, ...]]]) -> bool:
+        """Append the undominated fillings of one bin of class c to ``out``; False past ``cap`` of them.
+
+        A filling is kept only if no remaining item fits beside it and no
+        remaining item is at least as large (and as demanding in level) as one
+        of its items and fits in its place: any fit can be changed into one
+        that uses a kept filling for this bin. With ``anchor`` >= 0 (the
+        largest remaining kind) the filling must contain it.
+        """
+        nonlocal enumerated
+        free, vfs, lvl = cf[c], cv[c], cl[c]
+        el = [k for k in range(n_kinds) if cnt[k] and kl[k] <= lvl and kw[k] <= free]
+        ew = [kw[k] for k in el]
+        negw = [-w for w in ew]
+        elv = [kl[k] for k in el]
+        avail = [cnt[k] for k in el]
+        n_el = len(el)
+        chosen: list[int] = []
+        limit = enumerated + _SETS_PER_STEP * 2 * (cap + 1) if cap < huge else huge
+
+        def rec(pos: int, room: int, slots: int, ub: int, skipped: tuple[tuple[int, int], ...]) -> bool:
+            nonlocal enumerated
+            enumerated += 1
+            if enumerated > limit:
+                return False
+            if room < ub:
+                t = n_el - 1
+                while t >= 0 and not avail[t]:
+                    t -= 1
+                if slots == 0 or t < 0 or ew[t] > room:
+                    out.append((room, c, tuple(chosen)))
+                    if len(out) > cap:
+                        return False
+            if not slots:
+                return True
+            smallest_skipped = huge
+            for idx in range(bisect_left(negw, -room, pos), n_el):
+                if not avail[idx]:
+                    continue
+                w = ew[idx]
+                # Final room must stay below (skipped - taken) for every skipped
+                # kind that could replace this one.
+                bound = ub
+                if uniform:
+                    if smallest_skipped - w < bound:
+                        bound = smallest_skipped - w
+                else:
+                    lv = elv[idx]
+                    for sw, sl in skipped:
+                        if sl >= lv and sw - w < bound:
+                            bound = sw - w
+                left = room - w
+                if left - (slots - 1) * w >= bound:
+                    # Even copies of this size in every slot leave too much room.
+                    if uniform:
+                        break
+                else:
+                    avail[idx] -= 1
+                    chosen.append(el[idx])
+                    ok = rec(idx, left, slots - 1, bound, skipped)
+                    chosen.pop()
+                    avail[idx] += 1
+                    if not ok:
+                        return False
+                if uniform:
+                    smallest_skipped = w
+                else:
+                    skipped = (*skipped, (w, elv[idx]))
+            return True
+
+        if anchor >= 0:
+            avail[0] -= 1  # the anchor is the largest remaining kind, so el[0]
+            chosen.append(anchor)
+            return rec(0, free - kw[anchor], vfs - 1, huge, ())
+        return rec(0, free, vfs, huge, ())
+
+    def bound_holds() -> bool:
+        items: list[int] = []
+        for k in range(n_kinds):
+            if cnt[k]:
+                items.extend([kw[k]] * cnt[k])
+        n = len(items)
+        total = sum(items)
+        small = [0]
+        for x in reversed(items):
+            small.append(small[-1] + x)
+        negated = [-x for x in items]
+        prefix = [0]
+        for x in items:
+            prefix.append(prefix[-1] + x)
+        room = 0
+        slots = 0
+        open_free = []
+        limited: list[tuple[int, int, int]] = []
+        for c in range(n_classes):
+            m = bcnt[c]
+            if not m:
+                continue
+            free = cf[c]
+            open_free.extend([free] * m)
+            k = min(cv[c], n)
+            if small[k] > free:
+                k = bisect_right(small, free, 0, k + 1) - 1
+            s = bisect_left(negated, -free)
+            top = prefix[min(n, s + k)] - prefix[s]
+            slots += k * m
+            if top > free and free <= _SUBSET_SUM_LIMIT:
+                # Small PF: the best sum of at most k requests that fits may
+                # fall short of it; sums[c] has bit t set when c requests make t.
+                sums = [1] + [0] * k
+                mask = (2 << free) - 1
+                for x in items[bisect_left(negated, -free) :]:
+                    for c_ in range(k, 0, -1):
+                        sums[c_] |= (sums[c_ - 1] << x) & mask
+                best = max(b.bit_length() for b in sums) - 1
+                if best < free:
+                    room += best * m
+                    continue
+            if top < free:
+                # Too few VFs to fill this PF: count-limited.
+                limited.append((free, k, m))
+            else:
+                room += free * m
+        if slots < n or not open_free or max(open_free) < items[0]:
+            return False
+        # The count-limited PFs share the large requests: smallest PF first,
+        # each takes the largest requests left that fit it, which bounds what
+        # they hold together (requests fitting a PF also fit every larger one).
+        left = list(cnt)
+        for free, k, m in limited:
+            want = k * m
+            for kk in range(bisect_left(neg_kw, -free), n_kinds):
+                take = min(left[kk], want)
+                if take:
+                    left[kk] -= take
+                    want -= take
+                    room += take * kw[kk]
+                    if not want:
+                        break
+        if room < total:
+            return False
+        if not uniform:
+            # Hall's condition on levels: nested sets of bins.
+            for lvl in sorted(set(kl)):
+                need = sum(cnt[k] for k in range(n_kinds) if kl[k] >= lvl)
+                have = sum(bcnt[c] * cv[c] for c in range(n_classes) if cl[c] >= lvl)
+                if need > have:
+                    return False
+        # Martello-Toth L2 over the open bins (see dff_bound_holds, lam = 0).
+        open_free.sort()
+        above = [0] * (len(open_free) + 1)
+        for t in range(len(open_free) - 1, -1, -1):
+            above[t] = above[t + 1] + open_free[t]
+        heaviest = open_free[-1]
+        ks = sorted(set(items))
+        diff = [0] * (len(ks) + 1)
+        for x in items:
+            lightest = open_free[bisect_left(open_free, x)]
+            top = bisect_right(ks, x)
+            cut = min(top, bisect_right(ks, heaviest - x))
+            diff[0] += x
+            diff[cut] += lightest - x
+            diff[top] -= lightest
+        demand = 0
+        for t, k in enumerate(ks):
+            demand += diff[t]
+            if demand > above[bisect_left(open_free, k)]:
+                return False
+        return True
+
+    def dfs() -> bool:
+        nonlocal steps
+        a = next((k for k in range(n_kinds) if cnt[k]), -1)
+        if a < 0:
+            return True
+        key = (tuple(cnt), tuple(bcnt))
+        if key in failed:
+            return False
+        if steps + enumerated // _SETS_PER_STEP >= budget:
+            raise _OutOfSteps(budget)
+        steps += 1
+        if not bound_holds():
+            failed.add(key)
+            return False
+        # Branch on the bin with the fewest completions, or on where the
+        # largest item goes, whichever has fewer children.
+        best: list[tuple[int, int, tuple[int, ...]]] | None = None
+        for c in by_tightness:
+            if bcnt[c]:
+                alt: list[tuple[int, int, tuple[int, ...]]] = []
+                if completions(c, -1, len(best) - 1 if best is not None else _FIRST_CAP, alt):
+                    best = alt
+                    if len(best) <= 1:
+                        break
+        if best is None or len(best) > 1:
+            cap = len(best) - 1 if best is not None else huge
+            alt = []
+            for c in range(n_classes):
+                if bcnt[c] and cf[c] >= kw[a] and cl[c] >= kl[a] and not completions(c, a, cap, alt):
+                    break
+            else:
+                best = alt
+        assert best is not None
+        best.sort()
+        for _, c, chosen in best:
+            bcnt[c] -= 1
+            for k in chosen:
+                cnt[k] -= 1
+            path.append((c, chosen))
+            if dfs():
+                return True
+            path.pop()
+            bcnt[c] += 1
+            for k in chosen:
+                cnt[k] += 1
+        failed.add(key)
+        return False
+
+    found = dfs()
+    return (path if found else None), steps + enumerated // _SETS_PER_STEP, kinds, classes
 
 
 def _plural(count: int, word: str) -> str:
@@ -487,11 +769,15 @@ class _Problem:
 
     # ------------------------------------------------------------------ search
 
-    def search(self, slack: list[int], max_steps: int | None) -> tuple[list[int], int]:
-        """Assign the min-rate requests exactly; returns (PF per reserving request, steps)."""
+    def search(self, slack: list[int], max_steps: int | None) -> tuple[list[int], dict[int, int], int]:
+        """Assign the min-rate requests exactly.
+
+        Returns the PF of each reserving request, PFs already fixed for other
+        requests, and the steps spent.
+        """
         n = len(self.reserving)
         if n == 0:
-            return [], 0
+            return [], {}, 0
         reqs = self.requests
         weights = [reqs[i].min_tx_rate for i in self.reserving]
         rlevels = [self.rlevel[i] for i in self.reserving]
@@ -528,25 +814,6 @@ class _Problem:
                 return (numa[j], free[j] - w, used[j] > 0, j)
             return (free[j] - w, numa[j], used[j] > 0, j)
 
-        def by_vf_balance(j: int, w: int) -> tuple[int, ...]:
-            # Single-VF PFs first, then PFs whose free bandwidth is about this
-            # request's size per VF, so that neither bandwidth nor VFs are
-            # stranded when both are scarce.
-            v = vfs[j]
-            return (abs(free[j] - w * v) if v > 1 else 0, v, free[j] - w, j)
-
-        def by_few_vfs(j: int, w: int) -> tuple[int, ...]:
-            return (vfs[j], free[j] - w, j)
-
-        def by_worst_fit(j: int, w: int) -> tuple[int, ...]:
-            return (w - free[j], j)
-
-        orders = {
-            "policy": by_policy,
-            "vf_balance": by_vf_balance,
-            "few_vfs": by_few_vfs,
-            "worst_fit": by_worst_fit,
-        }
         policy_key = by_policy
 
         def dfs(i: int, pos: list[int] | None, prev: int) -> bool:
@@ -654,29 +921,20 @@ class _Problem:
             failed.add(key)
             return False
 
-        # Restarts with other value orders escape an unlucky early choice; the
-        # memo of failed states is valid across orders, so no work is lost.
-        phases = _PHASES
-        for number, name in enumerate(phases):
-            policy_key = orders[name]
-            last = number == len(phases) - 1
-            if max_steps is None:
-                stop_at = _UNLIMITED if last else steps + _PHASE_SHARE
-            else:
-                stop_at = max_steps if last else min(max_steps, steps + max(1, max_steps // len(phases)))
-            vfs[:] = self.vfs0
-            free[:] = self.free0
-            used[:] = [0] * len(used)
-            work[:] = slack
+        # Best fit and short repairs of it first; the bin completion search
+        # below decides whatever that leaves open.
+        stop_at = _FIRST_SHARE if max_steps is None else min(max_steps, _FIRST_SHARE)
+        fixed: dict[int, int] = {}
+        try:
+            found = dfs(0, None, -1)
+        except _NoArrangement:
+            found = False
+        except _OutOfSteps:
+            budget = _UNLIMITED if max_steps is None else max_steps - steps
             try:
-                found = dfs(0, None, -1)
-                break
-            except _NoArrangement:
-                found = False
-                break
-            except _OutOfSteps:
-                if not last:
-                    continue
+                found, used_steps = self.complete(fixed, budget)
+            except _OutOfSteps as exc:
+                steps += exc.args[0]
                 raise self._fail(
                     "search_limit",
                     f": gave up after {steps} search steps without finding a placement "
@@ -684,6 +942,9 @@ class _Problem:
                     reqs[self.reserving[deepest]],
                     steps,
                 ) from None
+            steps += used_steps
+            if found:
+                assign = [fixed.pop(i) for i in self.reserving]
         if not found:
             total = prefix[n]
             free_total = sum(self.free0[j] for j in known if self.vfs0[j] > 0)
@@ -692,16 +953,59 @@ class _Problem:
             if greedy is not None and _sort_key(greedy) > _sort_key(unplaced):
                 unplaced = greedy
             raise self._fail("bandwidth", self._arrangement_detail(total, free_total), unplaced, steps)
-        return assign, steps
+        return assign, fixed, steps
 
-    def finish(self, assign: list[int]) -> tuple[str, ...]:
+    def complete(self, fixed: dict[int, int], budget: int) -> tuple[bool, int]:
+        """Run the bin completion search; fills ``fixed`` (request -> PF) and returns (fits, steps).
+
+        Requests without a min rate join as items of size 0 only when some of
+        them has a cap that rules PFs out; otherwise any free VF takes them.
+        """
+        items = list(self.reserving)
+        with_zero = any(self.rlevel[i] > 0 for i in self.unreserved)
+        if with_zero:
+            items += self.unreserved
+        reqs = self.requests
+        pf_bins: list[tuple[int, int, int]] = []
+        pf_index: list[int] = []
+        for j in range(len(self.pfs)):
+            if not self.vfs0[j]:
+                continue
+            if self.known[j]:
+                pf_bins.append((self.free0[j], self.vfs0[j], self.plevel[j]))
+            elif with_zero:
+                pf_bins.append((0, self.vfs0[j], self.n_levels))
+            else:
+                continue
+            pf_index.append(j)
+        found, steps, kinds, classes = _bin_completion(
+            [reqs[i].min_tx_rate for i in items], [self.rlevel[i] for i in items], pf_bins, budget
+        )
+        if found is None:
+            return False, steps
+        # Interchangeable PFs of a class are used in tie-break order.
+        members: dict[tuple[int, int, int], list[int]] = {}
+        for b, j in zip(pf_bins, pf_index, strict=True):
+            members.setdefault(b, []).append(j)
+        for group in members.values():
+            group.sort(key=lambda j: (self.numa_rank[j], j), reverse=True)
+        waiting: dict[tuple[int, int], list[int]] = {}
+        for i in reversed(items):
+            waiting.setdefault((reqs[i].min_tx_rate, self.rlevel[i]), []).append(i)
+        for c, chosen in found:
+            j = members[classes[c]].pop()
+            for k in chosen:
+                fixed[waiting[kinds[k]].pop()] = j
+        return True, steps
+
+    def finish(self, assign: list[int], fixed: dict[int, int]) -> tuple[str, ...]:
         """Place the requests without a min rate and return PF names in request order."""
         pfs = self.pfs
         vfs = list(self.vfs0)
         free = list(self.free0)
         used = [0] * len(pfs)
         chosen: list[int] = [-1] * len(self.requests)
-        for i, j in zip(self.reserving, assign, strict=True):
+        for i, j in [*zip(self.reserving, assign, strict=True), *fixed.items()]:
             chosen[i] = j
             vfs[j] -= 1
             free[j] -= self.requests[i].min_tx_rate
@@ -717,6 +1021,8 @@ class _Problem:
         # Most restrictive cap first: every later request can use a superset of
         # PFs, so any choice keeps the rest feasible (Hall held during search).
         for i in sorted(self.unreserved, key=lambda i: (-self.rlevel[i], -self.requests[i].max_tx_rate, i)):
+            if i in fixed:
+                continue
             lvl = self.rlevel[i]
             fits = [j for j in range(len(pfs)) if vfs[j] and (not self.known[j] or self.plevel[j] >= lvl)]
             j = min(fits, key=value)
@@ -760,5 +1066,5 @@ def place(
     problem = _Problem(reqs, ordered, preferred_numa, policy)
     slack = problem.hall_slack()
     problem.check_bandwidth()
-    assign, steps = problem.search(slack, max_steps)
-    return Placement(problem.finish(assign), steps)
+    assign, fixed, steps = problem.search(slack, max_steps)
+    return Placement(problem.finish(assign, fixed), steps)
