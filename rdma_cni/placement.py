@@ -495,9 +495,23 @@ def _bin_completion(
         if best is None or len(best) > 1:
             cap = len(best) - 1 if best is not None else huge
             alt = []
-            for c in range(n_classes):
-                if bcnt[c] and cf[c] >= kw[a] and cl[c] >= kl[a] and not completions(c, a, cap, alt):
+            hosts = [c for c in range(n_classes) if bcnt[c] and cf[c] >= kw[a] and cl[c] >= kl[a]]
+            for c in hosts:
+                mine: list[tuple[int, int, tuple[int, ...]]] = []
+                if not completions(c, a, cap - len(alt), mine):
                     break
+                # A filling that also fits an open PF this one dominates (at least
+                # as much bandwidth, VFs and level) goes there instead: swapping the
+                # two PFs' contents keeps any fit a fit.
+                smaller = [
+                    d for d in hosts if d != c and cf[d] <= cf[c] and cv[d] <= cv[c] and cl[d] <= cl[c]
+                ]
+                for filling in mine:
+                    room, _, chosen = filling
+                    size = cf[c] - room
+                    top = max(kl[k] for k in chosen)
+                    if not any(size <= cf[d] and len(chosen) <= cv[d] and top <= cl[d] for d in smaller):
+                        alt.append(filling)
             else:
                 best = alt
         assert best is not None
