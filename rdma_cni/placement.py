@@ -69,8 +69,11 @@ need a search (bin packing with VF counts and per-PF cap limits):
    filling. At each node it branches either on one PF (the fillings of the
    tightest PF class) or on where the largest remaining request goes (every
    PF class and filling containing it), whichever has fewer children, and
-   tries the fullest fillings first. PFs with equal (free bandwidth, VFs,
-   level) are one class, and failed (requests left, PFs left) states are
+   tries the fullest fillings first. When it branches on the largest
+   request, a filling is not tried on a PF if it also fits another open PF
+   that the first dominates (no more bandwidth, VFs or level): swapping the
+   two PFs' contents turns any fit of the first kind into one of the second.
+   PFs with equal (free bandwidth, VFs, level) are one class, and failed (requests left, PFs left) states are
    remembered. Each node checks: VFs and bandwidth per open PF (a PF with
    too few VFs to be filled shares the largest requests with the others like
    it; a small PF's exact best subset sum of requests), the L2 bound over
@@ -94,9 +97,11 @@ clock would not. Easy and clearly infeasible inputs take a few dozen steps,
 including the adversarial ones that defeat plain backtracking (many
 identical PFs, bandwidth that fits in total but not PF by PF). This is not
 a guarantee for every input: in the benchmark's tight stress family (16 PFs
-of mixed speeds with 1-4 VFs each, 32 requests at 94-98 % load), about 2 %
-of the generated inputs need more than the default budget (up to about 1500
-steps, some 40 ms, in what was measured). Then :func:`place` raises
+of mixed speeds with 1-4 VFs each, 32 requests at 94-98 % load), 3 of the
+1,100 generated inputs need more than the default budget (about 630, 1,400
+and 2,200 steps; all three have no fit, and the last takes some 50 ms to
+prove it). A run that spends the whole default budget took 8-10 ms there
+(best of five; single runs on a busy machine can take longer). Then :func:`place` raises
 :class:`NoFit` with reason ``"search_limit"``: nothing was found and nothing
 was proven. That answer is conservative (nothing is over-reserved) and
 distinguishable from a proof; ``max_steps=None`` searches to the end.
