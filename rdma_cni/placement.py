@@ -76,8 +76,11 @@ need a search (bin packing with VF counts and per-PF cap limits):
    PFs with equal (free bandwidth, VFs, level) are one class, and failed (requests left, PFs left) states are
    remembered. Each node checks: VFs and bandwidth per open PF (a PF with
    too few VFs to be filled shares the largest requests with the others like
-   it; a small PF's exact best subset sum of requests), the L2 bound over
-   the open PFs, and Hall's condition on cap levels. Requests without a min
+   it; a small PF's exact best subset sum of requests), a crowding bound
+   (the PFs outside a set hold at most their VFs in requests, so the set
+   gets at least the rest, at least the weight of that many smallest
+   requests), the L2 bound over the open PFs, and Hall's condition on cap
+   levels. Requests without a min
    rate join as size-0 items only when some cap rules PFs out for them.
 4. Both stages are exact, so finishing either one without a fit proves there
    is none; only the step budget can stop them early.
@@ -97,11 +100,11 @@ clock would not. Easy and clearly infeasible inputs take a few dozen steps,
 including the adversarial ones that defeat plain backtracking (many
 identical PFs, bandwidth that fits in total but not PF by PF). This is not
 a guarantee for every input: in the benchmark's tight stress family (16 PFs
-of mixed speeds with 1-4 VFs each, 32 requests at 94-98 % load), 3 of the
-1,100 generated inputs need more than the default budget (about 630, 1,400
-and 2,200 steps; all three have no fit, and the last takes some 50 ms to
-prove it). A run that spends the whole default budget took 8-10 ms there
-(best of five; single runs on a busy machine can take longer). Then :func:`place` raises
+of mixed speeds with 1-4 VFs each, 32 requests at 94-98 % load), 2 of the
+1,100 generated inputs need more than the default budget (about 620 and
+1,400 steps; neither has a fit, and the second takes some 50 ms to prove
+it). A run that spends the whole default budget took 8-9 ms there (best of
+three; single runs on a busy machine can take longer). Then :func:`place` raises
 :class:`NoFit` with reason ``"search_limit"``: nothing was found and nothing
 was proven. That answer is conservative (nothing is over-reserved) and
 distinguishable from a proof; ``max_steps=None`` searches to the end.
@@ -379,6 +382,27 @@ def _bin_completion(
             return rec(0, free - kw[anchor], vfs - 1, huge, ())
         return rec(0, free, vfs, huge, ())
 
+    def crowd_bound_holds(n: int, small: list[int]) -> bool:
+        """Whatever some PFs cannot hold by VF count must fit in the bandwidth of the others.
+
+        Split the open PFs into T and the rest S: T takes at most its VFs in
+        requests, so S gets at least the others, which weigh at least as much
+        as that many smallest requests. The splits tried put into S the PFs
+        with the least bandwidth, or the least bandwidth per VF.
+        """
+        open_bins = [(cf[c], cv[c]) for c in range(n_classes) for _ in range(bcnt[c])]
+        vfs_total = sum(v for _, v in open_bins)
+        for order in (sorted(open_bins), sorted(open_bins, key=lambda b: b[0] / b[1])):
+            free_s = 0
+            vfs_s = 0
+            for f, v in order[:-1]:
+                free_s += f
+                vfs_s += v
+                k = n - vfs_total + vfs_s
+                if k > 0 and small[k if k < n else n] > free_s:
+                    return False
+        return True
+
     def bound_holds() -> bool:
         items: list[int] = []
         for k in range(n_kinds):
@@ -427,6 +451,8 @@ def _bin_completion(
             else:
                 room += free * m
         if slots < n or not open_free or max(open_free) < items[0]:
+            return False
+        if not crowd_bound_holds(n, small):
             return False
         # The count-limited PFs share the large requests: smallest PF first,
         # each takes the largest requests left that fit it, which bounds what
