@@ -103,8 +103,9 @@ a guarantee for every input: in the benchmark's tight stress family (16 PFs
 of mixed speeds with 1-4 VFs each, 32 requests at 94-98 % load), 2 of the
 1,100 generated inputs need more than the default budget (about 620 and
 1,400 steps; neither has a fit, and the second takes some 50 ms to prove
-it). A run that spends the whole default budget took 8-9 ms there (best of
-three; single runs on a busy machine can take longer). Then :func:`place` raises
+it); every other input needs at most 267 steps. A run that spends the whole
+default budget took 6-7 ms there (single runs on a busy virtual machine
+occasionally take several times longer). Then :func:`place` raises
 :class:`NoFit` with reason ``"search_limit"``: nothing was found and nothing
 was proven. That answer is conservative (nothing is over-reserved) and
 distinguishable from a proof; ``max_steps=None`` searches to the end.
@@ -132,7 +133,7 @@ __all__ = [
 Policy = Literal["best_fit", "numa_first"]
 
 # About 10 ms of search on a slow server core. See "Step budget".
-DEFAULT_MAX_STEPS = 400
+DEFAULT_MAX_STEPS = 300
 
 
 def _is_int(value: object) -> bool:

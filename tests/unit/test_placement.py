@@ -595,7 +595,7 @@ def test_formerly_undecided_stress_instances_are_decided_in_a_few_budgets(
     bench_families: dict[str, list], number: int
 ) -> None:
     inst = bench_families["stress: tight 16x32 (extra)"][number]
-    budget = 4 * DEFAULT_MAX_STEPS
+    budget = 2_000  # the two hardest need ~620 and ~1,400 steps; the plugin's own budget is 50,000
     if number not in (47, 97):
         # All but two are decided within the default budget itself.
         assert outcome(inst.requests, inst.pfs) != "search_limit"
