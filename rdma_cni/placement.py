@@ -104,7 +104,7 @@ of mixed speeds with 1-4 VFs each, 32 requests at 94-98 % load), 2 of the
 1,100 generated inputs need more than the default budget (about 620 and
 1,400 steps; neither has a fit, and the second takes some 50 ms to prove
 it); every other input needs at most 267 steps. A run that spends the whole
-default budget took 6-7 ms there (single runs on a busy virtual machine
+default budget took 6-10 ms there (single runs on a busy virtual machine
 occasionally take several times longer). Then :func:`place` raises
 :class:`NoFit` with reason ``"search_limit"``: nothing was found and nothing
 was proven. That answer is conservative (nothing is over-reserved) and
