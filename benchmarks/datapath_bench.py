@@ -26,6 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.support.apiserver import ApiServer
+from tests.support.processes import cache_id
 from tests.support.simnode import SimNode, SimPf, add_netns, del_netns, ip
 
 
@@ -40,9 +41,7 @@ def timed(cmd: list[str], env: dict[str, str], conf: dict[str, object]) -> float
 
 def wait_for_warm_server(binary: str, timeout: float = 60) -> None:
     """Wait until the binary's warm server (default cache directory) listens."""
-    with open(binary, "rb") as f:
-        f.seek(-16, os.SEEK_END)
-        sock = os.path.join("/var/cache/rdma-cni", f.read().decode(), "warm.sock")
+    sock = os.path.join("/var/cache/rdma-cni", cache_id(binary), "warm.sock")
     deadline = time.monotonic() + timeout
     while not os.path.exists(sock):
         if time.monotonic() > deadline:

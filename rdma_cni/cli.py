@@ -21,7 +21,6 @@ from typing import Any, BinaryIO, TextIO
 from rdma_cni import __version__
 from rdma_cni import log as rdma_log
 from rdma_cni.errors import CniError, InternalError
-from rdma_cni.log import setup_stderr
 from rdma_cni.protocol import LATEST_VERSION, check_version, decode_stdin, parse_env, version_document
 
 log = logging.getLogger("rdma_cni")
@@ -102,7 +101,7 @@ def main(
     argv = sys.argv[1:] if argv is None else argv
     environ = os.environ if environ is None else environ
     out = stdout or sys.stdout
-    setup_stderr()
+    rdma_log.setup_stderr()
     if argv:
         return _subcommand(argv, out)
     if stdin is None and sys.stdin is not None:

@@ -480,25 +480,8 @@ def _bin_completion(
                     return False
         # Martello-Toth L2 over the open bins (see dff_bound_holds, lam = 0).
         open_free.sort()
-        above = [0] * (len(open_free) + 1)
-        for t in range(len(open_free) - 1, -1, -1):
-            above[t] = above[t + 1] + open_free[t]
         heaviest = open_free[-1]
-        ks = sorted(set(items))
-        diff = [0] * (len(ks) + 1)
-        for x in items:
-            lightest = open_free[bisect_left(open_free, x)]
-            top = bisect_right(ks, x)
-            cut = min(top, bisect_right(ks, heaviest - x))
-            diff[0] += x
-            diff[cut] += lightest - x
-            diff[top] -= lightest
-        demand = 0
-        for t, k in enumerate(ks):
-            demand += diff[t]
-            if demand > above[bisect_left(open_free, k)]:
-                return False
-        return True
+        return _l2_holds([(x, open_free[bisect_left(open_free, x)], heaviest) for x in items], open_free)
 
     def dfs() -> bool:
         nonlocal steps
@@ -585,6 +568,33 @@ def free_summary(pfs: Sequence[PfState]) -> str:
 def _sort_key(req: Request) -> tuple[int, int]:
     # Largest first: by min rate, then by cap with "no cap" (0) smallest.
     return (-req.min_tx_rate, -req.max_tx_rate)
+
+
+def _l2_holds(pieces: list[tuple[int, int, int]], rooms: list[int]) -> bool:
+    """The threshold test of :meth:`_Problem.dff_bound_holds` for one weighting.
+
+    ``pieces`` are (size, lightest room it fits, heaviest room it fits);
+    ``rooms`` are sorted. False proves the pieces cannot be packed.
+    """
+    above = [0] * (len(rooms) + 1)
+    for t in range(len(rooms) - 1, -1, -1):
+        above[t] = above[t + 1] + rooms[t]
+    ks = sorted({size for size, _, _ in pieces})
+    # Difference array over the thresholds: each piece weighs its size for
+    # small k, its lightest room for middling k, nothing above it.
+    diff = [0] * (len(ks) + 1)
+    for size, lightest, heaviest in pieces:
+        top = bisect_right(ks, size)
+        cut = min(top, bisect_right(ks, heaviest - size))
+        diff[0] += size
+        diff[cut] += lightest - size
+        diff[top] -= lightest
+    demand = 0
+    for t, k in enumerate(ks):
+        demand += diff[t]
+        if demand > above[bisect_left(rooms, k)]:
+            return False
+    return True
 
 
 class _Problem:
@@ -769,27 +779,16 @@ class _Problem:
         sizes = sorted(x for x, _ in fitting)
         for lam in (0, sizes[len(sizes) // 2], max(free0[j] for j in usable) + 1):
             rooms = sorted(free0[j] + lam * vfs0[j] for j in usable)
-            above = [0] * (len(rooms) + 1)
-            for t in range(len(rooms) - 1, -1, -1):
-                above[t] = above[t + 1] + rooms[t]
-            ks = sorted({x + lam for x in sizes})
-            # Difference array over the thresholds: each request weighs its size
-            # for small k, its lightest room for middling k, nothing above it.
-            diff = [0] * (len(ks) + 1)
-            for x, js in fitting:
-                size = x + lam
-                lightest = min(free0[j] + lam * vfs0[j] for j in js)
-                heaviest = max(free0[j] + lam * vfs0[j] for j in js)
-                top = bisect_right(ks, size)
-                cut = min(top, bisect_right(ks, heaviest - size))
-                diff[0] += size
-                diff[cut] += lightest - size
-                diff[top] -= lightest
-            demand = 0
-            for t, k in enumerate(ks):
-                demand += diff[t]
-                if demand > above[bisect_left(rooms, k)]:
-                    return False
+            pieces = [
+                (
+                    x + lam,
+                    min(free0[j] + lam * vfs0[j] for j in js),
+                    max(free0[j] + lam * vfs0[j] for j in js),
+                )
+                for x, js in fitting
+            ]
+            if not _l2_holds(pieces, rooms):
+                return False
         return True
 
     def _arrangement_detail(self, total: int, free_total: int) -> str:

@@ -38,6 +38,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Mapping
 
 SOCKET_NAME = "warm.sock"
 LOCK_NAME = "warm.lock"
@@ -54,10 +55,8 @@ PRELOAD = (
     "rdma_cni.commands.status",
     "rdma_cni.commands.gc",
     "rdma_cni.isolation",
-    "rdma_cni.rdma",
     "rdma_cni.k8s",
     "requests",
-    "urllib3",
     "filelock",
 )
 
@@ -66,7 +65,7 @@ class Refused(Exception):
     """A caller this server must not serve (the launcher then starts cold)."""
 
 
-def idle_seconds(environ: dict[str, str] | os._Environ[str]) -> float:
+def idle_seconds(environ: Mapping[str, str]) -> float:
     """The idle timeout from ``RDMA_CNI_WARM_IDLE``; the default when unset or not a positive number."""
     raw = environ.get("RDMA_CNI_WARM_IDLE", "")
     try:

@@ -19,6 +19,7 @@ from tests.integration.conftest import (
     ns_name,
     plugin_command,
 )
+from tests.support.processes import cache_id, pids_mentioning, wait_gone, warm_servers
 from tests.support.simnode import SimPf, del_netns, ip
 
 THREE = [{"min_tx_rate": 15000, "max_tx_rate": 20000}, {"min_tx_rate": 5000}, {}]
@@ -185,14 +186,17 @@ def _slow_ipam(cluster: Cluster, seconds: int = 30) -> tuple[dict[str, object], 
     return conf, marker
 
 
-def _kill_add_midway(cluster: Cluster, pod: dict[str, str], conf: dict[str, object], marker: str) -> None:
+def _add_until_ipam_runs(
+    cluster: Cluster, pod: dict[str, str], conf: dict[str, object], marker: str, new_session: bool = False
+) -> subprocess.Popen[bytes]:
+    """Start an ADD with the slow IPAM of ``_slow_ipam`` and return once that IPAM has started."""
     proc = subprocess.Popen(
         plugin_command(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=cluster.env("ADD", pod),
-        start_new_session=True,
+        start_new_session=new_session,
     )
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(conf).encode())
@@ -202,12 +206,17 @@ def _kill_add_midway(cluster: Cluster, pod: dict[str, str], conf: dict[str, obje
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         assert time.monotonic() < deadline
         time.sleep(0.02)
+    return proc
+
+
+def _kill_add_midway(cluster: Cluster, pod: dict[str, str], conf: dict[str, object], marker: str) -> None:
+    proc = _add_until_ipam_runs(cluster, pod, conf, marker, new_session=True)
     os.killpg(proc.pid, 9)  # the plugin and its IPAM child, as a node crash would
     proc.wait()
     os.unlink(marker)
     # Started warm, the plugin is the warm server's child, outside this process
     # group: the server must kill its group (IPAM included) when the caller dies.
-    assert _gone(_processes_running(os.path.join(cluster.tmp, "bin", "slow-local")))
+    assert wait_gone(pids_mentioning(os.path.join(cluster.tmp, "bin", "slow-local")))
     # Half-done: the VF sits in the pod, its rate applied, the record says "adding".
     assert set(addresses_in(ns_name(pod))) == {"lo", "net1"}
     rec = f"{pod['CNI_CONTAINERID']}@net1.json"
@@ -215,50 +224,10 @@ def _kill_add_midway(cluster: Cluster, pod: dict[str, str], conf: dict[str, obje
         assert json.load(f)["state"] == "adding"
 
 
-def _processes_running(path: str) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if path.encode() in f.read():
-                    pids.append(int(entry))
-        except (OSError, ValueError):
-            continue
-    return pids
-
-
-def _gone(pids: list[int], timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and not _zombie(p)]
-        if not alive:
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1].startswith("Z")
-    except OSError:
-        return True
-
-
-def _warm_servers() -> list[int]:
+def _warm_server() -> list[int]:
     """The warm server of the binary under test (default cache), once it listens."""
-    binary = os.environ["RDMA_CNI_BINARY"]
-    with open(binary, "rb") as f:
-        f.seek(-16, os.SEEK_END)
-        tree = os.path.join("/var/cache/rdma-cni", f.read().decode())
-    if not os.path.exists(os.path.join(tree, "warm.sock")):
-        return []
-    program = os.path.join(tree, "rdma-cni").encode()
-    return [
-        pid
-        for pid in _processes_running("warm-server")
-        if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:2] == [program, b"warm-server"]
-    ]
+    tree = os.path.join("/var/cache/rdma-cni", cache_id(os.environ["RDMA_CNI_BINARY"]))
+    return warm_servers(tree) if os.path.exists(os.path.join(tree, "warm.sock")) else []
 
 
 @pytest.mark.skipif(
@@ -267,26 +236,13 @@ def _warm_servers() -> list[int]:
 def test_warm_server_killed_mid_add_fails_the_add_and_del_cleans_up(cluster: Cluster) -> None:
     assert cluster.run("STATUS", {}, cluster.conf()).ok  # makes sure a warm server is up
     deadline = time.monotonic() + 30
-    while not _warm_servers():
+    while not _warm_server():
         assert time.monotonic() < deadline
         time.sleep(0.05)
     conf, marker = _slow_ipam(cluster, seconds=2)
     pod = cluster.pod([{"max_tx_rate": 1000}])
-    proc = subprocess.Popen(
-        plugin_command(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=cluster.env("ADD", pod),
-    )
-    assert proc.stdin is not None
-    proc.stdin.write(json.dumps(conf).encode())
-    proc.stdin.close()
-    deadline = time.monotonic() + 30
-    while not os.path.exists(marker):
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    for pid in _warm_servers():
+    proc = _add_until_ipam_runs(cluster, pod, conf, marker)
+    for pid in _warm_server():
         os.kill(pid, 9)
     assert proc.stderr is not None
     proc.wait(timeout=60)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import cache_id
+
 BINARY = os.environ.get("RDMA_CNI_BINARY")
 pytestmark = pytest.mark.skipif(not BINARY, reason="RDMA_CNI_BINARY is not set (make test sets it)")
 
@@ -26,14 +28,6 @@ def version(binary: str, cache: Path, **extra: str) -> subprocess.CompletedProce
     return subprocess.run(
         [binary], input='{"cniVersion": "1.0.0"}', env=env, capture_output=True, text=True, check=False
     )
-
-
-def cache_id(binary: str) -> str:
-    with open(binary, "rb") as f:
-        f.seek(-40, os.SEEK_END)
-        trailer = f.read()
-    assert trailer[:8] == b"RDMACNI\x01"
-    return trailer[24:].decode()
 
 
 def test_first_start_unpacks_later_starts_reuse(tmp_path: Path) -> None:

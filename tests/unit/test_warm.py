@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pytest
 
 from rdma_cni import warm
 from rdma_cni.cli import main
+from tests.support.processes import cache_id, children_of, wait_gone, warm_servers
 
 BINARY = os.environ.get("RDMA_CNI_BINARY")
 needs_binary = pytest.mark.skipif(not BINARY, reason="RDMA_CNI_BINARY is not set (make test sets it)")
@@ -80,49 +82,19 @@ class Node:
 
     @property
     def tree(self) -> Path:
-        trees = [p for p in self.cache.iterdir() if not p.name.startswith(".")]
-        assert len(trees) == 1
-        return trees[0]
+        assert BINARY
+        return self.cache / cache_id(BINARY)
 
     def server_pid(self, timeout: float = 30) -> int:
         """Wait for the warm server to listen; its pid."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.cache.exists() and (self.tree / warm.SOCKET_NAME).exists():
-                pids = server_pids(self.tree)
+                pids = warm_servers(str(self.tree))
                 if pids:
                     return pids[0]
             time.sleep(0.05)
         raise AssertionError("no warm server came up")
-
-
-def server_pids(tree: Path) -> list[int]:
-    program = str(tree / "rdma-cni")
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv[:2] == [program.encode(), b"warm-server"]:
-            pids.append(int(entry))
-    return pids
-
-
-def wait_gone(pid: int, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(") ", 1)[1].startswith("Z"):
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture
@@ -131,7 +103,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
     yield n
     if n.cache.exists():
         for p in n.cache.iterdir():
-            for pid in server_pids(p):
+            for pid in warm_servers(str(p)):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -168,7 +140,7 @@ def test_rdma_cni_warm_off_never_starts_a_server(node: Node, value: str) -> None
         assert node.run(RDMA_CNI_WARM=value).returncode == 0
     time.sleep(0.5)
     assert not (node.tree / warm.SOCKET_NAME).exists()
-    assert server_pids(node.tree) == []
+    assert warm_servers(str(node.tree)) == []
     assert node.starts() == ["cold"] * 3
 
 
@@ -214,7 +186,7 @@ def test_dead_server_leaves_a_stale_socket_that_the_next_server_replaces(node: N
     while (node.tree / warm.SOCKET_NAME).stat().st_ino == stale:
         assert time.monotonic() < deadline, "no new server"
         time.sleep(0.05)
-    assert server_pids(node.tree) not in ([], [pid])
+    assert warm_servers(str(node.tree)) not in ([], [pid])
     assert node.run().returncode == 0
     assert node.starts() == ["cold", "cold", "warm"]
 
@@ -235,7 +207,7 @@ def test_second_server_for_the_same_tree_exits_at_once(node: Node) -> None:
         [str(node.tree / "rdma-cni"), "warm-server"], capture_output=True, timeout=30, check=False
     )
     assert again.returncode == 0
-    assert server_pids(node.tree) == [pid]
+    assert warm_servers(str(node.tree)) == [pid]
 
 
 @needs_binary
@@ -264,7 +236,7 @@ def test_caller_of_another_uid_is_refused(node: Node) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "b''"  # closed without 'R'
-    for pid in server_pids(node.tree):
+    for pid in warm_servers(str(node.tree)):
         os.kill(pid, signal.SIGKILL)
     shutil.rmtree(open_dir)
 
@@ -294,20 +266,6 @@ def test_warm_server_refuses_arguments_and_the_unbuilt_package(capsys: pytest.Ca
 )
 def test_idle_seconds(raw: str, expected: float) -> None:
     assert warm.idle_seconds({"RDMA_CNI_WARM_IDLE": raw}) == expected
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(") ", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry))
-    return out
 
 
 @needs_binary
@@ -422,3 +380,38 @@ def test_sigterm_stops_the_server_and_removes_its_socket(node: Node) -> None:
     os.kill(pid, signal.SIGTERM)
     assert wait_gone(pid)
     assert not (node.tree / warm.SOCKET_NAME).exists()
+
+
+PRELOAD_CHECK = """
+import json, os, sys
+from rdma_cni import warm
+from rdma_cni.cli import run_cni
+heavy = ("pydantic", "requests", "filelock", "pyroute2.netlink.rtnl.ifinfmsg", "rdma_cni.commands.add")
+assert not any(name in sys.modules for name in heavy)
+warm.preload()
+before = set(sys.modules)
+tmp = sys.argv[1]
+conf = {"cniVersion": "1.1.0", "name": "n", "type": "rdma-cni", "stateDir": tmp + "/state",
+        "lockFile": tmp + "/lock", "cni.dev/valid-attachments": []}
+code, _ = run_cni({"CNI_COMMAND": "GC", "CNI_PATH": "/usr/lib/cni"}, json.dumps(conf).encode())
+print(json.dumps({"code": code, "heavy": [n for n in heavy if n in before],
+                  "new": sorted(set(sys.modules) - before)}))
+"""
+
+
+def test_preload_imports_what_a_verb_would_import(tmp_path: Path) -> None:
+    (tmp_path / "sys").mkdir()
+    env = {**os.environ, "RDMA_CNI_SYSFS_ROOT": str(tmp_path / "sys")}
+    out = subprocess.run(
+        [sys.executable, "-c", PRELOAD_CHECK, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["code"] == 0
+    assert len(seen["heavy"]) == 5
+    # The verb itself (config, lock, netlink, records) imports nothing more.
+    assert seen["new"] == [], seen["new"]
