@@ -73,15 +73,21 @@ need a search (bin packing with VF counts and per-PF cap limits):
    request, a filling is not tried on a PF if it also fits another open PF
    that the first dominates (no more bandwidth, VFs or level): swapping the
    two PFs' contents turns any fit of the first kind into one of the second.
-   PFs with equal (free bandwidth, VFs, level) are one class, and failed (requests left, PFs left) states are
-   remembered. Each node checks: VFs and bandwidth per open PF (a PF with
-   too few VFs to be filled shares the largest requests with the others like
-   it; a small PF's exact best subset sum of requests), a crowding bound
-   (the PFs outside a set hold at most their VFs in requests, so the set
-   gets at least the rest, at least the weight of that many smallest
-   requests), the L2 bound over the open PFs, and Hall's condition on cap
-   levels. Requests without a min
-   rate join as size-0 items only when some cap rules PFs out for them.
+   PFs with equal (free bandwidth, VFs, level) are one class, and failed
+   (requests left, PFs left) states are remembered. Each node checks: VFs
+   and bandwidth per open PF (a PF with too few VFs to be filled shares the
+   largest requests with the others like it); waste (a PF can hold at most
+   its best sum of at most its VFs' worth of remaining requests, found by a
+   small branch and bound, reused from the parent while its requests are
+   still left, and computed only as far as the decision needs); a crowding
+   bound (the PFs outside a set hold at most their VFs in requests, so the
+   set gets at least the rest, at least the weight of that many smallest
+   requests); the L2 bound over the open PFs; and Hall's condition on cap
+   levels. What the bounds leave over, the slack, also limits the fillings
+   tried next: in a fit a PF wastes at most its own waste bound plus the
+   slack, so fillings that leave more room are not children at all. Requests
+   without a min rate join as size-0 items only when some cap rules PFs out
+   for them.
 4. Both stages are exact, so finishing either one without a fit proves there
    is none; only the step budget can stop them early.
 5. Requests without a min rate need only a VF on a PF whose capacity reaches
@@ -91,24 +97,28 @@ need a search (bin packing with VF counts and per-PF cap limits):
 
 Step budget
 -----------
-Bin packing is NP-hard, so the search has a budget of ``max_steps`` steps
-(default :data:`DEFAULT_MAX_STEPS`). A step is one node of either search;
-the bin completion search also charges one step per 16 partial fillings it
-enumerates, so that steps track time: on a slow 2-core test machine the
-default budget is about 10 ms. A count keeps the answer deterministic, a
-clock would not. Easy and clearly infeasible inputs take a few dozen steps,
-including the adversarial ones that defeat plain backtracking (many
-identical PFs, bandwidth that fits in total but not PF by PF). This is not
-a guarantee for every input: in the benchmark's tight stress family (16 PFs
-of mixed speeds with 1-4 VFs each, 32 requests at 94-98 % load), 2 of the
-1,100 generated inputs need more than the default budget (about 620 and
-1,400 steps; neither has a fit, and the second takes some 50 ms to prove
-it); every other input needs at most 267 steps. A run that spends the whole
-default budget took 6-10 ms there (single runs on a busy virtual machine
-occasionally take several times longer). Then :func:`place` raises
-:class:`NoFit` with reason ``"search_limit"``: nothing was found and nothing
-was proven. That answer is conservative (nothing is over-reserved) and
-distinguishable from a proof; ``max_steps=None`` searches to the end.
+Bin packing is NP-hard: no exact method is known that stays within a fixed
+time on every input. So the search has a budget of ``max_steps`` steps
+(default :data:`DEFAULT_MAX_STEPS`), and a step is weighted to cost about
+the same time wherever it is spent (a node of the item-by-item search is
+one step; see ``_NODE_STEPS`` for the bin completion search). A count keeps
+the answer deterministic, a clock would not. A run that spends the whole
+default budget took 8-9 ms on a slow 2-core virtual machine (single runs
+there occasionally take longer).
+
+Easy and clearly infeasible inputs take a few dozen steps, including the
+adversarial ones that defeat plain backtracking (many identical PFs,
+bandwidth that fits in total but not PF by PF). Every input of the
+benchmark's families is decided within the default budget but for the
+tightest generated bin packing: 16 PFs of mixed speeds with 1-4 VFs each
+and 32 requests at 94-98 % load. Of 6,100 such inputs, 11 need more (1,030
+to 16,590 steps; six of them fit), and so do 1 of 3,300 inputs whose VFs
+and bandwidth are both nearly used up. Then :func:`place` raises
+:class:`NoFit` with reason ``"search_limit"``: nothing was found and
+nothing was proven. That answer is conservative (nothing is over-reserved)
+and distinguishable from a proof; ``max_steps=None`` searches to the end,
+and the CNI plugin, which decides for one node under its lock, gives the
+search 50 times the default.
 """
 
 from __future__ import annotations
@@ -133,7 +143,7 @@ __all__ = [
 Policy = Literal["best_fit", "numa_first"]
 
 # About 10 ms of search on a slow server core. See "Step budget".
-DEFAULT_MAX_STEPS = 300
+DEFAULT_MAX_STEPS = 1000
 
 
 def _is_int(value: object) -> bool:
@@ -257,15 +267,91 @@ _UNLIMITED = 1 << 62
 # Steps the item-by-item search gets before the bin completion search takes
 # over; enough for best fit and short repairs of it.
 _FIRST_SHARE = 64
-# The bin completion search charges one step per node and one per this many
-# partial sets it enumerates, so that steps track time.
+# The bin completion search charges _NODE_STEPS per node, one step per
+# enumeration it starts (of a PF's fillings or of its best sum) and one per
+# _SETS_PER_STEP sets it enumerates. The weights come from timing the
+# benchmark's hardest inputs, so that a step costs about the same wherever
+# it is spent.
 _SETS_PER_STEP = 16
+_NODE_STEPS = 4
 # At each node, a bin's completions are enumerated only while they are fewer
 # than this (or than the best branching found so far).
 _FIRST_CAP = 4
-# PFs with at most this much free bandwidth get an exact subset-sum check in
-# the bound; bigger ones would cost more than it saves.
-_SUBSET_SUM_LIMIT = 10_000
+
+
+def _sorted_arrays(sizes: list[int], kinds: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """For items sorted largest first: negated sizes (to bisect), prefix sums, next item of another kind.
+
+    Items of one kind are interchangeable, so a search tries only the first
+    of a run at each position.
+    """
+    negated = [-x for x in sizes]
+    prefix = [0]
+    for x in sizes:
+        prefix.append(prefix[-1] + x)
+    n = len(sizes)
+    following = [n] * n
+    for i in range(n - 2, -1, -1):
+        following[i] = i + 1 if kinds[i + 1] != kinds[i] else following[i + 1]
+    return negated, prefix, following
+
+
+def _best_subset_sum(
+    sizes: list[int],
+    kinds: list[int],
+    arrays: tuple[list[int], list[int], list[int]],
+    start: int,
+    free: int,
+    slots: int,
+    enough: int,
+) -> tuple[int, tuple[int, ...], int]:
+    """The largest sum of at most ``slots`` of ``sizes[start:]`` that stays within ``free``.
+
+    ``sizes`` are sorted largest first, ``kinds[i]`` names ``sizes[i]`` and
+    ``arrays`` is ``_sorted_arrays(sizes, kinds)``; items of one kind are
+    tried once per position. Branch and bound: a branch ends when even its largest fitting
+    sizes cannot beat the best sum so far, or when they fit together (then
+    they are its best). Returns (sum, kinds of the sizes making it, nodes
+    visited); the search stops at the first sum of at least ``enough``, so
+    the sum is the maximum only when it is below ``enough``.
+    """
+    negated, prefix, following = arrays
+    n = len(sizes)
+    best = -1
+    witness: tuple[int, ...] = ()
+    chosen: list[int] = []
+    nodes = 0
+
+    def rec(pos: int, room: int, left: int) -> bool:
+        nonlocal best, witness, nodes
+        nodes += 1
+        got = free - room
+        q = bisect_left(negated, -room, pos)
+        end = q + left if q + left < n else n
+        top = prefix[end] - prefix[q]
+        if top <= room:
+            if got + top > best:
+                best = got + top
+                witness = (*chosen, *kinds[q:end])
+                return best >= enough
+            return False
+        if got > best:
+            best = got
+            witness = tuple(chosen)
+        while q < n:
+            end = q + left if q + left < n else n
+            top = prefix[end] - prefix[q]
+            if got + (top if top < room else room) <= best:
+                return False
+            chosen.append(kinds[q])
+            if rec(q + 1, room - sizes[q], left - 1):
+                return True
+            chosen.pop()
+            q = following[q]
+        return False
+
+    rec(start, free, slots)
+    return best, witness, nodes
 
 
 def _bin_completion(
@@ -313,18 +399,18 @@ def _bin_completion(
         A filling is kept only if no remaining item fits beside it and no
         remaining item is at least as large (and as demanding in level) as one
         of its items and fits in its place: any fit can be changed into one
-        that uses a kept filling for this bin. With ``anchor`` >= 0 (the
-        largest remaining kind) the filling must contain it.
+        that uses a kept filling for this bin. A filling that leaves more
+        room than ``allow[c]`` cannot be part of any fit and is not kept
+        either. With ``anchor`` >= 0 (the largest remaining kind) the filling
+        must contain it.
         """
         nonlocal enumerated
-        free, vfs, lvl = cf[c], cv[c], cl[c]
-        el = [k for k in range(n_kinds) if cnt[k] and kl[k] <= lvl and kw[k] <= free]
-        ew = [kw[k] for k in el]
-        negw = [-w for w in ew]
-        elv = [kl[k] for k in el]
-        avail = [cnt[k] for k in el]
-        n_el = len(el)
+        free, vfs = cf[c], cv[c]
+        fw, flat, (neg, pre, following), start = fitting(c)
+        nf = len(flat)
+        taken = [False] * nf
         chosen: list[int] = []
+        enumerated += _SETS_PER_STEP
         limit = enumerated + _SETS_PER_STEP * 2 * (cap + 1) if cap < huge else huge
 
         def rec(pos: int, room: int, slots: int, ub: int, skipped: tuple[tuple[int, int], ...]) -> bool:
@@ -333,20 +419,21 @@ def _bin_completion(
             if enumerated > limit:
                 return False
             if room < ub:
-                t = n_el - 1
-                while t >= 0 and not avail[t]:
+                # The smallest item left; those before ``start`` never fit this class.
+                t = nf - 1
+                while t >= 0 and taken[t]:
                     t -= 1
-                if slots == 0 or t < 0 or ew[t] > room:
+                if slots == 0 or t < start or fw[t] > room:
                     out.append((room, c, tuple(chosen)))
                     if len(out) > cap:
                         return False
             if not slots:
                 return True
             smallest_skipped = huge
-            for idx in range(bisect_left(negw, -room, pos), n_el):
-                if not avail[idx]:
-                    continue
-                w = ew[idx]
+            q = bisect_left(neg, -room, pos)
+            while q < nf:
+                k = flat[q]
+                w = fw[q]
                 # Final room must stay below (skipped - taken) for every skipped
                 # kind that could replace this one.
                 bound = ub
@@ -354,34 +441,36 @@ def _bin_completion(
                     if smallest_skipped - w < bound:
                         bound = smallest_skipped - w
                 else:
-                    lv = elv[idx]
+                    lv = kl[k]
                     for sw, sl in skipped:
                         if sl >= lv and sw - w < bound:
                             bound = sw - w
                 left = room - w
-                if left - (slots - 1) * w >= bound:
-                    # Even copies of this size in every slot leave too much room.
+                # The largest items after this one, one per slot left, still leave too much room.
+                end = q + slots
+                if left - (pre[end if end < nf else nf] - pre[q + 1]) >= bound:
                     if uniform:
                         break
                 else:
-                    avail[idx] -= 1
-                    chosen.append(el[idx])
-                    ok = rec(idx, left, slots - 1, bound, skipped)
+                    taken[q] = True
+                    chosen.append(k)
+                    ok = rec(q + 1, left, slots - 1, bound, skipped)
                     chosen.pop()
-                    avail[idx] += 1
+                    taken[q] = False
                     if not ok:
                         return False
                 if uniform:
                     smallest_skipped = w
                 else:
-                    skipped = (*skipped, (w, elv[idx]))
+                    skipped = (*skipped, (w, kl[k]))
+                q = following[q]
             return True
 
         if anchor >= 0:
-            avail[0] -= 1  # the anchor is the largest remaining kind, so el[0]
+            taken[start] = True  # the anchor is the largest remaining kind, so flat[start]
             chosen.append(anchor)
-            return rec(0, free - kw[anchor], vfs - 1, huge, ())
-        return rec(0, free, vfs, huge, ())
+            return rec(start + 1, free - kw[anchor], vfs - 1, allow[c], ())
+        return rec(start, free, vfs, allow[c], ())
 
     def crowd_bound_holds(n: int, small: list[int]) -> bool:
         """Whatever some PFs cannot hold by VF count must fit in the bandwidth of the others.
@@ -404,24 +493,135 @@ def _bin_completion(
                     return False
         return True
 
+    # Per depth of the search: for PF classes whose requests overflow them,
+    # the best sum of requests one of them can take and the request kinds that
+    # make it. A child reuses its parent's while those requests are still left.
+    best_fills: list[dict[int, tuple[int, tuple[int, ...]]]] = []
+    # The most bandwidth a filling of each PF class may leave unused at the
+    # current node (set by bound_holds); fillings wasting more cannot be part of a fit.
+    allow = [huge] * n_classes
+    # The remaining items at the current node, largest first: (sizes, kinds, their _sorted_arrays).
+    node_items: tuple[list[int], list[int], tuple[list[int], list[int], list[int]]] = ([], [], ([], [], []))
+
+    def fitting(c: int) -> tuple[list[int], list[int], tuple[list[int], list[int], list[int]], int]:
+        """The remaining items class c can take, largest first, as (sizes, kinds, arrays, first index)."""
+        if uniform:
+            # All items share one cap level: a class takes every item that fits,
+            # or none when its level is below theirs. Share this node's lists.
+            sizes, kinds_, arrays = node_items
+            if n_kinds and cl[c] < kl[0]:
+                return sizes, kinds_, arrays, len(sizes)
+            return sizes, kinds_, arrays, bisect_left(arrays[0], -cf[c])
+        lvl, free = cl[c], cf[c]
+        kinds_ = [
+            k for k in range(n_kinds) if cnt[k] and kl[k] <= lvl and kw[k] <= free for _ in range(cnt[k])
+        ]
+        sizes = [kw[k] for k in kinds_]
+        return sizes, kinds_, _sorted_arrays(sizes, kinds_), 0
+
+    def best_fill(c: int, slots: int, enough: int) -> tuple[int, tuple[int, ...], int]:
+        sizes, kinds_, arrays, start = fitting(c)
+        return _best_subset_sum(sizes, kinds_, arrays, start, cf[c], slots, enough)
+
+    def waste_at_least(
+        margin: int,
+        overfull: list[tuple[int, int, int]],
+        mine: dict[int, tuple[int, tuple[int, ...]]],
+        parent: dict[int, tuple[int, tuple[int, ...]]],
+        waste: dict[int, int],
+    ) -> int | None:
+        """Bound the bandwidth the overflowing PFs must leave unused; None when it exceeds ``margin``.
+
+        Each of them holds at most its best sum of remaining requests, so it
+        wastes at least the rest. Sums are computed only as far as the
+        decision needs: a parent's sum still reachable is reused, a greedy
+        filling bounds the waste from above, and the exact search runs,
+        largest possible gain first, until the total settles either way.
+        Fills ``waste`` with each class's lower bound; returns their total.
+        """
+        nonlocal enumerated
+        sure = 0
+        maybe = 0
+        todo = []
+        for c, slots, m in overfull:
+            free = cf[c]
+            lo = 0
+            known = parent.get(c)
+            if known is not None:
+                best, made_of = known
+                if len(made_of) <= slots and all(cnt[k] >= made_of.count(k) for k in set(made_of)):
+                    mine[c] = known
+                    waste[c] = free - best
+                    sure += (free - best) * m
+                    continue
+                # Fewer requests now, so the best sum cannot have grown.
+                lo = free - best
+            room = free
+            left = slots
+            took: list[int] = []
+            for k in range(bisect_left(neg_kw, -free), n_kinds):
+                if not left:
+                    break
+                w = kw[k]
+                if cnt[k] and w <= room and kl[k] <= cl[c]:
+                    # Size-0 requests (caps only) take slots but no bandwidth.
+                    t = min(cnt[k], left, room // w) if w else min(cnt[k], left)
+                    room -= t * w
+                    left -= t
+                    took.extend([k] * t)
+            waste[c] = lo
+            sure += lo * m
+            if room == lo:
+                mine[c] = (free - room, tuple(took))
+                continue
+            maybe += (room - lo) * m
+            todo.append(((room - lo) * m, c, slots, m, lo, room))
+        if sure > margin:
+            return None
+        todo.sort(reverse=True)
+        for gap, c, slots, m, lo, hi in todo:
+            if sure + maybe <= margin:
+                break
+            free = cf[c]
+            # Past this sum the waste left cannot exceed the margin: stop there.
+            enough = free - hi + (sure + maybe - margin + m - 1) // m
+            best, made_of, nodes = best_fill(c, slots, min(enough, free - lo))
+            enumerated += nodes + _SETS_PER_STEP
+            if best >= enough and best < free - lo:
+                break
+            mine[c] = (best, made_of)
+            waste[c] = free - best
+            sure += (free - best - lo) * m
+            maybe -= gap
+            if sure > margin:
+                return None
+        return sure
+
     def bound_holds() -> bool:
-        items: list[int] = []
-        for k in range(n_kinds):
-            if cnt[k]:
-                items.extend([kw[k]] * cnt[k])
+        nonlocal node_items
+        item_kinds = [k for k in range(n_kinds) if cnt[k] for _ in range(cnt[k])]
+        items = [kw[k] for k in item_kinds]
         n = len(items)
         total = sum(items)
         small = [0]
         for x in reversed(items):
             small.append(small[-1] + x)
-        negated = [-x for x in items]
-        prefix = [0]
-        for x in items:
-            prefix.append(prefix[-1] + x)
+        arrays = _sorted_arrays(items, item_kinds)
+        negated, prefix, _ = arrays
+        node_items = (items, item_kinds, arrays)
+        depth = len(path)
+        parent = best_fills[depth - 1] if depth else {}
+        mine: dict[int, tuple[int, tuple[int, ...]]] = {}
+        if len(best_fills) > depth:
+            best_fills[depth] = mine
+        else:
+            best_fills.append(mine)
         room = 0
         slots = 0
         open_free = []
         limited: list[tuple[int, int, int]] = []
+        overfull: list[tuple[int, int, int]] = []
+        full: list[int] = []
         for c in range(n_classes):
             m = bcnt[c]
             if not m:
@@ -434,23 +634,17 @@ def _bin_completion(
             s = bisect_left(negated, -free)
             top = prefix[min(n, s + k)] - prefix[s]
             slots += k * m
-            if top > free and free <= _SUBSET_SUM_LIMIT:
-                # Small PF: the best sum of at most k requests that fits may
-                # fall short of it; sums[c] has bit t set when c requests make t.
-                sums = [1] + [0] * k
-                mask = (2 << free) - 1
-                for x in items[bisect_left(negated, -free) :]:
-                    for c_ in range(k, 0, -1):
-                        sums[c_] |= (sums[c_ - 1] << x) & mask
-                best = max(b.bit_length() for b in sums) - 1
-                if best < free:
-                    room += best * m
-                    continue
+            if top > free:
+                overfull.append((c, k, m))
+                full.append(c)
+                room += free * m
+                continue
             if top < free:
                 # Too few VFs to fill this PF: count-limited.
                 limited.append((free, k, m))
             else:
                 room += free * m
+                full.append(c)
         if slots < n or not open_free or max(open_free) < items[0]:
             return False
         if not crowd_bound_holds(n, small):
@@ -471,6 +665,10 @@ def _bin_completion(
                         break
         if room < total:
             return False
+        waste: dict[int, int] = {}
+        wasted = waste_at_least(room - total, overfull, mine, parent, waste) if overfull else 0
+        if wasted is None:
+            return False
         if not uniform:
             # Hall's condition on levels: nested sets of bins.
             for lvl in sorted(set(kl)):
@@ -481,7 +679,17 @@ def _bin_completion(
         # Martello-Toth L2 over the open bins (see dff_bound_holds, lam = 0).
         open_free.sort()
         heaviest = open_free[-1]
-        return _l2_holds([(x, open_free[bisect_left(open_free, x)], heaviest) for x in items], open_free)
+        if not _l2_holds([(x, open_free[bisect_left(open_free, x)], heaviest) for x in items], open_free):
+            return False
+        # In a fit, the PFs that are not count-limited hold at most their free
+        # bandwidth less their waste bound, so one of them can waste at most
+        # the slack on top of its own bound (count-limited PFs get no limit).
+        slack = room - total - wasted
+        for c in range(n_classes):
+            allow[c] = huge
+        for c in full:
+            allow[c] = slack + waste.get(c, 0) + 1
+        return True
 
     def dfs() -> bool:
         nonlocal steps
@@ -493,7 +701,7 @@ def _bin_completion(
             return False
         if steps + enumerated // _SETS_PER_STEP >= budget:
             raise _OutOfSteps(budget)
-        steps += 1
+        steps += _NODE_STEPS
         if not bound_holds():
             failed.add(key)
             return False

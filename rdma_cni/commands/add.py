@@ -37,10 +37,10 @@ from rdma_cni.vfcontrol import VfControl, describe, vf_control
 
 log = logging.getLogger("rdma_cni.add")
 
-# The placement search budget. The scheduler extender keeps the module's small
-# default (it decides for many nodes per pod); here, under the node lock, a
-# pod refused although it fits costs more than a second of search, so the
-# budget is ~100x larger (about a second on pathological bin-packing inputs).
+# The placement search budget. The scheduler extender keeps the module's
+# default (about 10 ms; it decides for many nodes per pod); here, under the
+# node lock, a pod refused although it fits costs more than a moment of
+# search, so the budget is 50x larger (under half a second at most).
 PLACEMENT_STEPS = 50_000
 
 # What a VF's PF-side settings are taken to be when the driver does not report them.
