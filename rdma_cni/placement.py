@@ -309,9 +309,9 @@ def _best_subset_sum(
 
     ``sizes`` are sorted largest first, ``kinds[i]`` names ``sizes[i]`` and
     ``arrays`` is ``_sorted_arrays(sizes, kinds)``; items of one kind are
-    tried once per position. Branch and bound: a branch ends when even its largest fitting
-    sizes cannot beat the best sum so far, or when they fit together (then
-    they are its best). Returns (sum, kinds of the sizes making it, nodes
+    tried once per position. Branch and bound: a branch ends when even its
+    largest fitting sizes cannot beat the best sum so far, or when they fit
+    together (then they are its best). Returns (sum, kinds of the sizes making it, nodes
     visited); the search stops at the first sum of at least ``enough``, so
     the sum is the maximum only when it is below ``enough``.
     """
@@ -634,17 +634,15 @@ def _bin_completion(
             s = bisect_left(negated, -free)
             top = prefix[min(n, s + k)] - prefix[s]
             slots += k * m
-            if top > free:
-                overfull.append((c, k, m))
-                full.append(c)
-                room += free * m
-                continue
             if top < free:
                 # Too few VFs to fill this PF: count-limited.
                 limited.append((free, k, m))
             else:
                 room += free * m
                 full.append(c)
+                if top > free:
+                    # Its requests overflow it: it may waste some bandwidth.
+                    overfull.append((c, k, m))
         if slots < n or not open_free or max(open_free) < items[0]:
             return False
         if not crowd_bound_holds(n, small):

@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +23,12 @@ def _stop_warm_servers_started_by_the_tests() -> Iterator[None]:
     for pid in set(warm_servers()) - before:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
+
+
+@pytest.fixture
+def no_real_sysfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Point the plugin at an empty sysfs tree, without the fake VF control, so a test never reads /sys."""
+    empty = tmp_path / "empty-sys"
+    empty.mkdir()
+    monkeypatch.setenv("RDMA_CNI_SYSFS_ROOT", str(empty))
+    monkeypatch.delenv("RDMA_CNI_FAKE_VF_CONTROL", raising=False)

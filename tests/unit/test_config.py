@@ -33,13 +33,8 @@ from rdma_cni.protocol import SUPPORTED_VERSIONS, valid_ifname
 SOURCE = "pod team-a/trainer-0 annotation rdma_interfaces_required"
 
 
-@pytest.fixture(autouse=True)
-def _no_real_sysfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Nothing here should read sysfs; if something does, it sees an empty tree."""
-    empty = tmp_path / "empty-sys"
-    empty.mkdir()
-    monkeypatch.setenv("RDMA_CNI_SYSFS_ROOT", str(empty))
-    monkeypatch.delenv("RDMA_CNI_FAKE_VF_CONTROL", raising=False)
+# Nothing here should read sysfs; if something does, it sees an empty tree.
+pytestmark = pytest.mark.usefixtures("no_real_sysfs")
 
 
 def conf(**extra: Any) -> dict[str, Any]:

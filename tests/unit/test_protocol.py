@@ -164,13 +164,8 @@ class Node:
 _MISSING = object()
 
 
-@pytest.fixture(autouse=True)
-def _no_real_sysfs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Even tests without the node fixture never read the real /sys."""
-    empty = tmp_path / "empty-sys"
-    empty.mkdir()
-    monkeypatch.setenv("RDMA_CNI_SYSFS_ROOT", str(empty))
-    monkeypatch.delenv("RDMA_CNI_FAKE_VF_CONTROL", raising=False)
+# Even tests without the node fixture never read the real /sys.
+pytestmark = pytest.mark.usefixtures("no_real_sysfs")
 
 
 @pytest.fixture
@@ -1031,6 +1026,20 @@ _IMPORT_PROBE = textwrap.dedent(
 )
 
 
+def _probe_imports(node: Node, environ: dict[str, str], stdin: str) -> dict:
+    """Run one verb in a fresh interpreter; its exit code, document and every module it imported."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE, json.dumps(environ), stdin],
+        capture_output=True,
+        text=True,
+        env=_process_env(node),
+        cwd=ROOT,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(proc.stdout)
+
+
 @pytest.mark.parametrize(
     ("environ", "stdin", "code"),
     [
@@ -1045,16 +1054,7 @@ _IMPORT_PROBE = textwrap.dedent(
     ids=["version", "version-empty", "no-command", "unknown-verb", "missing-vars", "not-json", "bad-version"],
 )
 def test_cheap_paths_import_nothing_heavy(node: Node, environ: dict[str, str], stdin: str, code: int) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", _IMPORT_PROBE, json.dumps(environ), stdin],
-        capture_output=True,
-        text=True,
-        env=_process_env(node),
-        cwd=ROOT,
-        timeout=60,
-        check=True,
-    )
-    out = json.loads(proc.stdout)
+    out = _probe_imports(node, environ, stdin)
     if code:
         assert out["code"] != 0 and out["doc"]["code"] == code, out["doc"]
     else:
@@ -1092,15 +1092,6 @@ def test_entry_point_imports_nothing_heavy(node: Node, cni: dict[str, str], stdi
 def test_heavy_modules_are_really_used_by_config_verbs(node: Node) -> None:
     """Guard against a vacuous hygiene test: DEL does import pydantic and filelock."""
     environ = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "net1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _IMPORT_PROBE, json.dumps(environ), json.dumps(node.conf())],
-        capture_output=True,
-        text=True,
-        env=_process_env(node),
-        cwd=ROOT,
-        timeout=60,
-        check=True,
-    )
-    out = json.loads(proc.stdout)
+    out = _probe_imports(node, environ, json.dumps(node.conf()))
     assert out["code"] == 0, out["doc"]
     assert {"pydantic", "filelock"} <= set(out["modules"])
