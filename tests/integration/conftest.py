@@ -180,8 +180,10 @@ def cluster(
 ) -> Iterator[Cluster]:
     """A fresh simulated node (default: 2 PFs x 4 VFs, 25 and 10 Gbit/s) for one test."""
     api_server.reset()
-    prefix = f"t{next(_counter) % 1000}{os.getpid() % 100}"
-    node = SimNode(str(tmp_path / "node"), _node_layout(request), prefix=prefix[:6])
+    # Unique across tests of this session (the counter) and across test
+    # sessions running side by side on one machine (the pid): 6 characters.
+    prefix = f"{chr(ord('a') + next(_counter) % 26)}{os.getpid() % 100000:05d}"
+    node = SimNode(str(tmp_path / "node"), _node_layout(request), prefix=prefix)
     node.up()
     cluster = Cluster(node=node, api=api_server, tmp=str(tmp_path), cni_path=HOST_LOCAL_DIR)
     api_server.write_kubeconfig(os.path.join(cluster.tmp, "kubeconfig"), mode="token")
