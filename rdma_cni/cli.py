@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, TextIO
 
 from rdma_cni import __version__
 from rdma_cni import log as rdma_log
-from rdma_cni.errors import CniError, InternalError
+from rdma_cni.errors import CniError, DecodeFailure, InternalError
 from rdma_cni.protocol import LATEST_VERSION, check_version, decode_stdin, parse_env, version_document
 
 log = logging.getLogger("rdma_cni")
@@ -45,15 +45,29 @@ def _error_version(doc: Mapping[str, Any] | None) -> str:
 
 
 def run_cni(environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict[str, Any] | None]:
-    """Run one CNI invocation; return the exit code and the JSON document to print (None: print nothing)."""
+    """Run one CNI invocation; return the exit code and the JSON document to print (None: print nothing).
+
+    Every error document carries the config's cniVersion when stdin could be
+    decoded (a runtime reads the error in the version it sent), else the latest.
+    """
     doc: dict[str, Any] | None = None
+    bad_stdin: DecodeFailure | None = None
+    # Decoded before the environment is checked, so that an environment error
+    # still answers in the config's version; a decoding error is raised after.
+    try:
+        doc = decode_stdin(stdin)
+    except DecodeFailure as exc:
+        bad_stdin = exc
     try:
         env = parse_env(environ)
-        if env.command == "VERSION":
+        if env.command == "VERSION" and not stdin.strip():
             # An empty stdin is tolerated for VERSION: some tools probe with nothing.
-            doc = decode_stdin(stdin) if stdin.strip() else {"cniVersion": LATEST_VERSION}
+            return 0, version_document(LATEST_VERSION)
+        if bad_stdin is not None:
+            raise bad_stdin
+        assert doc is not None
+        if env.command == "VERSION":
             return 0, version_document(_error_version(doc))
-        doc = decode_stdin(stdin)
         check_version(doc.get("cniVersion"), env.command)
         from rdma_cni.commands import dispatch
 

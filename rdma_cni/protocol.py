@@ -37,6 +37,20 @@ REQUIRED_ENV: dict[str, tuple[str, ...]] = {
     "VERSION": (),
 }
 
+# The variables each verb reads; only these are parsed and validated, so a
+# value a verb ignores cannot fail it. libcni probes VERSION with
+# CNI_NETNS=dummy, CNI_IFNAME=dummy and CNI_PATH=dummy, and GC/STATUS may
+# inherit a runtime's leftovers. CNI_ARGS is read by ADD alone (the pod and
+# MAC=): DEL must not fail over a malformed CNI_ARGS it has no use for.
+USED_ENV: dict[str, frozenset[str]] = {
+    "ADD": frozenset({"CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH"}),
+    "CHECK": frozenset({"CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"}),
+    "DEL": frozenset({"CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"}),
+    "GC": frozenset({"CNI_PATH"}),
+    "STATUS": frozenset({"CNI_PATH"}),
+    "VERSION": frozenset(),
+}
+
 # Container IDs name record files: a conservative character set with no
 # separators, starting with an alphanumeric so "." and ".." are impossible.
 _CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}")
@@ -170,7 +184,12 @@ class CniEnv:
 
 
 def parse_env(environ: Mapping[str, str]) -> CniEnv:
-    """Validate the CNI environment for the verb in CNI_COMMAND."""
+    """Validate the CNI environment for the verb in CNI_COMMAND.
+
+    Only the variables that verb reads (:data:`USED_ENV`) are validated and
+    set on the result; the others are left empty there (``environ`` keeps
+    them all, for IPAM delegation).
+    """
     command = environ.get("CNI_COMMAND", "")
     if not command:
         raise InvalidEnvironment("CNI_COMMAND is not set: expected one of " + ", ".join(VERBS))
@@ -181,25 +200,30 @@ def parse_env(environ: Mapping[str, str]) -> CniEnv:
     for var in REQUIRED_ENV[command]:
         if not environ.get(var):
             raise InvalidEnvironment(f"{var} is required for {command} but is not set")
-    container_id = environ.get("CNI_CONTAINERID", "")
+    used = USED_ENV[command]
+
+    def read(var: str) -> str:
+        return environ.get(var, "") if var in used else ""
+
+    container_id = read("CNI_CONTAINERID")
     if container_id and not _CONTAINER_ID.fullmatch(container_id):
         raise InvalidEnvironment(
             f"CNI_CONTAINERID={container_id!r} is invalid: use 1-200 characters from "
             "[A-Za-z0-9_.-], starting with a letter or digit"
         )
-    ifname = environ.get("CNI_IFNAME", "")
+    ifname = read("CNI_IFNAME")
     if ifname:
         validate_ifname(ifname, "CNI_IFNAME")
-    netns = environ.get("CNI_NETNS", "")
+    netns = read("CNI_NETNS")
     if netns and not netns.startswith("/"):
         raise InvalidEnvironment(f"CNI_NETNS={netns!r} must be an absolute path")
-    path = tuple(p for p in environ.get("CNI_PATH", "").split(":") if p)
+    path = tuple(p for p in read("CNI_PATH").split(":") if p)
     return CniEnv(
         command=command,
         container_id=container_id,
         netns=netns,
         ifname=ifname,
-        args=parse_cni_args(environ.get("CNI_ARGS", "")),
+        args=parse_cni_args(read("CNI_ARGS")),
         path=path,
         environ=dict(environ),
     )

@@ -95,6 +95,20 @@ def test_version(binary: str, sysfs: Path) -> None:
     assert proc.stderr == b""
 
 
+def test_version_answers_libcnis_probe(binary: str, sysfs: Path) -> None:
+    """libcni's GetVersionInfo, exactly: podman drops the network unless this succeeds."""
+    probe = {"CNI_COMMAND": "VERSION", "CNI_NETNS": "dummy", "CNI_IFNAME": "dummy", "CNI_PATH": "dummy"}
+    proc = run(binary, sysfs, stdin=b'{"cniVersion": "1.0.0"}', **probe)
+    assert proc.returncode == 0, proc.stderr
+    assert one_document(proc) == {"cniVersion": "1.0.0", "supportedVersions": SUPPORTED}
+
+
+def test_environment_error_answers_in_the_config_version(binary: str, sysfs: Path, tmp_path: Path) -> None:
+    doc = error(run(binary, sysfs, stdin=json.dumps({"cniVersion": "1.0.0"}).encode(), CNI_COMMAND="ADD"), 4)
+    assert doc["cniVersion"] == "1.0.0"
+    assert "CNI_CONTAINERID" in doc["msg"]
+
+
 def test_config_error_is_code_7(binary: str, sysfs: Path, tmp_path: Path) -> None:
     doc = error(run(binary, sysfs, stdin=conf(tmp_path, vlan=5000), **DEL_ENV), 7)
     assert "vlan" in doc["msg"]

@@ -33,6 +33,7 @@ from rdma_cni.protocol import (
     MIN_VERSION_FOR_VERB,
     REQUIRED_ENV,
     SUPPORTED_VERSIONS,
+    USED_ENV,
     VERBS,
     CniEnv,
     Interface,
@@ -54,6 +55,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 EXPECTED_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 CONF_VERBS = ("ADD", "DEL", "CHECK", "STATUS", "GC")
+ATTACHMENT_VERBS = ("ADD", "DEL", "CHECK")
+# What libcni's GetVersionInfo sets when it probes a plugin before using a
+# conflist ("fake values required by plugins built against an older version
+# of skel"); podman and CRI-O drop the network unless the probe succeeds.
+LIBCNI_VERSION_PROBE = {
+    "CNI_COMMAND": "VERSION",
+    "CNI_NETNS": "dummy",
+    "CNI_IFNAME": "dummy",
+    "CNI_PATH": "dummy",
+}
 UNSUPPORTED_VERSIONS: tuple[Any, ...] = (
     "0.1.0",
     "0.2.0",
@@ -445,7 +456,7 @@ def test_parse_env_valid_container_ids(container_id: str) -> None:
 
 
 @pytest.mark.parametrize("container_id", HOSTILE_CONTAINER_IDS, ids=repr)
-@pytest.mark.parametrize("verb", CONF_VERBS)
+@pytest.mark.parametrize("verb", ATTACHMENT_VERBS)
 def test_parse_env_hostile_container_id(verb: str, container_id: str) -> None:
     with pytest.raises(InvalidEnvironment) as info:
         parse_env(full_env(verb, CNI_CONTAINERID=container_id))
@@ -453,7 +464,7 @@ def test_parse_env_hostile_container_id(verb: str, container_id: str) -> None:
 
 
 @pytest.mark.parametrize("ifname", HOSTILE_IFNAMES, ids=repr)
-@pytest.mark.parametrize("verb", CONF_VERBS)
+@pytest.mark.parametrize("verb", ATTACHMENT_VERBS)
 def test_parse_env_hostile_ifname(verb: str, ifname: str) -> None:
     with pytest.raises(InvalidEnvironment) as info:
         parse_env(full_env(verb, CNI_IFNAME=ifname))
@@ -463,7 +474,42 @@ def test_parse_env_hostile_ifname(verb: str, ifname: str) -> None:
 @pytest.mark.parametrize("args", ["K8S_POD_NAME", "=x", "A=1;broken"])
 def test_parse_env_malformed_cni_args(args: str) -> None:
     with pytest.raises(InvalidEnvironment, match="CNI_ARGS"):
-        parse_env(full_env("DEL", CNI_ARGS=args))
+        parse_env(full_env("ADD", CNI_ARGS=args))
+
+
+# Values no verb could use: each must be ignored by the verbs that do not read it.
+_UNUSABLE = {
+    "CNI_CONTAINERID": "../x",
+    "CNI_NETNS": "dummy",
+    "CNI_IFNAME": "../../etc/x",
+    "CNI_ARGS": "junk",
+    "CNI_PATH": "dummy",
+}
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_parse_env_validates_only_what_the_verb_reads(verb: str) -> None:
+    """Each variable a verb reads is validated; the others are neither checked nor exposed."""
+    fields = {
+        "CNI_CONTAINERID": "container_id",
+        "CNI_NETNS": "netns",
+        "CNI_IFNAME": "ifname",
+        "CNI_ARGS": "args",
+        "CNI_PATH": "path",
+    }
+    for var, bad in _UNUSABLE.items():
+        environ = full_env(verb, **{var: bad})
+        if var in USED_ENV[verb] and var != "CNI_PATH":  # any CNI_PATH is a list of directories
+            with pytest.raises(InvalidEnvironment, match=var):
+                parse_env(environ)
+        else:
+            env = parse_env(environ)
+            assert env.environ[var] == bad  # still handed on to IPAM as it came
+            if var not in USED_ENV[verb]:
+                assert not getattr(env, fields[var]), (var, env)
+    ignored = {k: v for k, v in _UNUSABLE.items() if k not in USED_ENV[verb]}
+    env = parse_env({"CNI_COMMAND": verb, **full_env(verb), **ignored})
+    assert env.command == verb
 
 
 # ---------------------------------------------------------------------------
@@ -781,16 +827,61 @@ def test_hostile_container_id_never_reaches_a_path(node: Node, verb: str, contai
     assert node.stray_files() == []
 
 
-@pytest.mark.parametrize("verb", ["STATUS", "GC"])
-def test_hostile_values_checked_for_verbs_that_do_not_need_them(node: Node, verb: str) -> None:
-    assert_error(invoke(full_env(verb, node, CNI_IFNAME="../../etc/x"), node.conf()), 4, "CNI_IFNAME")
-    assert_error(invoke(full_env(verb, node, CNI_CONTAINERID="../x"), node.conf()), 4, "CNI_CONTAINERID")
+def test_hostile_values_ignored_by_verbs_that_do_not_read_them(node: Node) -> None:
+    """STATUS and GC read no container ID, interface or netns: leftovers cannot fail them."""
+    leftovers = {"CNI_IFNAME": "../../etc/x", "CNI_CONTAINERID": "../x", "CNI_NETNS": "dummy"}
+    assert_error(invoke(full_env("STATUS", node, **leftovers), node.conf()), 50, "no SR-IOV PF")
+    assert invoke(full_env("GC", node, **leftovers), node.conf()) == (0, None)
+    # Only the state and lock directories were made: nothing named after a leftover.
+    made = [f for f in node.stray_files() if f not in ("a", "a/b")]
+    assert made and all(f.startswith(("a/b/state", "a/b/lock")) for f in made), made
+
+
+def test_version_answers_libcnis_probe(node: Node) -> None:
+    """libcni's exact GetVersionInfo probe (podman, CRI-O) gets the version document."""
+    answer = invoke(LIBCNI_VERSION_PROBE, {"cniVersion": "1.0.0"})
+    assert answer == (0, version_document("1.0.0"))
     assert node.stray_files() == []
 
 
+@pytest.mark.parametrize("verb", CONF_VERBS)
+def test_version_needs_no_variable_any_verb_reads(node: Node, verb: str) -> None:
+    """VERSION ignores every value another verb would refuse."""
+    environ = {"CNI_COMMAND": "VERSION", **_UNUSABLE}
+    assert invoke(environ, node.conf("0.4.0")) == (0, version_document("0.4.0"))
+
+
 @pytest.mark.parametrize("args", ["K8S_POD_NAME", "=x", "IgnoreUnknown=true;junk"])
-def test_malformed_cni_args_is_code_4(node: Node, args: str) -> None:
-    assert_error(invoke(full_env("DEL", node, CNI_ARGS=args), node.conf()), 4, "CNI_ARGS")
+def test_malformed_cni_args_is_code_4_for_add(node: Node, args: str) -> None:
+    assert_error(invoke(full_env("ADD", node, CNI_ARGS=args), node.conf()), 4, "CNI_ARGS")
+
+
+@pytest.mark.parametrize("verb", ["DEL", "CHECK"])
+def test_malformed_cni_args_ignored_by_verbs_that_do_not_read_it(node: Node, verb: str) -> None:
+    """DEL must release whatever CNI_ARGS holds; CHECK has no use for it either."""
+    environ = full_env(verb, node, CNI_ARGS="IgnoreUnknown=true;junk")
+    if verb == "DEL":
+        assert invoke(environ, node.conf()) == (0, None)
+    else:
+        assert_error(invoke(environ, node.conf(prevResult={"cniVersion": "1.1.0"})), 106)
+
+
+@pytest.mark.parametrize("version", ["0.3.1", "0.4.0", "1.0.0"])
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"CNI_COMMAND": "ADD"},  # the required variables missing
+        {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "../x", "CNI_IFNAME": "net1"},
+        {"CNI_COMMAND": "BOGUS"},
+        {},
+    ],
+    ids=["missing", "invalid", "unknown-verb", "no-command"],
+)
+def test_environment_error_answers_in_the_config_version(
+    node: Node, environ: dict[str, str], version: str
+) -> None:
+    doc = assert_error(invoke(environ, node.conf(version)), 4)
+    assert doc["cniVersion"] == version
 
 
 @pytest.mark.parametrize("version", EXPECTED_VERSIONS)
