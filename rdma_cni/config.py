@@ -12,6 +12,7 @@ import difflib
 import json
 import logging
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -106,6 +107,43 @@ class DnsConfig(BaseModel):
     domain: str = ""
     search: list[str] = []
     options: list[str] = []
+
+
+_MAC = re.compile(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}")
+
+
+def parse_mac(value: Any, source: str) -> str:
+    """A unicast Ethernet address, lower-cased; code 7 naming ``source`` otherwise.
+
+    The kernel refuses a multicast or all-zero address on a netdev; refusing
+    it here keeps the node untouched and names where the value came from.
+    """
+    if not isinstance(value, str) or not _MAC.fullmatch(value):
+        raise InvalidConfig(
+            f"{source}: {json.dumps(value)[:100]} is not a MAC address (six hex octets separated by ':')"
+        )
+    mac = value.lower()
+    if int(mac[:2], 16) & 1:
+        raise InvalidConfig(f"{source}: {mac} is a multicast address, a VF needs a unicast one")
+    if mac == "00:00:00:00:00:00":
+        raise InvalidConfig(f"{source}: 00:00:00:00:00:00 is not a usable MAC address")
+    return mac
+
+
+def first_interface_mac(conf: NetConf, cni_args: Mapping[str, str]) -> str:
+    """The MAC the runtime asks for on the first interface, or "" for none.
+
+    ``runtimeConfig.mac`` (the ``mac`` capability) wins over ``MAC=`` in
+    CNI_ARGS (podman's ``--network net:mac=..``) when both are given: it is
+    the structured form a runtime sends on purpose; both are validated.
+    """
+    from_args = parse_mac(cni_args["MAC"], "CNI_ARGS MAC") if "MAC" in cni_args else ""
+    if "mac" not in conf.runtimeConfig:
+        return from_args
+    mac = parse_mac(conf.runtimeConfig["mac"], "runtimeConfig.mac")
+    if from_args and from_args != mac:
+        log.warning("runtimeConfig.mac %s overrides CNI_ARGS MAC=%s", mac, from_args)
+    return mac
 
 
 _ANNOTATION_KEY = re.compile(

@@ -326,6 +326,8 @@ def default_conflist(kubeconfig_path: str = DEFAULT_KUBECONFIG_PATH) -> dict[str
         "plugins": [
             {
                 "type": "rdma-cni",
+                # containerd's CRI then passes the pod's annotations itself.
+                "capabilities": {"io.kubernetes.cri.pod-annotations": True},
                 "kubeconfig": kubeconfig_path,
                 "annotation": "rdma_interfaces_required",
                 "defaultRequest": [{}],

@@ -1,21 +1,67 @@
-"""What a pod asks for: its annotation (read from the API server), the config's args, or the default."""
+"""Where a pod's request comes from: the runtime's CRI annotations, the API server, args, or the default."""
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
 from rdma_cni.config import InterfaceRequest, NetConf, PodRequest, parse_request
-from rdma_cni.errors import InvalidPodRequest
+from rdma_cni.errors import InvalidConfig, InvalidPodRequest
 from rdma_cni.protocol import IFNAMSIZ, CniEnv
 
 log = logging.getLogger("rdma_cni.podmeta")
 
 ARGS_KEY = "rdma_interfaces_required"
+# containerd's CRI puts the pod's annotations under this runtimeConfig key
+# when the plugin's conflist entry declares the capability of the same name.
+CRI_ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
+
+
+def runtime_annotations(conf: NetConf) -> dict[str, str] | None:
+    """The pod's annotations as the runtime passed them; None when it passed none (ask the API).
+
+    ``null`` means the pod has no annotations: kubelet copies every pod
+    annotation into the sandbox config, so there is nothing more to find on
+    the API server. The value's shape is the runtime's doing, not the pod's,
+    so a wrong shape is a configuration error (code 7).
+    """
+    if CRI_ANNOTATIONS not in conf.runtimeConfig:
+        return None
+    value: Any = conf.runtimeConfig[CRI_ANNOTATIONS]
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise InvalidConfig(
+            f'runtimeConfig["{CRI_ANNOTATIONS}"] must be an object mapping annotation keys to '
+            f"strings, or null: got {json.dumps(value)[:200]}"
+        )
+    return value
 
 
 def resolve_request(env: CniEnv, conf: NetConf) -> tuple[PodRequest, str]:
-    """The pod's request and a phrase naming where it came from (for errors and logs)."""
+    """The pod's request and a phrase naming where it came from (for errors and logs).
+
+    In order: the runtime's CRI annotations (no API round trip), the pod read
+    from the API server (Multus and other runtimes pass only its name), the
+    config's ``args.cni``, then ``defaultRequest``.
+    """
+    request, source = _resolve(env, conf)
+    log.info("pod request from %s: %d interface(s)", source, len(request.interfaces))
+    return request, source
+
+
+def _resolve(env: CniEnv, conf: NetConf) -> tuple[PodRequest, str]:
     pod = env.pod
+    default = PodRequest(interfaces=conf.defaultRequest)
+    annotations = runtime_annotations(conf)
+    if annotations is not None:
+        who = f"pod {pod}" if pod is not None else "the pod"
+        raw = annotations.get(conf.annotation)
+        if raw is None:
+            return default, f"defaultRequest ({who} has no {conf.annotation}, per the runtime's annotations)"
+        source = f"{who} annotation {conf.annotation} (from the runtime's annotations)"
+        return parse_request(raw, source), source
     if pod is not None:
         from rdma_cni import k8s
 
@@ -28,16 +74,14 @@ def resolve_request(env: CniEnv, conf: NetConf) -> tuple[PodRequest, str]:
             )
         raw = k8s.pod_annotation(obj, conf.annotation)
         if raw is None:
-            return PodRequest(
-                interfaces=conf.defaultRequest
-            ), f"defaultRequest (pod {pod} has no {conf.annotation})"
-        source = f"pod {pod} annotation {conf.annotation}"
+            return default, f"defaultRequest (pod {pod} has no {conf.annotation})"
+        source = f"pod {pod} annotation {conf.annotation} (from the API server)"
         return parse_request(raw, source), source
     cni_args = conf.args.get("cni") if isinstance(conf.args, dict) else None
     if isinstance(cni_args, dict) and ARGS_KEY in cni_args:
         source = f"config args.cni.{ARGS_KEY}"
         return parse_request(cni_args[ARGS_KEY], source), source
-    return PodRequest(interfaces=conf.defaultRequest), "defaultRequest"
+    return default, "defaultRequest"
 
 
 def pod_side_names(ifname: str, request: list[InterfaceRequest], source: str) -> list[str]:

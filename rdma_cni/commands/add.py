@@ -24,7 +24,7 @@ from rdma_cni.attach import (
     move_in,
 )
 from rdma_cni.commands.common import ipam_for, release_vfs
-from rdma_cni.config import InterfaceRequest, NetConf
+from rdma_cni.config import InterfaceRequest, NetConf, first_interface_mac
 from rdma_cni.errors import KernelError, NoCapacity, StateError, UnknownContainer
 from rdma_cni.inventory import Node, Vf, scan
 from rdma_cni.ipam import Ipam
@@ -56,6 +56,7 @@ _NEUTRAL: dict[str, Any] = {
 
 def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
     """The ADD verb."""
+    mac = first_interface_mac(conf, env.args)
     request, source = resolve_request(env, conf)
     names = pod_side_names(env.ifname, list(request.interfaces), source)
     ipam = ipam_for(conf, doc, env)
@@ -74,7 +75,7 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
             vfctl = vf_control(host)
             node = scan(pfs=conf.pfs, capacity=conf.capacityMbps, attachments=store.all(), vfctl=vfctl)
             chosen = choose(node, list(request.interfaces), isolation, source)
-            att = plan(env, conf, host, chosen, names, list(request.interfaces), isolation)
+            att = plan(env, conf, host, chosen, names, list(request.interfaces), isolation, mac)
             store.write(att)
             progress = Progress()
             try:
@@ -154,8 +155,12 @@ def plan(
     names: list[str],
     requests: list[InterfaceRequest],
     isolation: RdmaIsolation,
+    mac: str = "",
 ) -> Attachment:
-    """The intent record: which VFs, their host identity, and every setting with its original value."""
+    """The intent record: which VFs, their host identity, and every setting with its original value.
+
+    ``mac``, when set, is the first interface's MAC (see :func:`first_interface_mac`).
+    """
     pod_ref = env.pod
     att = Attachment(
         container_id=env.container_id,
@@ -167,7 +172,6 @@ def plan(
         created_at=time.time(),
         pod=PodInfo(pod_ref.namespace, pod_ref.name, pod_ref.uid) if pod_ref else None,
     )
-    mac = conf.runtimeConfig.get("mac") if isinstance(conf.runtimeConfig.get("mac"), str) else ""
     for i, (vf, name, req) in enumerate(zip(chosen, names, requests, strict=True)):
         assert vf.netdev is not None  # guaranteed by Vf.free
         pf_name = vf.pf

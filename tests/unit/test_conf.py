@@ -141,6 +141,8 @@ def test_nad_structure_and_config() -> None:
     assert conf.kubeconfig == install.DEFAULT_KUBECONFIG_PATH
     assert conf.annotation == "rdma_interfaces_required"
     assert conf.ipam is not None and conf.ipam.type == "host-local"
+    # containerd passes the pod's annotations only to entries that declare this.
+    assert entry["capabilities"] == {"io.kubernetes.cri.pod-annotations": True}
 
 
 def test_broken_nad_is_rejected() -> None:
