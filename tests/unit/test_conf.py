@@ -141,8 +141,6 @@ def test_nad_structure_and_config() -> None:
     assert conf.kubeconfig == install.DEFAULT_KUBECONFIG_PATH
     assert conf.annotation == "rdma_interfaces_required"
     assert conf.ipam is not None and conf.ipam.type == "host-local"
-    # containerd passes the pod's annotations only to entries that declare this.
-    assert entry["capabilities"] == {"io.kubernetes.cri.pod-annotations": True}
 
 
 def test_broken_nad_is_rejected() -> None:
@@ -175,6 +173,8 @@ def test_conflist_plugin_entry_loads() -> None:
     conf = load_netconf({**entry, "cniVersion": conflist["cniVersion"], "name": conflist["name"]})
     assert conf.kubeconfig == install.DEFAULT_KUBECONFIG_PATH
     assert conf.ipam is not None and conf.ipam.type == "host-local"
+    # containerd passes the pod's annotations only to entries that declare this.
+    assert entry["capabilities"] == {"io.kubernetes.cri.pod-annotations": True}
 
 
 def test_builtin_default_conf_matches_conflist_file() -> None:
