@@ -7,15 +7,32 @@ BIN    := $(VENV)/bin
 BINARY := dist/rdma-cni
 SRC    := $(shell find rdma_cni -name '*.py') build.spec setup.cfg
 
-.PHONY: all deps venv build demo test unit integration e2e bench lint clean
+# What `make demo` (and a build) needs on the machine; deps installs these and
+# what the test tiers add: the e2e tier's guest tools, the runtime tier's runtimes.
+DEMO_PACKAGES    := python3 python3-venv iproute2 containernetworking-plugins gcc libc6-dev
+RUNTIME_PACKAGES := podman runc conmon containerd
+DEB_PACKAGES     := $(DEMO_PACKAGES) $(RUNTIME_PACKAGES) openssl \
+	debootstrap busybox-static cpio xz-utils zstd golang-go golang-github-appc-cni-dev
+
+.PHONY: all deps deps-check venv build demo test unit integration e2e runtime bench lint clean
 
 all: build
 
 deps:  ## Debian packages the tests and the e2e tier use (run as root)
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-		iproute2 containernetworking-plugins openssl python3-venv gcc libc6-dev \
-		debootstrap busybox-static cpio xz-utils zstd golang-go golang-github-appc-cni-dev >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+		--no-install-recommends $(DEB_PACKAGES) >/dev/null
+
+# Runs `make deps` when a package the demo needs is not installed (a fresh
+# machine): the README's first command does the whole set-up by itself.
+deps-check:
+	@missing=$$(for p in $(DEMO_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q '^install ok installed$$' || echo $$p; \
+	done); \
+	if [ -n "$$missing" ]; then \
+		echo "deps-check: not installed: $$(echo $$missing): running make deps"; \
+		$(MAKE) --no-print-directory deps; \
+	fi
 
 venv: $(VENV)/.stamp
 $(VENV)/.stamp: setup.cfg pyproject.toml
@@ -31,7 +48,10 @@ $(BINARY): $(VENV)/.stamp $(SRC) launcher/launcher.c launcher/warm.c launcher/wa
 	$(CC) -O2 -Wall -Wextra -Werror -static -o build/launcher launcher/launcher.c launcher/warm.c
 	$(BIN)/python scripts/pack_launcher.py --launcher build/launcher --tree dist/rdma-cni-dir --output $(BINARY)
 
-demo: build  ## a simulated node, then VERSION, STATUS, inventory, ADD, CHECK, DEL through dist/rdma-cni
+# deps-check first, then build (a sub-make, so that -j cannot build before the
+# packages are there).
+demo: deps-check  ## a simulated node, then VERSION, STATUS, inventory, ADD, CHECK, DEL through dist/rdma-cni
+	$(MAKE) --no-print-directory build
 	$(BIN)/python scripts/demo.py --binary $(BINARY)
 
 # The README's test command: unit and integration tiers, the integration tier
