@@ -65,6 +65,11 @@ unit: venv
 integration: build
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q tests/integration
 
+# Real container runtimes (root; packages from make deps): containerd over CRI
+# and podman with its CNI backend, each running dist/rdma-cni on the simulated node.
+runtime: build
+	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/runtime
+
 e2e: build  ## QEMU guest with an emulated SR-IOV NIC (igb), driven by a libcni runtime
 	$(BIN)/pytest -q -p no:cacheprovider -m e2e tests/e2e
 
