@@ -18,7 +18,7 @@ DEB_PACKAGES     := $(DEMO_PACKAGES) $(RUNTIME_PACKAGES) openssl \
 
 all: build
 
-deps:  ## Debian packages the tests and the e2e tier use (run as root)
+deps:  ## Debian packages the demo, the tests, the runtime and e2e tiers use (run as root)
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
 		--no-install-recommends $(DEB_PACKAGES) >/dev/null
