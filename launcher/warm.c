@@ -30,6 +30,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -165,7 +166,7 @@ enum warm_outcome warm_run(const char *tree)
     return WARM_NOT_SERVED; /* not reached */
 }
 
-void warm_spawn(const char *program)
+void warm_spawn(const char *program, const char *launcher)
 {
     pid_t pid = fork();
     if (pid < 0)
@@ -191,7 +192,17 @@ void warm_spawn(const char *program)
     const char *v = getenv("RDMA_CNI_WARM_IDLE");
     if (v && strlen(v) < sizeof idle - 20)
         snprintf(idle, sizeof idle, "RDMA_CNI_WARM_IDLE=%s", v);
-    char *envp[] = {idle[0] ? idle : NULL, NULL};
+    /* The server exits once no launcher it serves carries its payload any
+     * more (an upgrade): it starts out knowing this one. */
+    char self[PATH_MAX + 32] = "";
+    if (strlen(launcher) < PATH_MAX)
+        snprintf(self, sizeof self, "RDMA_CNI_LAUNCHER=%s", launcher);
+    char *envp[3] = {NULL, NULL, NULL};
+    int n = 0;
+    if (self[0])
+        envp[n++] = self;
+    if (idle[0])
+        envp[n++] = idle;
     char *args[] = {(char *)program, "warm-server", NULL};
     execve(program, args, envp);
     _exit(127);

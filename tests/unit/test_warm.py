@@ -58,11 +58,15 @@ class Node:
         }
 
     def run(
-        self, conf: dict[str, object] | None = None, prefix: tuple[str, ...] = (), **extra: str
+        self,
+        conf: dict[str, object] | None = None,
+        prefix: tuple[str, ...] = (),
+        binary: str | None = None,
+        **extra: str,
     ) -> subprocess.CompletedProcess[bytes]:
         assert BINARY
         return subprocess.run(
-            [*prefix, BINARY],
+            [*prefix, binary or BINARY],
             input=json.dumps(conf or self.conf).encode(),
             env=self.env(**extra),
             capture_output=True,
@@ -192,7 +196,7 @@ def test_dead_server_leaves_a_stale_socket_that_the_next_server_replaces(node: N
 
 
 @needs_binary
-def test_server_exits_when_idle(node: Node) -> None:
+def test_server_exits_when_idle_only_if_asked(node: Node) -> None:
     node.run(RDMA_CNI_WARM_IDLE="1")
     pid = node.server_pid()
     assert wait_gone(pid, timeout=20)
@@ -262,10 +266,101 @@ def test_warm_server_refuses_arguments_and_the_unbuilt_package(capsys: pytest.Ca
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("", 300.0), ("2.5", 2.5), ("0", 300.0), ("-1", 300.0), ("soon", 300.0), ("1e9", 300.0)],
+    [("", None), ("2.5", 2.5), ("0", None), ("-1", None), ("soon", None), ("1e9", None)],
 )
-def test_idle_seconds(raw: str, expected: float) -> None:
+def test_idle_seconds(raw: str, expected: float | None) -> None:
     assert warm.idle_seconds({"RDMA_CNI_WARM_IDLE": raw}) == expected
+    assert warm.idle_seconds({}) is None
+
+
+def _launcher_copy(node: Node, name: str) -> Path:
+    """A copy of the built binary elsewhere: the same payload, so the same tree and server."""
+    assert BINARY
+    target = node.tmp / name / "rdma-cni"
+    target.parent.mkdir()
+    shutil.copy2(BINARY, target)
+    return target
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Replace a file the way an installer does: write beside it, rename over it."""
+    new = path.with_name(path.name + ".new")
+    new.write_bytes(data)
+    new.chmod(0o755)
+    os.rename(new, path)
+
+
+@needs_binary
+def test_server_outlives_quiet_periods_by_default(node: Node) -> None:
+    # Before, a server idled out after 300 s; now only RDMA_CNI_WARM_IDLE sets a timeout.
+    node.run()
+    pid = node.server_pid()
+    time.sleep(warm.TREE_CHECK_SECONDS * 2 + 1)  # two liveness checks pass
+    assert warm_servers(str(node.tree)) == [pid]
+    assert node.run().returncode == 0
+    assert node.starts() == ["cold", "warm"]
+
+
+@needs_binary
+def test_server_exits_when_its_launcher_is_upgraded(node: Node) -> None:
+    launcher = _launcher_copy(node, "bin")
+    assert node.run(binary=str(launcher)).returncode == 0
+    pid = node.server_pid()
+    # The same content rewritten (a new mtime and inode) is not an upgrade.
+    _replace(launcher, launcher.read_bytes())
+    time.sleep(warm.TREE_CHECK_SECONDS + 1)
+    assert warm_servers(str(node.tree)) == [pid]
+    assert node.run(binary=str(launcher)).returncode == 0
+    assert node.starts() == ["cold", "warm"]
+    # Another payload at that path is: the old server has no caller left.
+    _replace(launcher, b"#!/bin/sh\nexit 0\n")
+    assert wait_gone(pid, timeout=warm.TREE_CHECK_SECONDS * 3)
+    assert not (node.tree / warm.SOCKET_NAME).exists()
+
+
+@needs_binary
+def test_server_stays_while_any_launcher_it_served_carries_its_payload(node: Node) -> None:
+    first, second = _launcher_copy(node, "a"), _launcher_copy(node, "b")
+    assert node.run(binary=str(first)).returncode == 0
+    pid = node.server_pid()
+    assert node.run(binary=str(second)).returncode == 0  # served warm: the server learns this path
+    first.unlink()
+    time.sleep(warm.TREE_CHECK_SECONDS + 1)
+    assert warm_servers(str(node.tree)) == [pid]
+    assert node.run(binary=str(second)).returncode == 0
+    assert node.starts() == ["cold", "warm", "warm"]
+    second.unlink()
+    assert wait_gone(pid, timeout=warm.TREE_CHECK_SECONDS * 3)
+
+
+def test_payload_id_reads_only_packed_launchers(tmp_path: Path) -> None:
+    packed = tmp_path / "packed"
+    packed.write_bytes(b"x" * 100 + warm.TRAILER_MAGIC + b"\0" * 16 + b"0123456789abcdef")
+    assert warm.payload_id(str(packed)) == "0123456789abcdef"
+    other = tmp_path / "other"
+    other.write_bytes(b"#!/bin/sh\n" * 10)
+    short = tmp_path / "short"
+    short.write_bytes(b"RDMACNI")
+    assert warm.payload_id(str(other)) is None
+    assert warm.payload_id(str(short)) is None
+    assert warm.payload_id(str(tmp_path / "missing")) is None
+
+
+def test_launchers_forget_replaced_paths_and_a_server_started_by_hand_keeps_to_its_tree(
+    tmp_path: Path,
+) -> None:
+    launcher = tmp_path / "rdma-cni"
+    launcher.write_bytes(b"x" * 64 + warm.TRAILER_MAGIC + b"\0" * 16 + b"0123456789abcdef")
+    by_hand = warm.Launchers("0123456789abcdef")
+    assert by_hand.any_current()  # knows no launcher: bound to its tree only
+    by_hand.add("relative/path")
+    by_hand.add(str(tmp_path / "missing"))
+    assert by_hand.known == {} and by_hand.any_current()
+    launchers = warm.Launchers("0123456789abcdef")
+    launchers.add(str(launcher))
+    assert launchers.any_current()
+    _replace(launcher, b"x" * 64 + warm.TRAILER_MAGIC + b"\0" * 16 + b"fedcba9876543210")
+    assert not launchers.any_current()
 
 
 @needs_binary
