@@ -1,7 +1,7 @@
 """Warm start server: forks pre-imported plugin processes for the launcher.
 
-A cold start of the built binary spends most of its time importing pydantic,
-requests and pyroute2, on every pod. The launcher (launcher/warm.c, which
+A cold start of the built binary spends most of its time importing pydantic
+and pyroute2, on every pod. The launcher (launcher/warm.c, which
 documents the handshake) starts this server once per unpacked tree as
 ``rdma-cni warm-server``; the server imports everything the verbs need,
 listens on ``<tree>/warm.sock`` and forks one child per CNI invocation. The
@@ -70,7 +70,6 @@ PRELOAD = (
     "rdma_cni.commands.gc",
     "rdma_cni.isolation",
     "rdma_cni.k8s",
-    "requests",
     "filelock",
 )
 
