@@ -70,7 +70,6 @@ PRELOAD = (
     "rdma_cni.commands.gc",
     "rdma_cni.isolation",
     "rdma_cni.k8s",
-    "filelock",
 )
 
 

@@ -481,7 +481,8 @@ PRELOAD_CHECK = """
 import json, os, sys
 from rdma_cni import warm
 from rdma_cni.cli import run_cni
-heavy = ("pydantic", "http.client", "filelock", "pyroute2.netlink.rtnl.ifinfmsg", "rdma_cni.commands.add")
+heavy = ("pydantic", "http.client", "rdma_cni.record", "pyroute2.netlink.rtnl.ifinfmsg",
+         "rdma_cni.commands.add")
 assert not any(name in sys.modules for name in heavy)
 warm.preload()
 before = set(sys.modules)
