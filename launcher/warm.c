@@ -15,13 +15,19 @@
  *                            umask from /proc/<pid>)
  *   launcher -> server  'G' with fds 0, 1, 2 attached: go; from here on the
  *                            launcher never runs the command itself
- *   server -> launcher  'S'  the child runs (or 'F': fork failed, nothing ran)
- *   server -> launcher  'X' + int32 wait status when the child has ended.
+ *   server -> launcher  'S'  the child runs (sent by the child; or 'F' from
+ *                            the server: fork failed, nothing ran)
+ *   server -> launcher  'X' + int32 wait status when the child is done: sent
+ *                            by the child itself once its stdio is closed
+ *                            (its exit code), or by the server when it reaps
+ *                            a child that could not (killed by a signal).
  * Anything else before 'G' (no server, refusal, a slow or odd reply) makes
  * the launcher run the command cold, as if there were no server, so a warm
  * server can only make a start faster, never make it fail. If the launcher
  * dies, the server kills the child's process group, as a runtime killing a
- * cold plugin would. The stdio fds travel only after 'R': fds in flight to a
+ * cold plugin would. If the server dies, the child still reports; only when
+ * both are gone without an 'X' is the outcome unknown (exit 1). The stdio
+ * fds travel only after 'R': fds in flight to a
  * server that is stuck would keep the runtime's stdout pipe open, and the
  * runtime waits for its EOF.
  */
