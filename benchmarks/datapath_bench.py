@@ -168,7 +168,7 @@ def main() -> int:
     print()
     for mode in modes:
         print(f"ratio {mode} / host-device (ADD+DEL): {cycle[mode] / cycle['host-device (Go)']:.2f}x")
-    print(f"over {args.runs} cycles each")
+    print(f"over {args.runs} cycles each, interleaved; load average {os.getloadavg()[0]:.2f} at the end")
     print()
     print("| peak RSS | MiB |")
     print("| --- | ---: |")

@@ -174,6 +174,7 @@ def main() -> int:
                         f"|   node lock ({verb}) | {len(holds)} | | | hold p50 {p50:.1f} "
                         f"| hold p95 {p95:.1f} | hold max {max(holds):.1f}, wait max {max(waits):.0f} |"
                     )
+        print(f"load average {os.getloadavg()[0]:.2f} after the runs")
         cycle = {label: results[(label, "ADD")] + results[(label, "DEL")] for label, _ in results}
         mine, go = cycle["rdma-cni (warm start)"], cycle["host-device (Go)"]
         print(
