@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,19 @@ def timed(cmd: list[str], env: dict[str, str], conf: dict[str, object]) -> float
     if proc.returncode != 0:
         raise SystemExit(f"{env['CNI_COMMAND']} failed: {proc.stdout.decode()} {proc.stderr.decode()}")
     return elapsed
+
+
+def own_children_cpu() -> float:
+    """User+system CPU seconds of this process's reaped children (and theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def children_cpu(pid: int) -> float:
+    """User+system CPU seconds of the reaped children of ``pid`` (cutime + cstime)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(") ", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss(cmd: list[str], env: dict[str, str], conf: dict[str, object]) -> int:
@@ -136,16 +150,29 @@ def main() -> int:
         # The first warm-mode start is cold and launches the server: not counted.
         timed([binary], {**ours_env, "CNI_COMMAND": "VERSION"}, ours)
         wait_for_warm_server(binary)
+        # CPU time, which the load of a shared machine does not inflate: the
+        # processes this script waits for (their own waited-for children,
+        # such as host-local, included), and for warm starts the server's
+        # children, which run the verbs.
+        cpu = dict.fromkeys(results, 0.0)
+        server = warm_servers(os.path.join("/var/cache/rdma-cni", cache_id(binary)))[0]
+        served_before = children_cpu(server)
         for _ in range(args.runs):
             for mode, extra in modes.items():
                 for verb in ("ADD", "DEL"):
+                    before = own_children_cpu()
                     results[mode][verb].append(
                         timed([binary], {**ours_env, **extra, "CNI_COMMAND": verb}, ours)
                     )
+                    cpu[mode] += own_children_cpu() - before
             for verb in ("ADD", "DEL"):
+                before = own_children_cpu()
                 results["host-device (Go)"][verb].append(
                     timed(["/usr/lib/cni/host-device"], {**base, "CNI_COMMAND": verb}, theirs)
                 )
+                cpu["host-device (Go)"] += own_children_cpu() - before
+        time.sleep(0.5)  # the server reaps its last child after that child has reported
+        cpu[next(iter(modes))] += children_cpu(server) - served_before
         rss: dict[str, list[int]] = {mode: [] for mode in modes}
         for _ in range(3):
             for mode, extra in modes.items():
@@ -169,6 +196,12 @@ def main() -> int:
     for mode in modes:
         print(f"ratio {mode} / host-device (ADD+DEL): {cycle[mode] / cycle['host-device (Go)']:.2f}x")
     print(f"over {args.runs} cycles each, interleaved; load average {os.getloadavg()[0]:.2f} at the end")
+    print()
+    print("| plugin | CPU ms per ADD+DEL | ratio to Go |")
+    print("| --- | ---: | ---: |")
+    for name in results:
+        per = cpu[name] * 1000 / args.runs
+        print(f"| {name} | {per:.1f} | {cpu[name] / cpu['host-device (Go)']:.2f}x |")
     print()
     print("| peak RSS | MiB |")
     print("| --- | ---: |")
