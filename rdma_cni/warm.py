@@ -159,6 +159,16 @@ def preload() -> None:
     # pyroute2's message classes are built on first use; build them once here.
     netlink._cls("ifinfmsg")
     rdma._message_class()
+    # So are OpenSSL's global state and pyroute2's attribute tables (compiled
+    # per class on first encode or decode): read-only dumps of the server's
+    # own namespace build the tables, ~1 ms of CPU less in every child.
+    import ssl
+
+    ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    with contextlib.suppress(OSError), netlink.Rtnl() as rtnl:
+        rtnl.links()
+        rtnl.addresses(1)
+        rtnl.routes(1)
 
 
 def _ns_ids(proc: str) -> list[tuple[int, int]]:
