@@ -70,6 +70,9 @@ PRELOAD = (
     "rdma_cni.commands.gc",
     "rdma_cni.isolation",
     "rdma_cni.k8s",
+    # The pod GET resolves the API server's name, which loads the idna codec
+    # (and unicodedata, a shared library) on first use.
+    "encodings.idna",
 )
 
 

@@ -511,3 +511,33 @@ def test_preload_imports_what_a_verb_would_import(tmp_path: Path) -> None:
     assert len(seen["heavy"]) == 5
     # The verb itself (config, lock, netlink, records) imports nothing more.
     assert seen["new"] == [], seen["new"]
+
+
+GET_AFTER_PRELOAD = """
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from rdma_cni import k8s, warm
+from tests.support.apiserver import ApiServer
+warm.preload()
+with ApiServer() as api:
+    api.add_pod("default", "web-0", {})
+    creds = k8s.load_credentials(api.write_kubeconfig(sys.argv[1] + "/kc", mode="token"))
+    before = set(sys.modules)
+    pod = k8s.get_pod(creds, "default", "web-0")
+print(json.dumps({"name": pod["metadata"]["name"], "new": sorted(set(sys.modules) - before)}))
+"""
+
+
+def test_preload_covers_the_pod_get(tmp_path: Path) -> None:
+    # ADD's one network request must not import anything in each warm child either.
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", GET_AFTER_PRELOAD, str(tmp_path), root],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["name"] == "web-0"
+    assert seen["new"] == [], seen["new"]
