@@ -71,8 +71,10 @@ PRELOAD = (
     "rdma_cni.isolation",
     "rdma_cni.k8s",
     # The pod GET resolves the API server's name, which loads the idna codec
-    # (and unicodedata, a shared library) on first use.
+    # (and unicodedata, a shared library) on first use; the built binary's
+    # children also loaded the ascii codec on every ADD.
     "encodings.idna",
+    "encodings.ascii",
 )
 
 
