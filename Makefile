@@ -76,6 +76,7 @@ e2e: build  ## QEMU guest with an emulated SR-IOV NIC (igb), driven by a libcni 
 bench: build
 	$(BIN)/python benchmarks/startup_bench.py --binary $(BINARY)
 	$(BIN)/python benchmarks/datapath_bench.py --binary $(BINARY)
+	$(BIN)/python benchmarks/scale_bench.py --binary $(BINARY)
 	$(BIN)/python benchmarks/placement_bench.py
 
 lint: venv

@@ -6,9 +6,10 @@ from the local HTTPS API stand-in, takes the node lock and writes its
 record, as in production. rdma-cni runs twice: as shipped (the launcher hands
 each invocation to its warm server, see README "Warm start"; the one cold
 start that launches the server is not counted) and with RDMA_CNI_WARM=0
-(every invocation a cold start). Reports medians, the ratios, and the node
-lock's hold time (from rdma-cni's log). Root needed. A script, not a timed
-test.
+(every invocation a cold start). Reports medians, the ratios, the node
+lock's hold time (from rdma-cni's log), and memory: the peak RSS of a cold
+ADD, of the warm-start client (the launcher) and of the warm server. Root
+needed. A script, not a timed test.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -26,17 +28,58 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.support.apiserver import ApiServer
-from tests.support.processes import cache_id
+from tests.support.processes import cache_id, warm_servers
 from tests.support.simnode import SimNode, SimPf, add_netns, del_netns, ip
 
 
 def timed(cmd: list[str], env: dict[str, str], conf: dict[str, object]) -> float:
+    """Run one invocation; its wall time in ms (it must succeed)."""
     start = time.perf_counter()
     proc = subprocess.run(cmd, input=json.dumps(conf).encode(), env=env, capture_output=True, check=False)
     elapsed = (time.perf_counter() - start) * 1000
     if proc.returncode != 0:
         raise SystemExit(f"{env['CNI_COMMAND']} failed: {proc.stdout.decode()} {proc.stderr.decode()}")
     return elapsed
+
+
+def own_children_cpu() -> float:
+    """User+system CPU seconds of this process's reaped children (and theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def children_cpu(pid: int) -> float:
+    """User+system CPU seconds of the reaped children of ``pid`` (cutime + cstime)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(") ", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss(cmd: list[str], env: dict[str, str], conf: dict[str, object]) -> int:
+    """Peak RSS (KiB) of one invocation and the processes it waited for, through GNU time.
+
+    Not from this process's wait4: the kernel keeps a process's peak across
+    exec, and a child forked from this (large) interpreter starts out with
+    its pages counted; time(1) is small.
+    """
+    with tempfile.NamedTemporaryFile("r") as out:
+        timed(["/usr/bin/time", "-f", "%M", "-o", out.name, *cmd], env, conf)
+        return int(out.read().split()[-1])
+
+
+def memory_of(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM (peak) and Pss of a running process, in KiB."""
+    out: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0])
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                out["Pss"] = int(line.split()[1])
+    return out
 
 
 def wait_for_warm_server(binary: str, timeout: float = 60) -> None:
@@ -107,16 +150,36 @@ def main() -> int:
         # The first warm-mode start is cold and launches the server: not counted.
         timed([binary], {**ours_env, "CNI_COMMAND": "VERSION"}, ours)
         wait_for_warm_server(binary)
+        # CPU time, which the load of a shared machine does not inflate: the
+        # processes this script waits for (their own waited-for children,
+        # such as host-local, included), and for warm starts the server's
+        # children, which run the verbs.
+        cpu = dict.fromkeys(results, 0.0)
+        server = warm_servers(os.path.join("/var/cache/rdma-cni", cache_id(binary)))[0]
+        served_before = children_cpu(server)
         for _ in range(args.runs):
             for mode, extra in modes.items():
                 for verb in ("ADD", "DEL"):
+                    before = own_children_cpu()
                     results[mode][verb].append(
                         timed([binary], {**ours_env, **extra, "CNI_COMMAND": verb}, ours)
                     )
+                    cpu[mode] += own_children_cpu() - before
             for verb in ("ADD", "DEL"):
+                before = own_children_cpu()
                 results["host-device (Go)"][verb].append(
                     timed(["/usr/lib/cni/host-device"], {**base, "CNI_COMMAND": verb}, theirs)
                 )
+                cpu["host-device (Go)"] += own_children_cpu() - before
+        time.sleep(0.5)  # the server reaps its last child after that child has reported
+        cpu[next(iter(modes))] += children_cpu(server) - served_before
+        rss: dict[str, list[int]] = {mode: [] for mode in modes}
+        for _ in range(3):
+            for mode, extra in modes.items():
+                rss[mode].append(peak_rss([binary], {**ours_env, **extra, "CNI_COMMAND": "ADD"}, ours))
+                timed([binary], {**ours_env, **extra, "CNI_COMMAND": "DEL"}, ours)
+        servers = warm_servers(os.path.join("/var/cache/rdma-cni", cache_id(binary)))
+        server_memory = memory_of(servers[0]) if servers else {}
     finally:
         del_netns("rdma-bench")
         ip("link", "del", node.vf_wire(0, 0), check=False)
@@ -132,7 +195,26 @@ def main() -> int:
     print()
     for mode in modes:
         print(f"ratio {mode} / host-device (ADD+DEL): {cycle[mode] / cycle['host-device (Go)']:.2f}x")
-    print(f"over {args.runs} cycles each")
+    print(f"over {args.runs} cycles each, interleaved; load average {os.getloadavg()[0]:.2f} at the end")
+    print()
+    print("| plugin | CPU ms per ADD+DEL | ratio to Go |")
+    print("| --- | ---: | ---: |")
+    for name in results:
+        per = cpu[name] * 1000 / args.runs
+        print(f"| {name} | {per:.1f} | {cpu[name] / cpu['host-device (Go)']:.2f}x |")
+    print()
+    print("| peak RSS | MiB |")
+    print("| --- | ---: |")
+    warm_mode, cold_mode = modes
+    print(
+        f"| cold ADD (launcher exec'd into Python, host-local included) | {max(rss[cold_mode]) / 1024:.1f} |"
+    )
+    print(f"| warm-start client (the launcher) during ADD | {max(rss[warm_mode]) / 1024:.1f} |")
+    if server_memory:
+        now, peak, pss = (server_memory[k] / 1024 for k in ("VmRSS", "VmHWM", "Pss"))
+        print(
+            f"| warm server, resident now / peak / proportional (Pss) | {now:.1f} / {peak:.1f} / {pss:.1f} |"
+        )
     with open(log) as f:
         held = [float(m.group(1)) for m in re.finditer(r"held ([0-9.]+) ms", f.read())]
     if held:

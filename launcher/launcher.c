@@ -263,7 +263,7 @@ int main(int argc, char **argv)
      * DaemonSet pod and handles its own signals) always start cold. */
     if (argc == 1 && getenv("CNI_COMMAND") && warm_enabled()) {
         if (warm_run(target) == WARM_NO_SERVER)
-            warm_spawn(program);
+            warm_spawn(program, self_path);
     }
     /* `rdma-cni install` copies this file, not the cached program. */
     setenv("RDMA_CNI_LAUNCHER", self_path, 1);

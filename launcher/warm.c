@@ -15,13 +15,19 @@
  *                            umask from /proc/<pid>)
  *   launcher -> server  'G' with fds 0, 1, 2 attached: go; from here on the
  *                            launcher never runs the command itself
- *   server -> launcher  'S'  the child runs (or 'F': fork failed, nothing ran)
- *   server -> launcher  'X' + int32 wait status when the child has ended.
+ *   server -> launcher  'S'  the child runs (sent by the child; or 'F' from
+ *                            the server: fork failed, nothing ran)
+ *   server -> launcher  'X' + int32 wait status when the child is done: sent
+ *                            by the child itself once its stdio is closed
+ *                            (its exit code), or by the server when it reaps
+ *                            a child that could not (killed by a signal).
  * Anything else before 'G' (no server, refusal, a slow or odd reply) makes
  * the launcher run the command cold, as if there were no server, so a warm
  * server can only make a start faster, never make it fail. If the launcher
  * dies, the server kills the child's process group, as a runtime killing a
- * cold plugin would. The stdio fds travel only after 'R': fds in flight to a
+ * cold plugin would. If the server dies, the child still reports; only when
+ * both are gone without an 'X' is the outcome unknown (exit 1). The stdio
+ * fds travel only after 'R': fds in flight to a
  * server that is stuck would keep the runtime's stdout pipe open, and the
  * runtime waits for its EOF.
  */
@@ -30,6 +36,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -165,7 +172,7 @@ enum warm_outcome warm_run(const char *tree)
     return WARM_NOT_SERVED; /* not reached */
 }
 
-void warm_spawn(const char *program)
+void warm_spawn(const char *program, const char *launcher)
 {
     pid_t pid = fork();
     if (pid < 0)
@@ -191,7 +198,17 @@ void warm_spawn(const char *program)
     const char *v = getenv("RDMA_CNI_WARM_IDLE");
     if (v && strlen(v) < sizeof idle - 20)
         snprintf(idle, sizeof idle, "RDMA_CNI_WARM_IDLE=%s", v);
-    char *envp[] = {idle[0] ? idle : NULL, NULL};
+    /* The server exits once no launcher it serves carries its payload any
+     * more (an upgrade): it starts out knowing this one. */
+    char self[PATH_MAX + 32] = "";
+    if (strlen(launcher) < PATH_MAX)
+        snprintf(self, sizeof self, "RDMA_CNI_LAUNCHER=%s", launcher);
+    char *envp[3] = {NULL, NULL, NULL};
+    int n = 0;
+    if (self[0])
+        envp[n++] = self;
+    if (idle[0])
+        envp[n++] = idle;
     char *args[] = {(char *)program, "warm-server", NULL};
     execve(program, args, envp);
     _exit(127);

@@ -14,7 +14,8 @@ int warm_enabled(void);
  * with the command's exit status. */
 enum warm_outcome warm_run(const char *tree);
 
-/* Start a detached warm server from `program` (the cached executable). */
-void warm_spawn(const char *program);
+/* Start a detached warm server from `program` (the cached executable) for
+ * `launcher` (this executable, which the server watches for upgrades). */
+void warm_spawn(const char *program, const char *launcher);
 
 #endif

@@ -4,10 +4,10 @@ The plugin needs exactly one thing from Kubernetes: the pod being attached, to
 read its annotations. This module finds credentials (a kubeconfig file or the
 in-cluster service account) and fetches the pod over HTTPS.
 
-Only the standard library is imported at module level: ``requests`` costs tens
-of milliseconds to import and most verbs never talk to the API server, so it is
-imported inside :func:`get_pod`. PyYAML is optional and imported only for a
-kubeconfig that is not JSON.
+Only the standard library is used for the one GET (http.client and ssl):
+``requests`` and urllib3 cost ~60 ms of imports on every cold start for a
+request that needs none of their sessions, redirects, proxies or cookies.
+PyYAML is optional and imported only for a kubeconfig that is not JSON.
 
 Secrets (bearer tokens, client keys) never appear in exception messages, log
 lines or ``repr`` output: anything derived from foreign text passes through a
@@ -19,15 +19,16 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import http.client
 import json
 import logging
 import os
 import re
 import shutil
+import ssl
 import tempfile
 import time
 import urllib.parse
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,12 +47,14 @@ _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 # RFC 6750 token68-ish: anything printable without whitespace. Anything else
-# would be rejected by requests with an error that quotes the header value,
-# i.e. the token, so it is refused up front instead.
+# would be refused by the HTTP client with an error that quotes the header
+# value, i.e. the token, so it is refused up front instead.
 _TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")
 
 # Longest piece of server-supplied text copied into an error message.
 _MAX_FOREIGN_TEXT = 300
+# Largest answer read from the API server: a Pod is a few KiB, at most ~1.5 MiB (etcd's limit).
+_MAX_BODY = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -345,9 +348,12 @@ def get_pod(
 ) -> dict[str, Any]:
     """Fetch ``/api/v1/namespaces/{namespace}/pods/{name}`` and return the Pod.
 
-    ``timeout`` is passed to requests (connect, read). Connection failures,
-    timeouts, HTTP 429 and 5xx answers are retried up to ``retries`` more times
-    after the first attempt, sleeping ``backoff * 2**n`` seconds in between.
+    ``timeout`` is (connect, read) in seconds, or one value for both; the TLS
+    handshake counts as connecting. Connection failures, timeouts, HTTP 429
+    and 5xx answers are retried up to ``retries`` more times after the first
+    attempt, sleeping ``backoff * 2**n`` seconds in between. Redirects are not
+    followed and proxy variables are ignored (a runtime's proxy settings are
+    meant for image pulls).
 
     Raises:
         TryAgainLater: the API server stayed unreachable, slow or failing.
@@ -358,35 +364,23 @@ def get_pod(
     _check_name("namespace", namespace, _DNS1123_LABEL, 63)
     _check_name("pod name", name, _DNS1123_SUBDOMAIN, 253)
 
-    import requests  # deferred: see the module docstring
-    import urllib3
-
     # Names are validated above, so quoting changes nothing; it is a second
     # line of defence should the grammar ever be loosened.
     path = "/api/v1/namespaces/{}/pods/{}".format(
         urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")
     )
     url = creds.server + path
+    target = _target(creds)
     pod_ref = f"{namespace}/{name}"
     headers = {"Accept": "application/json", "User-Agent": f"rdma-cni/{__version__}"}
     if creds.token:
         headers["Authorization"] = f"Bearer {creds.token}"
+    connect_timeout, read_timeout = timeout if isinstance(timeout, tuple) else (timeout, timeout)
 
     attempts = max(1, retries + 1)
     last_error = "no attempt made"
-    with contextlib.ExitStack() as stack:
-        verify, cert = stack.enter_context(_tls_files(creds))
-        if verify is False:
-            stack.enter_context(warnings.catch_warnings())
-            warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
-        session = stack.enter_context(requests.Session())
-        # Ignore proxy variables, .netrc and REQUESTS_CA_BUNDLE from the
-        # environment: the runtime's proxy settings are meant for image pulls,
-        # and a .netrc entry would silently replace the bearer token.
-        session.trust_env = False
-        session.verify = verify
-        if cert is not None:
-            session.cert = cert
+    with _tls_files(creds) as (verify, cert):
+        context = _ssl_context(verify, cert)
         for attempt in range(attempts):
             if attempt:
                 delay = backoff * (2 ** (attempt - 1))
@@ -394,29 +388,23 @@ def get_pod(
                 time.sleep(delay)
             log.debug("GET %s (attempt %d of %d)", url, attempt + 1, attempts)
             try:
-                resp = session.get(url, headers=headers, timeout=timeout, allow_redirects=False)
-            except requests.exceptions.SSLError as exc:
+                status, body = _get(target, path, headers, context, connect_timeout, read_timeout)
+            except ssl.SSLError as exc:
                 # A bad certificate does not heal by retrying.
                 raise KubernetesError(
                     f"TLS connection to API server {creds.server} failed",
                     _redact(f"{_describe(exc)}; check the certificate authority in {creds.source}", creds),
                 ) from exc
-            except (
-                requests.exceptions.ConnectionError,
-                requests.exceptions.Timeout,
-                requests.exceptions.ChunkedEncodingError,
-            ) as exc:
-                last_error = _redact(_describe(exc), creds)
+            except TimeoutError as exc:
+                last_error = _redact(f"Timeout: {exc or 'timed out'}", creds)
                 continue
-            except requests.exceptions.RequestException as exc:
-                raise KubernetesError(
-                    f"request to API server {creds.server} failed", _redact(_describe(exc), creds)
-                ) from exc
+            except (OSError, http.client.HTTPException) as exc:
+                last_error = _redact(f"ConnectionError: {_describe(exc)}", creds)
+                continue
 
-            status = resp.status_code
             if status == 200:
-                return _decode_pod(resp, creds, pod_ref)
-            server_says = _status_message(resp, creds)
+                return _decode_pod(body, creds, pod_ref)
+            server_says = _status_message(body, creds)
             if status >= 500 or status == 429:
                 last_error = f"HTTP {status}" + (f": {server_says}" if server_says else "")
                 continue
@@ -437,6 +425,75 @@ def get_pod(
         f"API server {creds.server} unavailable reading pod {pod_ref} after {attempts} attempts",
         f"last error: {last_error}",
     )
+
+
+@dataclass(frozen=True)
+class _Target:
+    tls: bool
+    host: str
+    port: int
+    prefix: str
+
+
+def _target(creds: ClusterCredentials) -> _Target:
+    """Scheme, host, port and path prefix of the API server URL."""
+    parts = urllib.parse.urlsplit(creds.server)
+    tls = parts.scheme == "https"
+    try:
+        port = parts.port or (443 if tls else 80)
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("https", "http") or not parts.hostname or port < 1:
+        raise KubernetesError(
+            f"API server address {creds.server!r} from {creds.source} is not an http(s)://host[:port] URL"
+        )
+    return _Target(tls, parts.hostname, port, parts.path.rstrip("/"))
+
+
+def _ssl_context(verify: str | bool, cert: tuple[str, str] | None) -> ssl.SSLContext:
+    """The client TLS context: the CA file (or the system trust store), an optional client certificate."""
+    if verify is False:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+    if cert is not None:
+        try:
+            context.load_cert_chain(cert[0], cert[1])
+        except (OSError, ssl.SSLError) as exc:
+            raise KubernetesError(
+                "cannot load the client certificate and key for the API server", _describe(exc)
+            ) from exc
+    return context
+
+
+def _get(
+    target: _Target,
+    path: str,
+    headers: dict[str, str],
+    context: ssl.SSLContext,
+    connect_timeout: float,
+    read_timeout: float,
+) -> tuple[int, bytes]:
+    """One GET over a fresh HTTPS connection; the status and the body (bounded)."""
+    conn = (
+        http.client.HTTPSConnection(target.host, target.port, timeout=connect_timeout, context=context)
+        if target.tls
+        else http.client.HTTPConnection(target.host, target.port, timeout=connect_timeout)
+    )
+    try:
+        conn.connect()
+        assert conn.sock is not None
+        conn.sock.settimeout(read_timeout)
+        conn.request("GET", target.prefix + path, headers=headers)
+        resp = conn.getresponse()
+        body = resp.read(_MAX_BODY + 1)
+        if len(body) > _MAX_BODY:
+            raise KubernetesError(f"the API server's answer is larger than {_MAX_BODY} bytes")
+        return resp.status, body
+    finally:
+        conn.close()
 
 
 def pod_annotation(pod: dict[str, Any], key: str) -> str | None:
@@ -464,9 +521,9 @@ def _check_name(what: str, value: object, grammar: re.Pattern[str], max_len: int
 
 @contextlib.contextmanager
 def _tls_files(creds: ClusterCredentials) -> Iterator[tuple[str | bool, tuple[str, str] | None]]:
-    """Yield requests' ``verify`` and ``cert`` values, materialising inline PEM data.
+    """Yield the CA (a path, True for the system store, False for none) and the client cert and key paths.
 
-    requests only accepts file paths, so inline data goes into a fresh 0700
+    ``load_cert_chain`` only accepts file paths, so inline data goes into a fresh 0700
     directory as 0600 files, removed when the block exits.
     """
     tmpdir: str | None = None
@@ -504,13 +561,13 @@ def _tls_files(creds: ClusterCredentials) -> Iterator[tuple[str | bool, tuple[st
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def _decode_pod(resp: Any, creds: ClusterCredentials, pod_ref: str) -> dict[str, Any]:
+def _decode_pod(body: bytes, creds: ClusterCredentials, pod_ref: str) -> dict[str, Any]:
     try:
-        doc = resp.json()
+        doc = json.loads(body)
     except ValueError:
         raise KubernetesError(
             f"API server {creds.server} answered pod {pod_ref} with something that is not JSON",
-            _snippet(_redact(resp.text, creds)),
+            _snippet(_redact(body.decode(errors="replace"), creds)),
         ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict):
         raise KubernetesError(f"API server {creds.server} answered pod {pod_ref} with a malformed object")
@@ -522,12 +579,12 @@ def _decode_pod(resp: Any, creds: ClusterCredentials, pod_ref: str) -> dict[str,
     return doc
 
 
-def _status_message(resp: Any, creds: ClusterCredentials) -> str:
+def _status_message(body: bytes, creds: ClusterCredentials) -> str:
     """The ``message`` of a Kubernetes Status body, else a snippet of the body."""
     try:
-        doc = resp.json()
+        doc = json.loads(body)
     except ValueError:
-        return _snippet(_redact(resp.text, creds))
+        return _snippet(_redact(body.decode(errors="replace"), creds))
     if isinstance(doc, dict) and isinstance(doc.get("message"), str):
         return _snippet(_redact(doc["message"], creds))
     return ""

@@ -1,7 +1,7 @@
 """Warm start server: forks pre-imported plugin processes for the launcher.
 
-A cold start of the built binary spends most of its time importing pydantic,
-requests and pyroute2, on every pod. The launcher (launcher/warm.c, which
+A cold start of the built binary spends most of its time importing pydantic
+and pyroute2, on every pod. The launcher (launcher/warm.c, which
 documents the handshake) starts this server once per unpacked tree as
 ``rdma-cni warm-server``; the server imports everything the verbs need,
 listens on ``<tree>/warm.sock`` and forks one child per CNI invocation. The
@@ -21,9 +21,19 @@ Safety:
   runtime killing the plugin on a timeout), the whole group, IPAM children
   included, is killed, as killing a cold plugin's process group would.
 * One server per tree: it holds ``warm.lock`` (flock) for its lifetime; a
-  second one exits at once. It exits after ``RDMA_CNI_WARM_IDLE`` seconds
-  (default 300) without callers, or when its tree is removed. A new binary
-  has a new tree and so a new server; the old one idles out.
+  second one exits at once.
+
+Lifetime: a quiet node must not fall back to cold starts, so by default the
+server never idles out. It lives as long as it can serve the binary that
+started it: it exits when its tree is removed, or when none of the
+launchers it has served (the executables kubelet runs, known from the
+spawning launcher and from each caller's /proc/<pid>/exe) still carries its
+payload, which is what an upgrade or an uninstall looks like. A new binary
+has a new tree and so a new server; the old one notices within
+``TREE_CHECK_SECONDS`` and exits once its children have finished.
+``RDMA_CNI_WARM_IDLE`` (seconds, in the environment of the invocation that
+starts the server) brings back an idle timeout for whoever wants the memory
+back on quiet nodes.
 """
 
 from __future__ import annotations
@@ -43,8 +53,12 @@ from collections.abc import Mapping
 SOCKET_NAME = "warm.sock"
 LOCK_NAME = "warm.lock"
 HELLO = b"RDMACNI-WARM-1"
-DEFAULT_IDLE_SECONDS = 300.0
 TREE_CHECK_SECONDS = 5.0
+# The packed launcher's trailer (launcher/launcher.c): magic, offset, count, id.
+TRAILER_SIZE = 40
+TRAILER_MAGIC = b"RDMACNI\x01"
+# Launcher paths remembered at most (a node normally has one or two).
+MAX_LAUNCHERS = 16
 NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts")
 # Modules the verbs import lazily; importing them here is the point of the server.
 PRELOAD = (
@@ -56,8 +70,11 @@ PRELOAD = (
     "rdma_cni.commands.gc",
     "rdma_cni.isolation",
     "rdma_cni.k8s",
-    "requests",
-    "filelock",
+    # The pod GET resolves the API server's name, which loads the idna codec
+    # (and unicodedata, a shared library) on first use; the built binary's
+    # children also loaded the ascii codec on every ADD.
+    "encodings.idna",
+    "encodings.ascii",
 )
 
 
@@ -65,14 +82,74 @@ class Refused(Exception):
     """A caller this server must not serve (the launcher then starts cold)."""
 
 
-def idle_seconds(environ: Mapping[str, str]) -> float:
-    """The idle timeout from ``RDMA_CNI_WARM_IDLE``; the default when unset or not a positive number."""
+def idle_seconds(environ: Mapping[str, str]) -> float | None:
+    """The idle timeout from ``RDMA_CNI_WARM_IDLE``; None (never idle out) unless a positive number."""
     raw = environ.get("RDMA_CNI_WARM_IDLE", "")
     try:
         value = float(raw)
     except ValueError:
-        return DEFAULT_IDLE_SECONDS
-    return value if 0 < value < 1e7 else DEFAULT_IDLE_SECONDS
+        return None
+    return value if 0 < value < 1e7 else None
+
+
+def payload_id(path: str) -> str | None:
+    """The payload id in the trailer of the packed launcher at ``path``, or None if it is not one."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-TRAILER_SIZE, os.SEEK_END)
+            trailer = f.read(TRAILER_SIZE)
+    except (OSError, ValueError):
+        return None
+    if len(trailer) != TRAILER_SIZE or not trailer.startswith(TRAILER_MAGIC):
+        return None
+    return trailer[24:].decode("ascii", "replace")
+
+
+def _identity(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class Launchers:
+    """The launcher executables this server serves, and whether any still carries its payload.
+
+    An upgrade replaces the launcher kubelet runs (a new file, or new
+    content): its trailer then names another tree, and this server is no
+    longer anyone's warm start.
+    """
+
+    def __init__(self, tree_id: str) -> None:
+        self.tree_id = tree_id
+        self.known: dict[str, tuple[int, int, int, int]] = {}
+        self.ever_known = False
+
+    def add(self, path: str) -> None:
+        """Remember ``path`` if it is a launcher of this payload (checked once per path)."""
+        if path in self.known or len(self.known) >= MAX_LAUNCHERS or not path.startswith("/"):
+            return
+        identity = _identity(path)
+        if identity is not None and payload_id(path) == self.tree_id:
+            self.known[path] = identity
+            self.ever_known = True
+
+    def any_current(self) -> bool:
+        """Forget launchers replaced or removed since; True while one is left (or none was ever known).
+
+        A server started by hand, with no launcher known, is bound to its tree only.
+        """
+        if not self.ever_known:
+            return True
+        for path, identity in list(self.known.items()):
+            now = _identity(path)
+            if now != identity:
+                if now is not None and payload_id(path) == self.tree_id:
+                    self.known[path] = now
+                else:
+                    del self.known[path]
+        return bool(self.known)
 
 
 def preload() -> None:
@@ -87,6 +164,16 @@ def preload() -> None:
     # pyroute2's message classes are built on first use; build them once here.
     netlink._cls("ifinfmsg")
     rdma._message_class()
+    # So are OpenSSL's global state and pyroute2's attribute tables (compiled
+    # per class on first encode or decode): read-only dumps of the server's
+    # own namespace build the tables, ~1 ms of CPU less in every child.
+    import ssl
+
+    ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    with contextlib.suppress(OSError), netlink.Rtnl() as rtnl:
+        rtnl.links()
+        rtnl.addresses(1)
+        rtnl.routes(1)
 
 
 def _ns_ids(proc: str) -> list[tuple[int, int]]:
@@ -124,9 +211,12 @@ class Caller:
 class Server:
     """The accept/fork/reap loop of one tree's warm server."""
 
-    def __init__(self, tree: str, idle: float) -> None:
+    def __init__(self, tree: str, idle: float | None, launcher: str = "") -> None:
         self.tree = tree
         self.idle = idle
+        self.launchers = Launchers(os.path.basename(tree))
+        if launcher:
+            self.launchers.add(launcher)
         self.children: dict[int, socket.socket] = {}
         self.own_ns = _ns_ids("/proc/self")
         self.uid = os.geteuid()
@@ -166,16 +256,25 @@ class Server:
             os.unlink(f"/proc/self/fd/{self.dirfd}/{SOCKET_NAME}")
         self.listener.close()
 
+    def wanted(self) -> bool:
+        """Whether this server still has a reason to run: its tree, and a launcher that uses it."""
+        return os.path.exists(os.path.join(self.tree, ".complete")) and self.launchers.any_current()
+
     def serve_forever(self) -> None:
-        """Serve until idle for ``idle`` seconds (or the tree is gone)."""
+        """Serve while :meth:`wanted` (checked every few seconds) and, with an idle timeout, not idle."""
+        next_check = 0.0
         while True:
-            timeout = self.idle - (time.monotonic() - self.last_activity)
-            if not self.children and (
-                timeout <= 0 or not os.path.exists(os.path.join(self.tree, ".complete"))
-            ):
-                return
-            # Wake at least every few seconds to notice a removed tree.
-            wait = min(max(timeout, 0.01), TREE_CHECK_SECONDS)
+            now = time.monotonic()
+            left = None if self.idle is None else self.idle - (now - self.last_activity)
+            if not self.children:
+                if left is not None and left <= 0:
+                    return
+                if now >= next_check:
+                    if not self.wanted():
+                        return
+                    next_check = now + TREE_CHECK_SECONDS
+            # Wake at least every few seconds to notice a removed tree or launcher.
+            wait = TREE_CHECK_SECONDS if left is None else min(max(left, 0.01), TREE_CHECK_SECONDS)
             for key, _ in self.selector.select(wait):
                 if key.data == "accept":
                     self._accept()
@@ -199,6 +298,7 @@ class Server:
             if conn.recv(len(HELLO)) != HELLO:
                 raise Refused("bad hello")
             caller = self._check(conn)
+            self.launchers.add(caller.environ["RDMA_CNI_LAUNCHER"])
             conn.sendall(b"R")
             msg, fds, _flags, _addr = socket.recv_fds(conn, 1, 3)
             if msg != b"G" or len(fds) != 3:
@@ -225,8 +325,7 @@ class Server:
             os.setpgid(pid, pid)
         for fd in fds:
             os.close(fd)
-        with contextlib.suppress(OSError):
-            conn.sendall(b"S")
+        # The child itself says 'S' (and 'X' when done): see _child.
         conn.settimeout(None)
         self.children[pid] = conn
         self.selector.register(conn, selectors.EVENT_READ, pid)
@@ -250,7 +349,9 @@ class Server:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             for other in self.children.values():
                 other.close()
-            conn.close()
+            conn.settimeout(None)
+            with contextlib.suppress(OSError):
+                conn.sendall(b"S")
             self.listener.close()
             self.selector.close()
             for fd in (self.wake_r, self.wake_w, self.dirfd):
@@ -284,6 +385,15 @@ class Server:
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):
                     stream.flush()
+            # Tell the launcher now, with the caller's stdio closed: tearing
+            # down this copy of the server's memory, then being reaped, takes
+            # milliseconds the runtime need not wait for. Should this child
+            # die first (a signal), the server reports its status instead.
+            for fd in (0, 1, 2):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            with contextlib.suppress(OSError):
+                conn.sendall(b"X" + struct.pack("i", (code & 0xFF) << 8))
             os._exit(code & 0xFF)
 
     def _reap(self) -> None:
@@ -335,7 +445,8 @@ def main(argv: list[str]) -> int:
     except BlockingIOError:
         return 0  # another server has this tree
     preload()
-    server = Server(tree, idle_seconds(os.environ))
+    # The launcher that spawned us names itself (launcher/warm.c); see Launchers.
+    server = Server(tree, idle_seconds(os.environ), os.environ.get("RDMA_CNI_LAUNCHER", ""))
     server.listen()
     # Stopped with SIGTERM (or SIGINT), remove the socket on the way out.
     for signo in (signal.SIGTERM, signal.SIGINT):

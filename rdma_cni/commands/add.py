@@ -83,7 +83,7 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
                 result.dns = merged_dns(conf, att)
                 att.state = "ready"
                 att.result = result.to_dict(att.cni_version)
-                store.write(att)
+                store.write(att, new_name=False)
             except BaseException:
                 errors = release_vfs(
                     att.vfs,

@@ -19,7 +19,7 @@ from tests.integration.conftest import (
     ns_name,
     plugin_command,
 )
-from tests.support.processes import cache_id, pids_mentioning, wait_gone, warm_servers
+from tests.support.processes import cache_id, children_of, pids_mentioning, wait_gone, warm_servers
 from tests.support.simnode import SimPf, del_netns, ip
 
 THREE = [{"min_tx_rate": 15000, "max_tx_rate": 20000}, {"min_tx_rate": 5000}, {}]
@@ -250,6 +250,33 @@ def test_warm_server_killed_mid_add_fails_the_add_and_del_cleans_up(cluster: Clu
     # The server cannot report the outcome any more: the runtime must see a failure.
     assert proc.returncode == 1
     assert b"warm server went away" in err
+    done = cluster.run("DEL", pod, cluster.conf())
+    assert done.ok, done.doc
+    assert_node_pristine(cluster)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("RDMA_CNI_BINARY"), reason="warm start is a feature of the built binary"
+)
+def test_warm_server_alone_killed_mid_add_leaves_the_child_to_report_its_outcome(cluster: Cluster) -> None:
+    assert cluster.run("STATUS", {}, cluster.conf()).ok  # makes sure a warm server is up
+    deadline = time.monotonic() + 30
+    while not _warm_server():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    conf, marker = _slow_ipam(cluster, seconds=2)
+    pod = cluster.pod([{"max_tx_rate": 1000}])
+    proc = _add_until_ipam_runs(cluster, pod, conf, marker)
+    # The server only: its forked children carry the same command line.
+    running = _warm_server()
+    servers = [pid for pid in running if set(children_of(pid)) & set(running)]
+    assert len(servers) == 1 and len(running) == 2, running
+    os.kill(servers[0], 9)
+    assert proc.stderr is not None and proc.stdout is not None
+    proc.wait(timeout=60)
+    # The child owns the outcome and reports it itself: the ADD finishes and says so.
+    assert proc.returncode == 0, proc.stderr.read()
+    assert json.loads(proc.stdout.read())["interfaces"][0]["name"] == "net1"
     done = cluster.run("DEL", pod, cluster.conf())
     assert done.ok, done.doc
     assert_node_pristine(cluster)

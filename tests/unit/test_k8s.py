@@ -640,3 +640,47 @@ def test_import_does_not_load_requests() -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
     assert "rdma_cni.k8s" in imported
     assert not {"requests", "urllib3", "yaml"} & imported
+
+
+# --------------------------------------------------------------------------
+# The stdlib HTTP client's own edges
+
+
+def test_answer_larger_than_the_bound_is_refused(
+    api: ApiServer, token_creds: k8s.ClusterCredentials, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(k8s, "_MAX_BODY", 2000)
+    api.add_pod("default", "big", {"rdma_interfaces_required": "x" * 4000})
+    with pytest.raises(KubernetesError) as info:
+        k8s.get_pod(token_creds, "default", "big", **FAST)
+    assert "larger than 2000 bytes" in info.value.msg
+    assert api.request_count == 1  # a bound is not retried
+
+
+@pytest.mark.parametrize("server", ["ftp://127.0.0.1:1", "https://127.0.0.1:99999", "https:///nohost"])
+def test_server_address_that_is_not_an_http_url(token_creds: k8s.ClusterCredentials, server: str) -> None:
+    creds = dataclasses.replace(token_creds, server=server)
+    with pytest.raises(KubernetesError) as info:
+        k8s.get_pod(creds, "default", "web-0", **FAST)
+    assert "is not an http(s)://host[:port] URL" in info.value.msg
+    assert token_creds.source in info.value.msg
+
+
+def test_plain_http_server_is_spoken_to_without_tls(token_creds: k8s.ClusterCredentials) -> None:
+    # kubeconfigs may name http:// servers; nothing listens here, so the answer is "try again".
+    creds = dataclasses.replace(token_creds, server=f"http://127.0.0.1:{_closed_port()}")
+    with pytest.raises(TryAgainLater) as info:
+        k8s.get_pod(creds, "default", "web-0", **FAST)
+    assert "ConnectionError" in info.value.details
+
+
+def test_unloadable_client_certificate_is_a_clear_error(
+    api: ApiServer, token_creds: k8s.ClusterCredentials, tmp_path: Path
+) -> None:
+    garbage = tmp_path / "client.crt"
+    garbage.write_text("not a certificate")
+    creds = dataclasses.replace(token_creds, client_cert_file=str(garbage), client_key_file=str(garbage))
+    with pytest.raises(KubernetesError) as info:
+        k8s.get_pod(creds, "default", "web-0", **FAST)
+    assert "client certificate" in info.value.msg
+    assert api.request_count == 0

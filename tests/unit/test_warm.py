@@ -6,6 +6,7 @@ per-verb log line says whether an invocation started cold or warm.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -58,11 +59,15 @@ class Node:
         }
 
     def run(
-        self, conf: dict[str, object] | None = None, prefix: tuple[str, ...] = (), **extra: str
+        self,
+        conf: dict[str, object] | None = None,
+        prefix: tuple[str, ...] = (),
+        binary: str | None = None,
+        **extra: str,
     ) -> subprocess.CompletedProcess[bytes]:
         assert BINARY
         return subprocess.run(
-            [*prefix, BINARY],
+            [*prefix, binary or BINARY],
             input=json.dumps(conf or self.conf).encode(),
             env=self.env(**extra),
             capture_output=True,
@@ -91,8 +96,11 @@ class Node:
         while time.monotonic() < deadline:
             if self.cache.exists() and (self.tree / warm.SOCKET_NAME).exists():
                 pids = warm_servers(str(self.tree))
-                if pids:
-                    return pids[0]
+                # Not a warm child still exiting after its report (same command line).
+                children = {child for pid in pids for child in children_of(pid)}
+                servers = [pid for pid in pids if pid not in children]
+                if servers:
+                    return servers[0]
             time.sleep(0.05)
         raise AssertionError("no warm server came up")
 
@@ -103,8 +111,10 @@ def node(tmp_path: Path) -> Iterator[Node]:
     yield n
     if n.cache.exists():
         for p in n.cache.iterdir():
+            # A warm child (same command line) may still be exiting after it has reported.
             for pid in warm_servers(str(p)):
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @needs_binary
@@ -192,7 +202,7 @@ def test_dead_server_leaves_a_stale_socket_that_the_next_server_replaces(node: N
 
 
 @needs_binary
-def test_server_exits_when_idle(node: Node) -> None:
+def test_server_exits_when_idle_only_if_asked(node: Node) -> None:
     node.run(RDMA_CNI_WARM_IDLE="1")
     pid = node.server_pid()
     assert wait_gone(pid, timeout=20)
@@ -237,7 +247,8 @@ def test_caller_of_another_uid_is_refused(node: Node) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "b''"  # closed without 'R'
     for pid in warm_servers(str(node.tree)):
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     shutil.rmtree(open_dir)
 
 
@@ -262,10 +273,101 @@ def test_warm_server_refuses_arguments_and_the_unbuilt_package(capsys: pytest.Ca
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("", 300.0), ("2.5", 2.5), ("0", 300.0), ("-1", 300.0), ("soon", 300.0), ("1e9", 300.0)],
+    [("", None), ("2.5", 2.5), ("0", None), ("-1", None), ("soon", None), ("1e9", None)],
 )
-def test_idle_seconds(raw: str, expected: float) -> None:
+def test_idle_seconds(raw: str, expected: float | None) -> None:
     assert warm.idle_seconds({"RDMA_CNI_WARM_IDLE": raw}) == expected
+    assert warm.idle_seconds({}) is None
+
+
+def _launcher_copy(node: Node, name: str) -> Path:
+    """A copy of the built binary elsewhere: the same payload, so the same tree and server."""
+    assert BINARY
+    target = node.tmp / name / "rdma-cni"
+    target.parent.mkdir()
+    shutil.copy2(BINARY, target)
+    return target
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Replace a file the way an installer does: write beside it, rename over it."""
+    new = path.with_name(path.name + ".new")
+    new.write_bytes(data)
+    new.chmod(0o755)
+    os.rename(new, path)
+
+
+@needs_binary
+def test_server_outlives_quiet_periods_by_default(node: Node) -> None:
+    # Before, a server idled out after 300 s; now only RDMA_CNI_WARM_IDLE sets a timeout.
+    node.run()
+    pid = node.server_pid()
+    time.sleep(warm.TREE_CHECK_SECONDS * 2 + 1)  # two liveness checks pass
+    assert warm_servers(str(node.tree)) == [pid]
+    assert node.run().returncode == 0
+    assert node.starts() == ["cold", "warm"]
+
+
+@needs_binary
+def test_server_exits_when_its_launcher_is_upgraded(node: Node) -> None:
+    launcher = _launcher_copy(node, "bin")
+    assert node.run(binary=str(launcher)).returncode == 0
+    pid = node.server_pid()
+    # The same content rewritten (a new mtime and inode) is not an upgrade.
+    _replace(launcher, launcher.read_bytes())
+    time.sleep(warm.TREE_CHECK_SECONDS + 1)
+    assert warm_servers(str(node.tree)) == [pid]
+    assert node.run(binary=str(launcher)).returncode == 0
+    assert node.starts() == ["cold", "warm"]
+    # Another payload at that path is: the old server has no caller left.
+    _replace(launcher, b"#!/bin/sh\nexit 0\n")
+    assert wait_gone(pid, timeout=warm.TREE_CHECK_SECONDS * 3)
+    assert not (node.tree / warm.SOCKET_NAME).exists()
+
+
+@needs_binary
+def test_server_stays_while_any_launcher_it_served_carries_its_payload(node: Node) -> None:
+    first, second = _launcher_copy(node, "a"), _launcher_copy(node, "b")
+    assert node.run(binary=str(first)).returncode == 0
+    pid = node.server_pid()
+    assert node.run(binary=str(second)).returncode == 0  # served warm: the server learns this path
+    first.unlink()
+    time.sleep(warm.TREE_CHECK_SECONDS + 1)
+    assert warm_servers(str(node.tree)) == [pid]
+    assert node.run(binary=str(second)).returncode == 0
+    assert node.starts() == ["cold", "warm", "warm"]
+    second.unlink()
+    assert wait_gone(pid, timeout=warm.TREE_CHECK_SECONDS * 3)
+
+
+def test_payload_id_reads_only_packed_launchers(tmp_path: Path) -> None:
+    packed = tmp_path / "packed"
+    packed.write_bytes(b"x" * 100 + warm.TRAILER_MAGIC + b"\0" * 16 + b"0123456789abcdef")
+    assert warm.payload_id(str(packed)) == "0123456789abcdef"
+    other = tmp_path / "other"
+    other.write_bytes(b"#!/bin/sh\n" * 10)
+    short = tmp_path / "short"
+    short.write_bytes(b"RDMACNI")
+    assert warm.payload_id(str(other)) is None
+    assert warm.payload_id(str(short)) is None
+    assert warm.payload_id(str(tmp_path / "missing")) is None
+
+
+def test_launchers_forget_replaced_paths_and_a_server_started_by_hand_keeps_to_its_tree(
+    tmp_path: Path,
+) -> None:
+    launcher = tmp_path / "rdma-cni"
+    launcher.write_bytes(b"x" * 64 + warm.TRAILER_MAGIC + b"\0" * 16 + b"0123456789abcdef")
+    by_hand = warm.Launchers("0123456789abcdef")
+    assert by_hand.any_current()  # knows no launcher: bound to its tree only
+    by_hand.add("relative/path")
+    by_hand.add(str(tmp_path / "missing"))
+    assert by_hand.known == {} and by_hand.any_current()
+    launchers = warm.Launchers("0123456789abcdef")
+    launchers.add(str(launcher))
+    assert launchers.any_current()
+    _replace(launcher, b"x" * 64 + warm.TRAILER_MAGIC + b"\0" * 16 + b"fedcba9876543210")
+    assert not launchers.any_current()
 
 
 @needs_binary
@@ -386,7 +488,8 @@ PRELOAD_CHECK = """
 import json, os, sys
 from rdma_cni import warm
 from rdma_cni.cli import run_cni
-heavy = ("pydantic", "requests", "filelock", "pyroute2.netlink.rtnl.ifinfmsg", "rdma_cni.commands.add")
+heavy = ("pydantic", "http.client", "rdma_cni.record", "pyroute2.netlink.rtnl.ifinfmsg",
+         "rdma_cni.commands.add")
 assert not any(name in sys.modules for name in heavy)
 warm.preload()
 before = set(sys.modules)
@@ -414,4 +517,34 @@ def test_preload_imports_what_a_verb_would_import(tmp_path: Path) -> None:
     assert seen["code"] == 0
     assert len(seen["heavy"]) == 5
     # The verb itself (config, lock, netlink, records) imports nothing more.
+    assert seen["new"] == [], seen["new"]
+
+
+GET_AFTER_PRELOAD = """
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from rdma_cni import k8s, warm
+from tests.support.apiserver import ApiServer
+warm.preload()
+with ApiServer() as api:
+    api.add_pod("default", "web-0", {})
+    creds = k8s.load_credentials(api.write_kubeconfig(sys.argv[1] + "/kc", mode="token"))
+    before = set(sys.modules)
+    pod = k8s.get_pod(creds, "default", "web-0")
+print(json.dumps({"name": pod["metadata"]["name"], "new": sorted(set(sys.modules) - before)}))
+"""
+
+
+def test_preload_covers_the_pod_get(tmp_path: Path) -> None:
+    # ADD's one network request must not import anything in each warm child either.
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", GET_AFTER_PRELOAD, str(tmp_path), root],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["name"] == "web-0"
     assert seen["new"] == [], seen["new"]

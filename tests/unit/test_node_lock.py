@@ -1,0 +1,130 @@
+"""The node lock: a blocking flock with a bounded wait, compatible with filelock's flock."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rdma_cni.errors import IOFailure, TryAgainLater
+from rdma_cni.record import node_lock
+
+
+def _holder(path: Path, seconds: float) -> int:
+    """A child process that holds flock on ``path`` for ``seconds``; its pid, once it holds it."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(ready_r)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(ready_w, b"x")
+        time.sleep(seconds)
+        os._exit(0)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"x"
+    os.close(ready_r)
+    return pid
+
+
+def test_lock_is_created_0600_and_released(tmp_path: Path) -> None:
+    lock = tmp_path / "run" / "rdma-cni.lock"
+    with node_lock(str(lock), 1):
+        assert lock.stat().st_mode & 0o777 == 0o600
+        fd = os.open(lock, os.O_RDWR)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
+    os.close(fd)
+
+
+SYS_FLOCK = 73  # x86_64
+
+
+def test_waiter_sleeps_in_flock_so_the_kernel_hands_the_lock_over_at_release(tmp_path: Path) -> None:
+    # Polling (filelock's way) would show the waiter in a sleep between
+    # attempts, and leave the lock idle for up to a poll interval.
+    lock = tmp_path / "lock"
+    held = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            with node_lock(str(lock), 10):
+                os._exit(0)
+        except BaseException:
+            os._exit(1)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with open(f"/proc/{pid}/syscall") as f:
+                if f.read().split()[0] == str(SYS_FLOCK):
+                    break
+            assert time.monotonic() < deadline, "the waiter never blocked in flock"
+            time.sleep(0.01)
+    finally:
+        fcntl.flock(held, fcntl.LOCK_UN)
+        os.close(held)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_timeout_is_code_11_and_restores_the_alarm_handler(tmp_path: Path) -> None:
+    lock = tmp_path / "lock"
+    pid = _holder(lock, 5)
+    before = signal.getsignal(signal.SIGALRM)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TryAgainLater) as info, node_lock(str(lock), 0.2):
+            pass
+        assert 0.2 <= time.monotonic() - started < 2
+        assert info.value.code == 11 and str(lock) in info.value.msg
+        assert signal.getsignal(signal.SIGALRM) is before
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        with pytest.raises(TryAgainLater), node_lock(str(lock), 0):  # timeout 0: one try only
+            pass
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def test_off_the_main_thread_the_wait_polls_and_still_times_out(tmp_path: Path) -> None:
+    lock = tmp_path / "lock"
+    pid = _holder(lock, 0.3)
+    outcomes: list[object] = []
+
+    def run(timeout: float) -> None:
+        try:
+            with node_lock(str(lock), timeout):
+                outcomes.append("held")
+        except TryAgainLater as exc:
+            outcomes.append(exc)
+
+    try:
+        short = threading.Thread(target=run, args=(0.05,))
+        short.start()
+        short.join()
+        patient = threading.Thread(target=run, args=(10,))
+        patient.start()
+        patient.join()
+    finally:
+        os.waitpid(pid, 0)
+    assert isinstance(outcomes[0], TryAgainLater)
+    assert outcomes[1] == "held"
+
+
+def test_unopenable_lock_file_is_code_5(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(IOFailure) as info, node_lock(str(tmp_path / "dir"), 1):
+        pass
+    assert "cannot open lockFile" in info.value.msg
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(IOFailure) as info, node_lock(str(blocker / "lock"), 1):
+        pass
+    assert "cannot create the directory" in info.value.msg

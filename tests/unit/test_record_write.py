@@ -1,0 +1,27 @@
+"""Record writes: which ones fsync the directory (a new name) and which need not (a replaced one)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rdma_cni.record import Attachment, RecordStore
+
+
+def test_only_a_new_record_name_fsyncs_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = RecordStore(str(tmp_path))
+    synced: list[str] = []
+    monkeypatch.setattr(RecordStore, "_sync_dir", lambda self: synced.append(self.dir))
+    att = Attachment(container_id="c1", ifname="net1", network="n", netns="/run/netns/x", cni_version="1.0.0")
+    store.write(att)
+    assert synced == [store.dir]
+    att.state = "ready"
+    store.write(att, new_name=False)
+    assert synced == [store.dir]  # replacing an existing record: either version is safe after a crash
+    path = Path(store.path("c1", "net1"))
+    assert json.loads(path.read_text())["state"] == "ready"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert sorted(os.listdir(store.dir)) == ["c1@net1.json"]  # no temporary left behind
