@@ -219,9 +219,9 @@ def parse_preempt(doc: Any) -> PreemptArgs:
     violations: dict[str, int] = {}
     meta_doc = field(body, "NodeNameToMetaVictims")
     full_doc = field(body, "NodeNameToVictims")
-    source, meta = (meta_doc, True) if meta_doc else (full_doc, False)
-    if source is None:
-        source = {}
+    # kube-scheduler sends one of the two (MetaVictims when nodeCacheCapable).
+    meta = not (full_doc and not meta_doc)
+    source = (meta_doc if meta else full_doc) or ({} if meta_doc is None else meta_doc)
     name = "NodeNameToMetaVictims" if meta else "NodeNameToVictims"
     if not isinstance(source, dict) or len(source) > MAX_NODES:
         raise WireError(f"{name}: expected an object mapping node names to victims")
