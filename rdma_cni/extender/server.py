@@ -212,6 +212,7 @@ class _Handler(BaseHTTPRequestHandler):
         verb = self.server.verbs.get(self.path.split("?", 1)[0].rstrip("/"))
         length = self.headers.get("Content-Length")
         if verb is None:
+            self.close_connection = True  # its body is not read: the stream cannot be reused
             self._send(404, b"not found\n", "text/plain")
             return
         if length is None or not length.isdigit() or int(length) > MAX_BODY:
