@@ -15,18 +15,18 @@ import signal
 import ssl
 import sys
 import threading
+import time
 from typing import Any, TextIO
 
-from rdma_cni import nodestate
 from rdma_cni.errors import InvalidPodRequest
 from rdma_cni.extender.cache import NodeCache
-from rdma_cni.extender.decide import Decider
+from rdma_cni.extender.decide import Decider, Policy
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.reservations import Reservations
 from rdma_cni.extender.server import Extender, ExtenderServer
 from rdma_cni.podrequest import PodRequest, parse_request
 
-__all__ = ["main", "rebuild_reservations"]
+__all__ = ["Service", "main", "parser", "rebuild_reservations"]
 
 log = logging.getLogger("rdma_cni.extender")
 
@@ -131,30 +131,127 @@ def rebuild_reservations(
     return made
 
 
-def _housekeeping(ext: Extender, client: Any, stop: threading.Event, interval: float = 1.0) -> None:
-    """Expire reservations by TTL, and end those whose pod is gone."""
-    from rdma_cni import kubeapi
+class Service:
+    """The extender's parts wired together: node cache, reservations, decisions, HTTP server.
 
-    ticks = 0
-    while not stop.wait(interval):
-        ext.reservations.expire()
-        ticks += 1
-        if ticks % 10:
-            continue
-        for res in ext.reservations.all():
-            try:
-                pod = client.get(f"/api/v1/namespaces/{res.namespace}/pods/{res.name}")
-            except kubeapi.NotFound:
-                ext.reservations.drop(res.uid, "the pod is gone")
+    ``start`` serves at once and becomes ready once the cache is synced and
+    the reservations are rebuilt; the subcommand and the tests use the same wiring.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        listen: tuple[str, int],
+        tls: ssl.SSLContext | None = None,
+        policy: Policy = "binpack",
+        networks: frozenset[str] = frozenset(),
+        default_request: PodRequest | None = None,
+        max_state_age: float | None = None,
+        reservation_ttl: float = 300.0,
+        annotation: str = "rdma_interfaces_required",
+        sweep_interval: float = 1.0,
+        pod_check_interval: float = 10.0,
+        backoff: tuple[float, float] = (0.2, 10.0),
+    ) -> None:
+        self.client = client
+        self.decider = Decider(policy=policy, max_state_age=max_state_age)
+        self.demands = Demands(annotation=annotation, networks=networks, default_request=default_request)
+        self.reservations = Reservations(reservation_ttl)
+        self.cache = NodeCache(
+            client,
+            self.decider,
+            on_view=lambda name, view: self.reservations.observe(name, view.uids),
+            backoff=backoff,
+        )
+        self.extender = Extender(
+            decider=self.decider,
+            demands=self.demands,
+            reservations=self.reservations,
+            client=client,
+            cache_views=lambda: self.cache.views,
+        )
+        self.server = ExtenderServer(listen, self.extender, tls)
+        self.sweep_interval = sweep_interval
+        self.pod_check_interval = pod_check_interval
+        self.backoff = backoff
+        self.stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The address served (the port is the real one when 0 was asked)."""
+        host, port = self.server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> Service:
+        """Serve in background threads; readiness follows the cache and the rebuild."""
+        for target, name in (
+            (self.server.serve_forever, "http"),
+            (self._startup, "startup"),
+            (self._housekeeping, "housekeeping"),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and following the API."""
+        self.stopping.set()
+        self.cache.stop()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _startup(self) -> None:
+        from rdma_cni import kubeapi
+
+        self.cache.start()
+        delay = self.backoff[0]
+        while not self.stopping.is_set():
+            if not self.cache.synced.wait(0.2):
                 continue
-            except kubeapi.ApiError:
+            try:
+                made = rebuild_reservations(
+                    self.client, self.cache, self.demands, self.decider, self.reservations
+                )
+            except kubeapi.ApiError as exc:
+                log.warning("rebuilding reservations failed (%s); retrying in %.1f s", exc, delay)
+                self.stopping.wait(delay)
+                delay = min(self.backoff[1], delay * 2)
+                continue
+            log.info("ready: %d nodes, %d reservations rebuilt", len(self.cache.views), made)
+            self.extender.ready.set()
+            return
+
+    def _housekeeping(self) -> None:
+        """End reservations by TTL, and those whose pod is gone (checked less often: API calls)."""
+        last_check = time.monotonic()
+        while not self.stopping.wait(self.sweep_interval):
+            self.reservations.expire()
+            if time.monotonic() - last_check >= self.pod_check_interval:
+                last_check = time.monotonic()
+                self.check_pods()
+
+    def check_pods(self) -> None:
+        """End the reservations of pods deleted, replaced (other uid) or finished."""
+        from rdma_cni import kubeapi
+
+        for res in self.reservations.all():
+            try:
+                pod = self.client.get(f"/api/v1/namespaces/{res.namespace}/pods/{res.name}")
+            except kubeapi.NotFound:
+                self.reservations.drop(res.uid, "the pod is gone")
+                continue
+            except kubeapi.ApiError as exc:
+                log.debug("cannot check pod %s/%s: %s", res.namespace, res.name, exc)
                 continue
             meta = pod.get("metadata") or {}
             if meta.get("uid") != res.uid or (pod.get("status") or {}).get("phase") in (
                 "Succeeded",
                 "Failed",
             ):
-                ext.reservations.drop(res.uid, "the pod is gone")
+                self.reservations.drop(res.uid, "the pod is gone")
 
 
 def main(argv: list[str], out: TextIO) -> int:
@@ -167,16 +264,12 @@ def main(argv: list[str], out: TextIO) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         sys.stderr.write("rdma-cni scheduler-extender: --tls-cert and --tls-key go together\n")
         return 2
-    if args.networks and args.default_request is None:
+    networks = frozenset(n.strip() for n in args.networks.split(",") if n.strip())
+    if networks and args.default_request is None:
         args.default_request = parse_request("[{}]", "--default-request")
     from rdma_cni import kubeapi
     from rdma_cni.errors import CniError
 
-    try:
-        client = kubeapi.ApiClient.from_kubeconfig(args.kubeconfig)
-    except CniError as exc:
-        sys.stderr.write(f"rdma-cni scheduler-extender: {exc.msg}\n")
-        return 1
     tls = None
     if args.tls_cert:
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -185,62 +278,40 @@ def main(argv: list[str], out: TextIO) -> int:
         except (OSError, ssl.SSLError) as exc:
             sys.stderr.write(f"rdma-cni scheduler-extender: cannot load --tls-cert/--tls-key: {exc}\n")
             return 1
-    decider = Decider(policy=args.policy, max_state_age=args.max_state_age)
-    networks = frozenset(n.strip() for n in args.networks.split(",") if n.strip())
-    demands = Demands(annotation=args.annotation, networks=networks, default_request=args.default_request)
-    reservations = Reservations(args.reservation_ttl)
-    cache = NodeCache(
-        client, decider, annotation=nodestate.ANNOTATION, on_view=lambda n, v: reservations.observe(n, v.uids)
-    )
-    ext = Extender(
-        decider=decider,
-        demands=demands,
-        reservations=reservations,
-        client=client,
-        cache_views=lambda: cache.views,
-    )
     try:
-        server = ExtenderServer(args.listen, ext, tls)
-    except OSError as exc:
-        sys.stderr.write(
-            f"rdma-cni scheduler-extender: cannot listen on {args.listen[0]}:{args.listen[1]}: {exc}\n"
-        )
+        client = kubeapi.ApiClient.from_kubeconfig(args.kubeconfig)
+    except CniError as exc:
+        sys.stderr.write(f"rdma-cni scheduler-extender: {exc.msg}\n")
         return 1
-    stop = threading.Event()
-
-    def startup() -> None:
-        cache.start()
-        delay = 0.2
-        while not stop.is_set():
-            if cache.synced.wait(1.0):
-                try:
-                    made = rebuild_reservations(client, cache, demands, decider, reservations)
-                except kubeapi.ApiError as exc:
-                    log.warning("rebuilding reservations failed (%s); retrying in %.1f s", exc, delay)
-                    stop.wait(delay)
-                    delay = min(10.0, delay * 2)
-                    continue
-                log.info("ready: %d nodes, %d reservations rebuilt", len(cache.views), made)
-                ext.ready.set()
-                return
-
-    threading.Thread(target=startup, name="startup", daemon=True).start()
-    threading.Thread(target=_housekeeping, args=(ext, client, stop), name="housekeeping", daemon=True).start()
+    try:
+        service = Service(
+            client,
+            listen=args.listen,
+            tls=tls,
+            policy=args.policy,
+            networks=networks,
+            default_request=args.default_request,
+            max_state_age=args.max_state_age,
+            reservation_ttl=args.reservation_ttl,
+            annotation=args.annotation,
+        )
+    except OSError as exc:
+        host, port = args.listen
+        sys.stderr.write(f"rdma-cni scheduler-extender: cannot listen on {host}:{port}: {exc}\n")
+        return 1
+    done = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        done.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    host, port = server.server_address[:2]
+    service.start()
+    host, port = service.address
     out.write(json.dumps({"listening": f"{host}:{port}", "tls": tls is not None}) + "\n")
     out.flush()
-    try:
-        server.serve_forever(poll_interval=0.2)
-    finally:
-        stop.set()
-        cache.stop()
-        server.server_close()
-        client.close()
+    while not done.wait(1.0):
+        pass
+    service.stop()
+    client.close()
     return 0
