@@ -94,6 +94,7 @@ class Extender:
         now = decider.now()
         max_age = decider.max_state_age
         reservations = self.reservations
+        reserved = reservations.nodes()
         local: dict[int, Any] = {}
         passing: list[str] = []
         failed: dict[str, str] = {}
@@ -103,7 +104,7 @@ class Extender:
             if view is None or view.problem or (max_age is not None and now - view.updated > max_age):
                 unresolvable[name] = decider.unusable(view, now)
                 continue
-            if reservations.has_node(name):
+            if name in reserved:
                 verdict = decider.verdict(demand, view, reservations.extra(name))
             else:
                 verdict = local.get(view.fp)
