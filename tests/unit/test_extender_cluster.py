@@ -163,9 +163,9 @@ def test_cache_follows_the_watch_through_drops_and_410(harness: Harness, api: Ap
     assert service.cache.relists == relists
     # History compacted while disconnected: 410 Gone, then a relist.
     wait_for("a new watch", lambda: api.watch_count > 0)
-    api.compact()
-    api.drop_watches()
+    api.drop_watches()  # the extender reconnects after its backoff (50 ms here) ...
     harness.publish("n1", so.state(PFS, generation=4))
+    api.compact()  # ... by when the change it missed is out of the history
     wait_for("the relist after 410 Gone", lambda: service.cache.relists > relists)
     wait_for("the freed node after the relist", passes)
     assert service.cache.reconnects >= reconnects
