@@ -160,6 +160,10 @@ def test_process_serves_https(tmp_path: Path, api: ApiServer, procs: list[Extend
         (["--listen", "127.0.0.1:0", "--annotation", "bad key!"], "is not a valid Kubernetes annotation key"),
         (["--listen", "127.0.0.1:0", "--policy", "random"], "invalid choice: 'random'"),
         (["--listen", "127.0.0.1:0", "--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig"),
+        (
+            ["--listen", "127.0.0.1:0", "--tls-cert", "/nonexistent.crt", "--tls-key", "/k"],
+            "cannot load --tls-cert",
+        ),
     ],
 )
 def test_bad_options_are_refused_by_name(args: list[str], message: str) -> None:
@@ -169,3 +173,11 @@ def test_bad_options_are_refused_by_name(args: list[str], message: str) -> None:
     assert proc.returncode in (1, 2)
     assert message in proc.stderr
     assert proc.stdout == ""
+
+
+def test_address_that_cannot_be_served_is_refused(tmp_path: Path, api: ApiServer) -> None:
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    cmd = [*plugin_command(), "scheduler-extender", "--listen", "203.0.113.1:1", "--kubeconfig", kubeconfig]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "cannot listen on 203.0.113.1:1" in proc.stderr
