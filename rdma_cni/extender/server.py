@@ -148,19 +148,19 @@ class Extender:
         passing, failed, unresolvable, _ = self._decide(demand, names, views)
         return wire.filter_result(args, passing, failed, unresolvable)
 
-    def prioritize(self, doc: Any) -> list[dict[str, Any]]:
-        """ExtenderArgs -> HostPriorityList (0 for nodes that do not fit, and for non-RDMA pods)."""
+    def prioritize(self, doc: Any) -> bytes:
+        """ExtenderArgs -> HostPriorityList, encoded (0 for nodes that do not fit, and for non-RDMA pods)."""
         try:
             args = wire.parse_filter(doc)
             demand = self._demand(args.pod)
         except (wire.WireError, InvalidPodRequest):
             # Prioritize has no error field; filter already failed such a pod.
-            return []
+            return b"[]"
         if demand is None:
-            return wire.priority_list((n, 0) for n in args.names)
+            return wire.priority_json((n, 0) for n in args.names)
         names, views = self._views(args)
         _, _, _, scores = self._decide(demand, names, views)
-        return wire.priority_list((n, scores.get(n, 0)) for n in names)
+        return wire.priority_json((n, scores.get(n, 0)) for n in names)
 
     def preempt(self, doc: Any) -> dict[str, Any]:
         """ExtenderPreemptionArgs -> ExtenderPreemptionResult (only nodes where eviction helps)."""
@@ -239,7 +239,8 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bug: still answer in the verb's format
             log.exception("%s failed", self.path)
             answer = self.server.bad_json(self.path, f"rdma-cni: internal error: {type(exc).__name__}: {exc}")
-        self._send(200, json.dumps(answer, separators=(",", ":")).encode())
+        body = answer if isinstance(answer, bytes) else json.dumps(answer, separators=(",", ":")).encode()
+        self._send(200, body)
 
 
 class ExtenderServer(ThreadingHTTPServer):
@@ -273,7 +274,7 @@ class ExtenderServer(ThreadingHTTPServer):
         """The error answer in the format of the verb at ``path``."""
         verb = path.split("?", 1)[0].rstrip("/")
         if verb == "/prioritize":
-            return []
+            return b"[]"
         if verb == "/preempt":
             return wire.preempt_result({}, {})
         if verb == "/bind":

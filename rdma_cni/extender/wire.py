@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "parse_filter",
     "parse_preempt",
     "preempt_result",
+    "priority_json",
     "priority_list",
 ]
 
@@ -182,6 +184,14 @@ def filter_error(error: str) -> dict[str, Any]:
 def priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
     """HostPriorityList: ``[{"Host": name, "Score": 0..10}]``."""
     return [{"Host": host, "Score": score} for host, score in scores]
+
+
+def priority_json(scores: Iterable[tuple[str, int]]) -> bytes:
+    """:func:`priority_list` already encoded (thousands of small dicts through json.dumps cost ms)."""
+    quote = encode_basestring_ascii
+    return (
+        "[" + ",".join(f'{{"Host":{quote(host)},"Score":{int(score)}}}' for host, score in scores) + "]"
+    ).encode()
 
 
 @dataclass(frozen=True)
