@@ -123,7 +123,12 @@ def parse_filter(doc: Any) -> FilterArgs:
     nodes: list[dict[str, Any]] | None = None
     names: list[str] | None = None
     if names_doc is not None:
-        if not isinstance(names_doc, list) or not all(isinstance(n, str) and n for n in names_doc):
+        # set(map(type, ...)) and `in` run in C: this check is per node, per request.
+        if (
+            not isinstance(names_doc, list)
+            or (names_doc and set(map(type, names_doc)) != {str})
+            or "" in names_doc
+        ):
             raise WireError("NodeNames: expected a list of node names")
         names = names_doc
     elif nodes_doc is not None:
