@@ -27,6 +27,8 @@ __all__ = ["Decider", "NodeView", "Policy", "Verdict"]
 
 Policy = Literal["binpack", "spread"]
 MAX_SCORE = 10
+# Bind decides for one node, like ADD: the same larger search budget as ADD's.
+BIND_STEPS = 50_000
 # Distinct (demand, state) verdicts and annotation texts kept; cleared when exceeded.
 _VERDICT_LIMIT = 200_000
 _VIEW_LIMIT = 50_000
@@ -57,8 +59,6 @@ class Verdict:
     unresolvable: bool
     reason: str
     score: int
-    # (PF name, VFs, min rate sum) the placement takes: what a reservation holds.
-    use: tuple[tuple[str, int, int], ...] = ()
     # The placement search ran out of steps: nothing was proven.
     exhausted: bool = False
 
@@ -68,6 +68,42 @@ def _parse_time(text: str) -> float:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return 0.0
+
+
+def greedy_fits(requests: tuple[placement.Request, ...], pfs: tuple[placement.PfState, ...]) -> bool:
+    """Whether a best-fit-decreasing assignment puts every request on a PF, under placement's rules.
+
+    True proves a fit (the assignment is one); False proves nothing. Rules, as in
+    :mod:`rdma_cni.placement`: one free VF per request; a cap (max) not above the
+    PF's capacity; a min rate only on a PF of known capacity, within what is free.
+    """
+    vfs = [pf.free_vfs for pf in pfs]
+    free = [pf.free_mbps for pf in pfs]
+    caps = [pf.capacity_mbps for pf in pfs]
+    for req in sorted(requests, key=lambda r: (-r.min_tx_rate, -r.max_tx_rate)):
+        best = -1
+        best_left: float = 0.0
+        for i, cap in enumerate(caps):
+            if not vfs[i]:
+                continue
+            if cap is None:
+                if req.min_tx_rate:
+                    continue
+                left = -1.0  # unknown capacity: the VF least useful to min-rate requests
+            else:
+                room = free[i]
+                assert room is not None
+                if req.max_tx_rate > cap or req.min_tx_rate > room:
+                    continue
+                left = float(room - req.min_tx_rate)
+            if best < 0 or left < best_left:
+                best, best_left = i, left
+        if best < 0:
+            return False
+        vfs[best] -= 1
+        if caps[best] is not None:
+            free[best] -= req.min_tx_rate  # type: ignore[operator]
+    return True
 
 
 class Decider:
@@ -195,36 +231,50 @@ class Decider:
         return got
 
     def _compute(self, demand: Demand, pfs: tuple[placement.PfState, ...], capacity_vfs: int) -> Verdict:
-        try:
-            placed = placement.place(demand.requests, pfs)
-        except placement.NoFit as exc:
-            return Verdict(
-                False, False, f"rdma-cni: {exc.message}", 0, exhausted=exc.reason == "search_limit"
-            )
+        # Most verdicts are "fits" on a node with room: a greedy assignment that respects every
+        # rule proves it in microseconds (placement is exact, so ADD finds a fit too). Only
+        # when the greedy fails does placement search, and its NoFit gives the reason text.
+        if not greedy_fits(demand.requests, pfs):
+            try:
+                placement.place(demand.requests, pfs)
+            except placement.NoFit as exc:
+                return Verdict(
+                    False, False, f"rdma-cni: {exc.message}", 0, exhausted=exc.reason == "search_limit"
+                )
+        return Verdict(True, False, "", self._score(pfs, capacity_vfs, demand))
+
+    def use(
+        self, demand: Demand, view: NodeView, extra: Extra | None = None
+    ) -> tuple[tuple[str, int, int], ...]:
+        """(PF, VFs, min rate sum) per PF that placement picks for ``demand``: what a reservation holds.
+
+        Raises :class:`placement.NoFit` when it does not fit (bind checks the verdict first).
+        """
+        assert view.state is not None
+        pfs = nodestate.pf_states(view.state, extra) if extra else view.pfs
+        placed = placement.place(demand.requests, pfs, max_steps=BIND_STEPS)
         use: dict[str, list[int]] = {}
         for req, pf in zip(demand.requests, placed.pfs, strict=True):
             slot = use.setdefault(pf, [0, 0])
             slot[0] += 1
             slot[1] += req.min_tx_rate
-        uses = tuple(sorted((pf, vfs, rate) for pf, (vfs, rate) in use.items()))
-        return Verdict(True, False, "", self._score(pfs, capacity_vfs, uses), uses)
+        return tuple(sorted((pf, vfs, rate) for pf, (vfs, rate) in use.items()))
 
-    def _score(
-        self, pfs: tuple[placement.PfState, ...], capacity_vfs: int, uses: tuple[tuple[str, int, int], ...]
-    ) -> int:
+    def _score(self, pfs: tuple[placement.PfState, ...], capacity_vfs: int, demand: Demand) -> int:
         """0-10 from the node's utilization after placing the pod (VFs or bandwidth, the fuller).
 
         binpack scores fuller nodes higher (whole nodes stay free for large pods);
-        spread scores emptier nodes higher.
+        spread scores emptier nodes higher. Where the pod's interfaces go does not
+        change the node's totals: every min rate fits in its PF's free bandwidth.
         """
-        taken = {pf: (vfs, rate) for pf, vfs, rate in uses}
-        free_vfs = sum(pf.free_vfs for pf in pfs) - sum(v for v, _ in taken.values())
+        free_vfs = sum(pf.free_vfs for pf in pfs) - len(demand.requests)
         vf_util = 1.0 - free_vfs / capacity_vfs if capacity_vfs else 1.0
         cap = used = 0
         for pf in pfs:
             if pf.capacity_mbps:
                 cap += pf.capacity_mbps
-                used += min(pf.capacity_mbps, pf.reserved_mbps + taken.get(pf.name, (0, 0))[1])
+                used += min(pf.capacity_mbps, pf.reserved_mbps)
+        used += sum(r.min_tx_rate for r in demand.requests)
         util = max(vf_util, used / cap if cap else 0.0)
         util = min(1.0, max(0.0, util))
         score = round(util * MAX_SCORE)
