@@ -110,7 +110,7 @@ class Extender:
             else:
                 verdict = table.get(view.fp)
                 if verdict is None:
-                    verdict = decider.verdict(demand, view)
+                    verdict = decider.verdict(demand, view, None, table)
             if verdict.fits:
                 passing.append(name)
                 scores[name] = verdict.score

@@ -283,7 +283,7 @@ def test_greedy_fit_is_a_proof_and_verdicts_match_placement(
         fits = True
     except placement.NoFit:
         fits = False
-    if greedy_fits(tuple(reqs), tuple(pfs)):
+    if greedy_fits(sorted(((r.min_tx_rate, r.max_tx_rate) for r in reqs), reverse=True), pfs):
         assert fits
     decider = Decider()
     d = Demand(tuple(reqs), tuple(sorted((r.min_tx_rate, r.max_tx_rate) for r in reqs)), "t")
