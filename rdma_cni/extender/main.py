@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import signal
 import ssl
 import sys
@@ -59,8 +60,6 @@ def _default_request(value: str) -> PodRequest:
 
 
 def _annotation(value: str) -> str:
-    import re
-
     if not re.fullmatch(_ANNOTATION_KEY, value):
         raise argparse.ArgumentTypeError(f"--annotation {value!r} is not a valid Kubernetes annotation key")
     return value
