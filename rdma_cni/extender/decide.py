@@ -230,6 +230,16 @@ class Decider:
             for pf in state.pfs
         )
 
+    def fill(self, demand: Demand, view: NodeView, table: dict[int, Verdict]) -> Verdict:
+        """:meth:`verdict` without reservations, for filter's first look at a state (its hot path)."""
+        pfs = view.pfs
+        if greedy_fits(demand.wants, pfs):
+            got = self._fits[self._score(pfs, view.capacity_vfs, demand)]
+            self._entries += 1
+            table[view.fp] = got
+            return got
+        return self._final(demand, pfs, view.fp, view, table)
+
     def _final(
         self,
         demand: Demand,

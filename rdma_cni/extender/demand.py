@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni import placement
@@ -31,16 +31,13 @@ class Demand:
     requests: tuple[placement.Request, ...]
     key: tuple[tuple[int, int], ...]
     source: str
+    # Derived once, read per node: (min, max) largest first (best fit's order), the min rates' sum.
+    wants: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
+    min_total: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def min_total(self) -> int:
-        """The sum of the interfaces' min rates."""
-        return sum(low for low, _ in self.key)
-
-    @property
-    def wants(self) -> tuple[tuple[int, int], ...]:
-        """(min, max) pairs, largest first: the order best fit takes them in."""
-        return self.key[::-1]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wants", self.key[::-1])
+        object.__setattr__(self, "min_total", sum(low for low, _ in self.key))
 
     @classmethod
     def of(cls, request: PodRequest, source: str) -> Demand:

@@ -114,7 +114,7 @@ class Extender:
             else:
                 verdict = table.get(view.fp)
                 if verdict is None:
-                    verdict = decider.verdict(demand, view, None, table)
+                    verdict = decider.fill(demand, view, table)
             if verdict.fits:
                 passing.append(name)
                 scores[name] = verdict.score
