@@ -6,8 +6,9 @@ import json
 import logging
 from typing import Any
 
-from rdma_cni.config import InterfaceRequest, NetConf, PodRequest, parse_request
+from rdma_cni.config import NetConf
 from rdma_cni.errors import InvalidConfig, InvalidPodRequest
+from rdma_cni.podrequest import InterfaceRequest, PodRequest, parse_request
 from rdma_cni.protocol import IFNAMSIZ, CniEnv
 
 log = logging.getLogger("rdma_cni.podmeta")

@@ -1,0 +1,328 @@
+"""Pure decisions: which nodes a pod's demand fits, and how well, via :func:`placement.place`.
+
+Many nodes publish the same state (identical hardware, same load), so a
+verdict is computed once per (demand, state) and looked up for every other
+node in that state: each node's view carries a small integer naming its PF
+states (``fp``), interned when the annotation is decoded, never per request.
+Interned ids are never reused, so a cached verdict stays right for its id.
+
+A node that cannot hold the pod even when empty is *unresolvable*: no
+preemption can help there. So is a node whose state is missing, invalid or
+too old: evicting pods would not change what we know about it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, NamedTuple
+
+from rdma_cni import nodestate, placement
+from rdma_cni.extender.demand import Demand
+
+__all__ = ["Decider", "NodeView", "Policy", "Verdict"]
+
+Policy = Literal["binpack", "spread"]
+MAX_SCORE = 10
+# Bind decides for one node, like ADD: the same larger search budget as ADD's.
+BIND_STEPS = 50_000
+# Distinct (demand, state) verdicts and annotation texts kept; cleared when exceeded.
+_VERDICT_LIMIT = 200_000
+_VIEW_LIMIT = 50_000
+
+Extra = Mapping[str, tuple[int, int]]
+_Fingerprint = tuple[tuple[placement.PfState, ...], int]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node's decoded state as decisions need it, or why it has none (``problem``)."""
+
+    state: nodestate.NodeState | None
+    problem: str
+    updated: float
+    fp: int
+    empty_fp: int
+    pfs: tuple[placement.PfState, ...]
+    capacity_vfs: int
+    uids: frozenset[str]
+
+
+class Verdict(NamedTuple):
+    """Whether a demand fits a state; if not, why and whether it could fit the empty node; its score.
+
+    A tuple (built for thousands of nodes at a time; dataclass construction costs more).
+    """
+
+    fits: bool
+    unresolvable: bool
+    reason: str
+    score: int
+    # The placement search ran out of steps: nothing was proven.
+    exhausted: bool = False
+
+
+def _parse_time(text: str) -> float:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def greedy_fits(wants: Sequence[tuple[int, int]], pfs: Sequence[placement.PfState]) -> bool:
+    """Whether best fit puts every ``(min, max)`` (largest first) on a PF, under placement's rules.
+
+    True proves a fit (the assignment is one); False proves nothing. Rules, as in
+    :mod:`rdma_cni.placement`: one free VF per request; a cap (max) not above the
+    PF's capacity; a min rate only on a PF of known capacity, within what is free.
+    """
+    if len(wants) == 1:
+        # The common case, without building lists: some PF takes the one interface.
+        low, high = wants[0]
+        for pf in pfs:
+            if pf.free_vfs:
+                cap = pf.capacity_mbps
+                if cap is None:
+                    if not low:
+                        return True
+                elif high <= cap and (not low or low <= cap - pf.reserved_mbps):
+                    return True
+        return False
+    vfs = [pf.free_vfs for pf in pfs]
+    free = [pf.free_mbps for pf in pfs]
+    caps = [pf.capacity_mbps for pf in pfs]
+    for low, high in wants:
+        best = -1
+        best_left = 0
+        for i, cap in enumerate(caps):
+            if not vfs[i]:
+                continue
+            if cap is None:
+                if low:
+                    continue
+                left = -1  # unknown capacity: the VF least useful to min-rate requests
+            else:
+                room: int = free[i]  # type: ignore[assignment]
+                if high > cap or low > room:
+                    continue
+                left = room - low
+            if best < 0 or left < best_left:
+                best, best_left = i, left
+        if best < 0:
+            return False
+        vfs[best] -= 1
+        if caps[best] is not None:
+            free[best] -= low  # type: ignore[operator]
+    return True
+
+
+class Decider:
+    """Verdicts and scores for demands on node views, with the caches that make them cheap. Thread-safe."""
+
+    def __init__(self, *, policy: Policy = "binpack", max_state_age: float | None = None) -> None:
+        if policy not in ("binpack", "spread"):
+            raise ValueError(f"unknown policy {policy!r}")
+        self.policy = policy
+        # Every passing verdict is one of these eleven.
+        self._fits = [Verdict(True, False, "", score) for score in range(MAX_SCORE + 1)]
+        self.max_state_age = max_state_age
+        self._lock = threading.Lock()
+        self._ids: dict[_Fingerprint, int] = {}
+        self._next_id = 1
+        self._tables: dict[tuple[tuple[int, int], ...], dict[int, Verdict]] = {}
+        self._entries = 0
+        self._views: dict[str | None, NodeView] = {}
+
+    # -- views -------------------------------------------------------------
+
+    def _intern(self, fp: _Fingerprint) -> int:
+        with self._lock:
+            ident = self._ids.get(fp)
+            if ident is None:
+                if len(self._ids) >= _VERDICT_LIMIT:
+                    self._ids.clear()
+                ident = self._ids[fp] = self._next_id
+                self._next_id += 1
+            return ident
+
+    def view(self, text: str | None) -> NodeView:
+        """The view of an annotation value (None: absent), decoded once per distinct text."""
+        got = self._views.get(text)
+        if got is not None:
+            return got
+        view = self._build_view(text)
+        with self._lock:
+            if len(self._views) >= _VIEW_LIMIT:
+                self._views.clear()
+            self._views[text] = view
+        return view
+
+    def _build_view(self, text: str | None) -> NodeView:
+        if text is None:
+            problem = f"rdma-cni: node has no {nodestate.ANNOTATION} annotation (no rdma-cni node agent here)"
+            return NodeView(None, problem, 0.0, 0, 0, (), 0, frozenset())
+        try:
+            state = nodestate.decode(text)
+        except nodestate.NodeStateError as exc:
+            return NodeView(None, f"rdma-cni: invalid node state: {exc}", 0.0, 0, 0, (), 0, frozenset())
+        pfs = tuple(nodestate.pf_states(state))
+        capacity = sum(pf.capacity_vfs for pf in state.pfs)
+        empty = self._empty(state)
+        return NodeView(
+            state=state,
+            problem="",
+            updated=_parse_time(state.updated),
+            fp=self._intern((pfs, capacity)),
+            empty_fp=self._intern((empty, capacity)),
+            pfs=pfs,
+            capacity_vfs=capacity,
+            uids=frozenset(a.uid for a in state.allocations if a.uid),
+        )
+
+    # -- verdicts ----------------------------------------------------------
+
+    def unusable(self, view: NodeView | None, now: float) -> str:
+        """Why no decision can be made for this node ("" when one can)."""
+        if view is None:
+            return "rdma-cni: node is not known to the extender yet"
+        if view.problem:
+            return view.problem
+        if self.max_state_age is not None and now - view.updated > self.max_state_age:
+            return (
+                f"rdma-cni: node state is {now - view.updated:.0f} s old (limit {self.max_state_age:.0f} s):"
+                " is the rdma-cni node agent running?"
+            )
+        return ""
+
+    def table(self, demand: Demand) -> dict[int, Verdict]:
+        """Final verdicts for ``demand`` by state id: filter's per-node lookup (one dict get, no hashing
+        of the request). Missing entries are filled by :meth:`verdict`."""
+        table = self._tables.get(demand.key)
+        if table is None:
+            with self._lock:
+                table = self._tables.setdefault(demand.key, {})
+        return table
+
+    def verdict(
+        self,
+        demand: Demand,
+        view: NodeView,
+        extra: Extra | None = None,
+        table: dict[int, Verdict] | None = None,
+    ) -> Verdict:
+        """The verdict for a demand on a usable view, with reservations ``extra`` applied.
+
+        ``table`` is :meth:`table` of the demand, when the caller already has it.
+        """
+        assert view.state is not None
+        if extra:
+            pfs = tuple(nodestate.pf_states(view.state, extra))
+            return self._final(demand, pfs, self._intern((pfs, view.capacity_vfs)), view, table)
+        return self._final(demand, view.pfs, view.fp, view, table)
+
+    @staticmethod
+    def _empty(state: nodestate.NodeState) -> tuple[placement.PfState, ...]:
+        return tuple(
+            placement.PfState(pf.name, pf.capacity_vfs, pf.capacity_tx_rate, 0, pf.numa_node)
+            for pf in state.pfs
+        )
+
+    def fill(self, demand: Demand, view: NodeView, table: dict[int, Verdict]) -> Verdict:
+        """:meth:`verdict` without reservations, for filter's first look at a state (its hot path)."""
+        pfs = view.pfs
+        if greedy_fits(demand.wants, pfs):
+            got = self._fits[self._score(pfs, view.capacity_vfs, demand)]
+            self._entries += 1
+            table[view.fp] = got
+            return got
+        return self._final(demand, pfs, view.fp, view, table)
+
+    def _final(
+        self,
+        demand: Demand,
+        pfs: tuple[placement.PfState, ...],
+        fp: int,
+        view: NodeView,
+        table: dict[int, Verdict] | None = None,
+    ) -> Verdict:
+        if table is None:
+            table = self.table(demand)
+        got = table.get(fp)
+        if got is not None:
+            return got
+        got = self._compute(demand, pfs, view.capacity_vfs)
+        if not got.fits:
+            if fp == view.empty_fp:
+                empty = got
+            else:
+                assert view.state is not None
+                empty = self._final(demand, self._empty(view.state), view.empty_fp, view)
+            # A search that ran out of steps proved nothing: preemption may still help.
+            unresolvable = not empty.fits and not empty.exhausted
+            got = Verdict(False, unresolvable, got.reason, 0, exhausted=got.exhausted)
+        # Counted without the lock: an approximate bound is enough. Tables handed out
+        # keep working after a clear; they are just no longer shared.
+        self._entries += 1
+        if self._entries > _VERDICT_LIMIT:
+            self._entries = 0
+            self._tables.clear()
+        table[fp] = got
+        return got
+
+    def _compute(self, demand: Demand, pfs: tuple[placement.PfState, ...], capacity_vfs: int) -> Verdict:
+        # Most verdicts are "fits" on a node with room: a greedy assignment that respects every
+        # rule proves it in microseconds (placement is exact, so ADD finds a fit too). Only
+        # when the greedy fails does placement search, and its NoFit gives the reason text.
+        if not greedy_fits(demand.wants, pfs):
+            try:
+                placement.place(demand.requests, pfs)
+            except placement.NoFit as exc:
+                return Verdict(
+                    False, False, f"rdma-cni: {exc.message}", 0, exhausted=exc.reason == "search_limit"
+                )
+        return self._fits[self._score(pfs, capacity_vfs, demand)]
+
+    def use(
+        self, demand: Demand, view: NodeView, extra: Extra | None = None
+    ) -> tuple[tuple[str, int, int], ...]:
+        """(PF, VFs, min rate sum) per PF that placement picks for ``demand``: what a reservation holds.
+
+        Raises :class:`placement.NoFit` when it does not fit (bind checks the verdict first).
+        """
+        assert view.state is not None
+        pfs = nodestate.pf_states(view.state, extra) if extra else view.pfs
+        placed = placement.place(demand.requests, pfs, max_steps=BIND_STEPS)
+        use: dict[str, list[int]] = {}
+        for req, pf in zip(demand.requests, placed.pfs, strict=True):
+            slot = use.setdefault(pf, [0, 0])
+            slot[0] += 1
+            slot[1] += req.min_tx_rate
+        return tuple(sorted((pf, vfs, rate) for pf, (vfs, rate) in use.items()))
+
+    def _score(self, pfs: tuple[placement.PfState, ...], capacity_vfs: int, demand: Demand) -> int:
+        """0-10 from the node's utilization after placing the pod (VFs or bandwidth, the fuller).
+
+        binpack scores fuller nodes higher (whole nodes stay free for large pods);
+        spread scores emptier nodes higher. Where the pod's interfaces go does not
+        change the node's totals: every min rate fits in its PF's free bandwidth.
+        """
+        free_vfs = -len(demand.key)
+        cap = 0
+        used = demand.min_total
+        for pf in pfs:
+            free_vfs += pf.free_vfs
+            total = pf.capacity_mbps
+            if total:
+                cap += total
+                used += total if pf.reserved_mbps > total else pf.reserved_mbps
+        vf_util = 1.0 - free_vfs / capacity_vfs if capacity_vfs else 1.0
+        util = max(vf_util, used / cap if cap else 0.0)
+        score = round(min(1.0, max(0.0, util)) * MAX_SCORE)
+        return score if self.policy == "binpack" else MAX_SCORE - score
+
+    def now(self) -> float:
+        """Wall-clock time, for state age (``updated`` is wall-clock)."""
+        return time.time()
