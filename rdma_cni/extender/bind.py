@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from rdma_cni import placement
 from rdma_cni.errors import InvalidPodRequest
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demand, Demands
@@ -128,7 +129,13 @@ class Binder:
                 verdict.reason.removeprefix("rdma-cni: ")
             )
         if args.pod_uid:
-            self.reservations.add(args.pod_uid, args.pod_namespace, args.pod_name, args.node, verdict.use)
+            try:
+                use = self.decider.use(demand, view, extra)
+            except placement.NoFit as exc:  # the verdict's search gave up where bind's did not
+                return (
+                    f"rdma-cni: pod {args.pod_namespace}/{args.pod_name} does not fit node {args.node}: {exc}"
+                )
+            self.reservations.add(args.pod_uid, args.pod_namespace, args.pod_name, args.node, use)
         return ""
 
     def _post(self, args: BindArgs) -> None:

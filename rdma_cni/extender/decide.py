@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from rdma_cni import nodestate, placement
 from rdma_cni.extender.demand import Demand
@@ -27,6 +27,8 @@ __all__ = ["Decider", "NodeView", "Policy", "Verdict"]
 
 Policy = Literal["binpack", "spread"]
 MAX_SCORE = 10
+# Bind decides for one node, like ADD: the same larger search budget as ADD's.
+BIND_STEPS = 50_000
 # Distinct (demand, state) verdicts and annotation texts kept; cleared when exceeded.
 _VERDICT_LIMIT = 200_000
 _VIEW_LIMIT = 50_000
@@ -49,16 +51,16 @@ class NodeView:
     uids: frozenset[str]
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """Whether a demand fits a state; if not, why and whether it could fit the empty node; its score."""
+class Verdict(NamedTuple):
+    """Whether a demand fits a state; if not, why and whether it could fit the empty node; its score.
+
+    A tuple (built for thousands of nodes at a time; dataclass construction costs more).
+    """
 
     fits: bool
     unresolvable: bool
     reason: str
     score: int
-    # (PF name, VFs, min rate sum) the placement takes: what a reservation holds.
-    use: tuple[tuple[str, int, int], ...] = ()
     # The placement search ran out of steps: nothing was proven.
     exhausted: bool = False
 
@@ -70,6 +72,53 @@ def _parse_time(text: str) -> float:
         return 0.0
 
 
+def greedy_fits(wants: Sequence[tuple[int, int]], pfs: Sequence[placement.PfState]) -> bool:
+    """Whether best fit puts every ``(min, max)`` (largest first) on a PF, under placement's rules.
+
+    True proves a fit (the assignment is one); False proves nothing. Rules, as in
+    :mod:`rdma_cni.placement`: one free VF per request; a cap (max) not above the
+    PF's capacity; a min rate only on a PF of known capacity, within what is free.
+    """
+    if len(wants) == 1:
+        # The common case, without building lists: some PF takes the one interface.
+        low, high = wants[0]
+        for pf in pfs:
+            if pf.free_vfs:
+                cap = pf.capacity_mbps
+                if cap is None:
+                    if not low:
+                        return True
+                elif high <= cap and (not low or low <= cap - pf.reserved_mbps):
+                    return True
+        return False
+    vfs = [pf.free_vfs for pf in pfs]
+    free = [pf.free_mbps for pf in pfs]
+    caps = [pf.capacity_mbps for pf in pfs]
+    for low, high in wants:
+        best = -1
+        best_left = 0
+        for i, cap in enumerate(caps):
+            if not vfs[i]:
+                continue
+            if cap is None:
+                if low:
+                    continue
+                left = -1  # unknown capacity: the VF least useful to min-rate requests
+            else:
+                room: int = free[i]  # type: ignore[assignment]
+                if high > cap or low > room:
+                    continue
+                left = room - low
+            if best < 0 or left < best_left:
+                best, best_left = i, left
+        if best < 0:
+            return False
+        vfs[best] -= 1
+        if caps[best] is not None:
+            free[best] -= low  # type: ignore[operator]
+    return True
+
+
 class Decider:
     """Verdicts and scores for demands on node views, with the caches that make them cheap. Thread-safe."""
 
@@ -77,6 +126,8 @@ class Decider:
         if policy not in ("binpack", "spread"):
             raise ValueError(f"unknown policy {policy!r}")
         self.policy = policy
+        # Every passing verdict is one of these eleven.
+        self._fits = [Verdict(True, False, "", score) for score in range(MAX_SCORE + 1)]
         self.max_state_age = max_state_age
         self._lock = threading.Lock()
         self._ids: dict[_Fingerprint, int] = {}
@@ -155,13 +206,22 @@ class Decider:
                 table = self._tables.setdefault(demand.key, {})
         return table
 
-    def verdict(self, demand: Demand, view: NodeView, extra: Extra | None = None) -> Verdict:
-        """The verdict for a demand on a usable view, with reservations ``extra`` applied."""
+    def verdict(
+        self,
+        demand: Demand,
+        view: NodeView,
+        extra: Extra | None = None,
+        table: dict[int, Verdict] | None = None,
+    ) -> Verdict:
+        """The verdict for a demand on a usable view, with reservations ``extra`` applied.
+
+        ``table`` is :meth:`table` of the demand, when the caller already has it.
+        """
         assert view.state is not None
         if extra:
             pfs = tuple(nodestate.pf_states(view.state, extra))
-            return self._final(demand, pfs, self._intern((pfs, view.capacity_vfs)), view)
-        return self._final(demand, view.pfs, view.fp, view)
+            return self._final(demand, pfs, self._intern((pfs, view.capacity_vfs)), view, table)
+        return self._final(demand, view.pfs, view.fp, view, table)
 
     @staticmethod
     def _empty(state: nodestate.NodeState) -> tuple[placement.PfState, ...]:
@@ -170,8 +230,16 @@ class Decider:
             for pf in state.pfs
         )
 
-    def _final(self, demand: Demand, pfs: tuple[placement.PfState, ...], fp: int, view: NodeView) -> Verdict:
-        table = self.table(demand)
+    def _final(
+        self,
+        demand: Demand,
+        pfs: tuple[placement.PfState, ...],
+        fp: int,
+        view: NodeView,
+        table: dict[int, Verdict] | None = None,
+    ) -> Verdict:
+        if table is None:
+            table = self.table(demand)
         got = table.get(fp)
         if got is not None:
             return got
@@ -185,49 +253,64 @@ class Decider:
             # A search that ran out of steps proved nothing: preemption may still help.
             unresolvable = not empty.fits and not empty.exhausted
             got = Verdict(False, unresolvable, got.reason, 0, exhausted=got.exhausted)
-        with self._lock:
-            self._entries += 1
-            if self._entries > _VERDICT_LIMIT:
-                # Tables handed out keep working; they are just no longer shared.
-                self._tables.clear()
-                self._entries = 0
-            table[fp] = got
+        # Counted without the lock: an approximate bound is enough. Tables handed out
+        # keep working after a clear; they are just no longer shared.
+        self._entries += 1
+        if self._entries > _VERDICT_LIMIT:
+            self._entries = 0
+            self._tables.clear()
+        table[fp] = got
         return got
 
     def _compute(self, demand: Demand, pfs: tuple[placement.PfState, ...], capacity_vfs: int) -> Verdict:
-        try:
-            placed = placement.place(demand.requests, pfs)
-        except placement.NoFit as exc:
-            return Verdict(
-                False, False, f"rdma-cni: {exc.message}", 0, exhausted=exc.reason == "search_limit"
-            )
+        # Most verdicts are "fits" on a node with room: a greedy assignment that respects every
+        # rule proves it in microseconds (placement is exact, so ADD finds a fit too). Only
+        # when the greedy fails does placement search, and its NoFit gives the reason text.
+        if not greedy_fits(demand.wants, pfs):
+            try:
+                placement.place(demand.requests, pfs)
+            except placement.NoFit as exc:
+                return Verdict(
+                    False, False, f"rdma-cni: {exc.message}", 0, exhausted=exc.reason == "search_limit"
+                )
+        return self._fits[self._score(pfs, capacity_vfs, demand)]
+
+    def use(
+        self, demand: Demand, view: NodeView, extra: Extra | None = None
+    ) -> tuple[tuple[str, int, int], ...]:
+        """(PF, VFs, min rate sum) per PF that placement picks for ``demand``: what a reservation holds.
+
+        Raises :class:`placement.NoFit` when it does not fit (bind checks the verdict first).
+        """
+        assert view.state is not None
+        pfs = nodestate.pf_states(view.state, extra) if extra else view.pfs
+        placed = placement.place(demand.requests, pfs, max_steps=BIND_STEPS)
         use: dict[str, list[int]] = {}
         for req, pf in zip(demand.requests, placed.pfs, strict=True):
             slot = use.setdefault(pf, [0, 0])
             slot[0] += 1
             slot[1] += req.min_tx_rate
-        uses = tuple(sorted((pf, vfs, rate) for pf, (vfs, rate) in use.items()))
-        return Verdict(True, False, "", self._score(pfs, capacity_vfs, uses), uses)
+        return tuple(sorted((pf, vfs, rate) for pf, (vfs, rate) in use.items()))
 
-    def _score(
-        self, pfs: tuple[placement.PfState, ...], capacity_vfs: int, uses: tuple[tuple[str, int, int], ...]
-    ) -> int:
+    def _score(self, pfs: tuple[placement.PfState, ...], capacity_vfs: int, demand: Demand) -> int:
         """0-10 from the node's utilization after placing the pod (VFs or bandwidth, the fuller).
 
         binpack scores fuller nodes higher (whole nodes stay free for large pods);
-        spread scores emptier nodes higher.
+        spread scores emptier nodes higher. Where the pod's interfaces go does not
+        change the node's totals: every min rate fits in its PF's free bandwidth.
         """
-        taken = {pf: (vfs, rate) for pf, vfs, rate in uses}
-        free_vfs = sum(pf.free_vfs for pf in pfs) - sum(v for v, _ in taken.values())
-        vf_util = 1.0 - free_vfs / capacity_vfs if capacity_vfs else 1.0
-        cap = used = 0
+        free_vfs = -len(demand.key)
+        cap = 0
+        used = demand.min_total
         for pf in pfs:
-            if pf.capacity_mbps:
-                cap += pf.capacity_mbps
-                used += min(pf.capacity_mbps, pf.reserved_mbps + taken.get(pf.name, (0, 0))[1])
+            free_vfs += pf.free_vfs
+            total = pf.capacity_mbps
+            if total:
+                cap += total
+                used += total if pf.reserved_mbps > total else pf.reserved_mbps
+        vf_util = 1.0 - free_vfs / capacity_vfs if capacity_vfs else 1.0
         util = max(vf_util, used / cap if cap else 0.0)
-        util = min(1.0, max(0.0, util))
-        score = round(util * MAX_SCORE)
+        score = round(min(1.0, max(0.0, util)) * MAX_SCORE)
         return score if self.policy == "binpack" else MAX_SCORE - score
 
     def now(self) -> float:

@@ -32,6 +32,16 @@ class Demand:
     key: tuple[tuple[int, int], ...]
     source: str
 
+    @property
+    def min_total(self) -> int:
+        """The sum of the interfaces' min rates."""
+        return sum(low for low, _ in self.key)
+
+    @property
+    def wants(self) -> tuple[tuple[int, int], ...]:
+        """(min, max) pairs, largest first: the order best fit takes them in."""
+        return self.key[::-1]
+
     @classmethod
     def of(cls, request: PodRequest, source: str) -> Demand:
         """From a validated request."""

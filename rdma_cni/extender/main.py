@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, TextIO
 
+from rdma_cni import placement
 from rdma_cni.errors import InvalidPodRequest
 from rdma_cni.extender.cache import NodeCache
 from rdma_cni.extender.decide import Decider, Policy
@@ -126,7 +127,11 @@ def rebuild_reservations(
                 verdict.reason,
             )
             continue
-        reservations.add(uid, meta.get("namespace") or "default", meta.get("name") or "", node, verdict.use)
+        try:
+            use = decider.use(demand, view, reservations.extra(node))
+        except placement.NoFit:
+            continue
+        reservations.add(uid, meta.get("namespace") or "default", meta.get("name") or "", node, use)
         made += 1
     return made
 

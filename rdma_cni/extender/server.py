@@ -33,6 +33,9 @@ __all__ = ["Extender", "ExtenderServer"]
 
 log = logging.getLogger("rdma_cni.extender.server")
 
+# Scores from a pod's filter, reused by its prioritize when it comes within this many seconds.
+_SCORES_FRESH = 5.0
+_SCORES_KEPT = 1024
 # 5,000 full Node objects with ~40 images each are about 50 MB of JSON.
 MAX_BODY = 128 * 1024 * 1024
 
@@ -58,6 +61,7 @@ class Extender:
         # Views last seen in full-Node requests: bind and preempt fall back to them.
         self.seen: dict[str, NodeView] = {}
         self.memo = PodMemo()
+        self._scores: dict[str, tuple[float, tuple[tuple[int, int], ...], dict[str, int]]] = {}
         self.binder = Binder(client, decider, demands, reservations, self.view_of, self.memo)
         self.ready = threading.Event()
 
@@ -110,7 +114,7 @@ class Extender:
             else:
                 verdict = table.get(view.fp)
                 if verdict is None:
-                    verdict = decider.verdict(demand, view)
+                    verdict = decider.verdict(demand, view, None, table)
             if verdict.fits:
                 passing.append(name)
                 scores[name] = verdict.score
@@ -146,7 +150,13 @@ class Extender:
         if demand is None:
             return wire.filter_result(args, args.names, {}, {})
         names, views = self._views(args)
-        passing, failed, unresolvable, _ = self._decide(demand, names, views)
+        passing, failed, unresolvable, scores = self._decide(demand, names, views)
+        uid = wire.pod_identity(args.pod)[2]
+        if uid:
+            # kube-scheduler asks prioritize for the same pod next: its scores are computed now.
+            if len(self._scores) >= _SCORES_KEPT:
+                self._scores.clear()
+            self._scores[uid] = (time.monotonic(), demand.key, scores)
         return wire.filter_result(args, passing, failed, unresolvable)
 
     def prioritize(self, doc: Any) -> bytes:
@@ -159,6 +169,10 @@ class Extender:
             return b"[]"
         if demand is None:
             return wire.priority_json((n, 0) for n in args.names)
+        kept = self._scores.pop(wire.pod_identity(args.pod)[2], None)
+        if kept is not None and kept[1] == demand.key and time.monotonic() - kept[0] < _SCORES_FRESH:
+            scores = kept[2]
+            return wire.priority_json((n, scores.get(n, 0)) for n in args.names)
         names, views = self._views(args)
         _, _, _, scores = self._decide(demand, names, views)
         return wire.priority_json((n, scores.get(n, 0)) for n in names)

@@ -7,10 +7,13 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rdma_cni import nodestate, placement
 from rdma_cni.errors import InvalidPodRequest
-from rdma_cni.extender.decide import Decider
+from rdma_cni.extender import decide
+from rdma_cni.extender.decide import Decider, greedy_fits
 from rdma_cni.extender.demand import Demand, Demands, selected_networks
 from rdma_cni.extender.preempt import keep_nodes
 from rdma_cni.extender.reservations import Reservations
@@ -100,7 +103,7 @@ def test_fit_and_score_binpack_prefers_the_fuller_node() -> None:
     d = demand((5_000, 0))
     a, b = decider.verdict(d, empty), decider.verdict(d, busy)
     assert a.fits and b.fits and b.score > a.score
-    assert a.use == (("p0", 1, 5_000),) or a.use == (("p1", 1, 5_000),)
+    assert decider.use(d, empty) in ((("p0", 1, 5_000),), (("p1", 1, 5_000),))
     spread = Decider(policy="spread")
     assert spread.verdict(d, spread.view(nodestate.encode(so.state(TWO_PFS)))).score == 10 - a.score
     assert 0 <= a.score <= 10 and 0 <= b.score <= 10
@@ -126,8 +129,8 @@ def test_too_large_for_the_empty_node_is_unresolvable() -> None:
 def test_verdicts_are_cached_by_state_not_by_node(monkeypatch: pytest.MonkeyPatch) -> None:
     decider = Decider()
     calls = []
-    real = placement.place
-    monkeypatch.setattr(placement, "place", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = decide.greedy_fits
+    monkeypatch.setattr(decide, "greedy_fits", lambda *a: calls.append(1) or real(*a))
     text = nodestate.encode(so.state(TWO_PFS))
     v1, v2 = decider.view(text), decider.view(text)
     assert v1 is v2
@@ -171,6 +174,7 @@ def test_search_limit_is_not_unresolvable(monkeypatch: pytest.MonkeyPatch) -> No
         )
 
     monkeypatch.setattr(placement, "place", exhausted)
+    monkeypatch.setattr(decide, "greedy_fits", lambda requests, pfs: False)
     v = decider.verdict(demand((1, 0)), view(decider, TWO_PFS))
     assert not v.fits and not v.unresolvable and v.exhausted
 
@@ -250,3 +254,40 @@ def test_preempt_keeps_only_nodes_where_eviction_frees_enough() -> None:
     assert keep_nodes(d, {"n1": ("v-big", "v-small", "v-new")}, views.get, res, decider) == {
         "n1": ("v-big", "v-small", "v-new")
     }
+
+
+pf_strategy = st.builds(
+    lambda i, vfs, cap, used: placement.PfState(f"p{i}", vfs, cap, used if cap is not None else 0),
+    st.integers(0, 9),
+    st.integers(0, 3),
+    st.none() | st.sampled_from([10_000, 25_000, 40_000, 100_000]),
+    st.sampled_from([0, 5_000, 10_000, 24_000, 30_000, 120_000]),
+)
+request_strategy = st.builds(
+    lambda lo, extra: placement.Request(lo, lo + extra if extra is not None else 0),
+    st.sampled_from([0, 1_000, 5_000, 10_000, 20_000, 25_000]),
+    st.none() | st.sampled_from([0, 5_000, 30_000, 90_000]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(pf_strategy, max_size=5, unique_by=lambda p: p.name),
+    st.lists(request_strategy, min_size=1, max_size=5),
+)
+def test_greedy_fit_is_a_proof_and_verdicts_match_placement(
+    pfs: list[placement.PfState], reqs: list[placement.Request]
+) -> None:
+    try:
+        placement.place(reqs, pfs, max_steps=None)
+        fits = True
+    except placement.NoFit:
+        fits = False
+    greedy = greedy_fits(sorted(((r.min_tx_rate, r.max_tx_rate) for r in reqs), reverse=True), pfs)
+    if greedy:
+        assert fits
+    if len(reqs) == 1:
+        assert greedy == fits  # one interface: the greedy check is exact
+    decider = Decider()
+    d = Demand(tuple(reqs), tuple(sorted((r.min_tx_rate, r.max_tx_rate) for r in reqs)), "t")
+    assert decider._compute(d, tuple(pfs), sum(p.free_vfs for p in pfs) or 1).fits == fits

@@ -220,3 +220,17 @@ def test_preempt_full_victims(served: tuple[Extender, Client]) -> None:
     # A pod that is not an RDMA pod: kube-scheduler's choice stands.
     doc["Pod"] = so.pod("web")
     assert list(client.post("/preempt", doc)["NodeNameToMetaVictims"]) == ["n1", "gone"]
+
+
+def test_prioritize_reuses_the_scores_its_filter_computed(served: tuple[Extender, Client]) -> None:
+    _, client = served
+    pod = so.rdma_pod("p", [(1_000, 0)])
+    before = [so.node("a", enc(PFS))]
+    after = [so.node("a", enc(PFS, [("u1", [("ens1f0", 20_000, 0), ("ens1f1", 20_000, 0)])]))]
+    fresh = client.post("/prioritize", so.args_nodes(pod, after))
+    assert client.post("/filter", so.args_nodes(pod, before))["Nodes"]["items"]
+    # Right after its filter, the pod's prioritize answers from the filter's scores ...
+    reused = client.post("/prioritize", so.args_nodes(pod, after))
+    assert reused == client.post("/prioritize", so.args_nodes(pod, before)) != fresh
+    # ... once: the next one decides again.
+    assert client.post("/prioritize", so.args_nodes(pod, after)) == fresh
