@@ -78,6 +78,7 @@ bench: build
 	$(BIN)/python benchmarks/datapath_bench.py --binary $(BINARY)
 	$(BIN)/python benchmarks/scale_bench.py --binary $(BINARY)
 	$(BIN)/python benchmarks/placement_bench.py
+	$(BIN)/python benchmarks/extender_bench.py --binary $(BINARY)
 
 lint: venv
 	$(BIN)/ruff check rdma_cni tests benchmarks scripts

@@ -171,8 +171,9 @@ class ApiClient:
     ) -> Iterator[dict[str, Any]]:
         """Stream watch events ``{"type": ..., "object": ...}`` as they arrive, BOOKMARK included.
 
-        Bookmarks are asked for unless ``params`` says otherwise. The iterator
-        ends when the server ends the watch (after ``timeout_seconds``).
+        Bookmarks are asked for unless ``params`` says otherwise. The request
+        is sent when iteration starts; the iterator ends when the server ends
+        the watch (after ``timeout_seconds``), and closing it closes the stream.
         Raises :class:`Gone` for a 410 (an answer or an ERROR event: relist),
         :class:`Unavailable` when the stream breaks or stays silent past
         ``timeout_seconds`` plus the client's timeout, and the error typed by

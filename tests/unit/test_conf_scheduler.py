@@ -349,3 +349,66 @@ def test_default_scheduler_config_keeps_the_default_profile() -> None:
     (doc,) = load("kube-scheduler-default.yaml")
     assert [p["schedulerName"] for p in doc["profiles"]] == ["default-scheduler"]
     assert doc["clientConnection"]["kubeconfig"] == "/etc/kubernetes/scheduler.conf"  # kubeadm's
+
+
+def _rbac_of(method: str, raw_path: str) -> tuple[str, str]:
+    """The (resource, verb) RBAC checks for an API request, as the API server derives it."""
+    split = urllib.parse.urlsplit(raw_path)
+    query = urllib.parse.parse_qs(split.query)
+    parts = split.path.strip("/").split("/")[2:]  # after api/v1
+    if parts[:1] == ["namespaces"]:
+        parts = parts[2:]
+    resource = "/".join(parts[::2])  # pods, pods/binding, nodes
+    named = len(parts) % 2 == 0
+    if method == "GET":
+        verb = "watch" if query.get("watch") in (["1"], ["true"]) else ("get" if named else "list")
+    else:
+        verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[method]
+    return resource, verb
+
+
+def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
+    """Run the extender against the API stand-in and check each request against the ClusterRole."""
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from rdma_cni import kubeapi, nodestate
+    from rdma_cni.extender.main import Service
+    from tests.support import sched_objects as so
+    from tests.support.apiserver import ApiServer
+
+    rules = one(EXTENDER, "ClusterRole")["rules"]
+    granted = {(res, verb) for rule in rules for res in rule["resources"] for verb in rule["verbs"]}
+    with ApiServer() as api:
+        state = nodestate.encode(so.state([("ens1f0", 25_000, 4)]))
+        api.add_node("n1", annotations={nodestate.ANNOTATION: state})
+        value = '[{"min_tx_rate": 1000}]'
+        pod = api.add_pod("team-a", "p", {"rdma_interfaces_required": value}, node_name=None)
+        client = kubeapi.ApiClient.from_kubeconfig(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        service = Service(client, listen=("127.0.0.1", 0)).start()
+        try:
+            assert service.extender.ready.wait(30)
+            assert service.extender.filter(so.args_names(pod, ["n1"]))["NodeNames"] == ["n1"]
+            meta = pod["metadata"]
+            bind = {
+                "PodName": meta["name"],
+                "PodNamespace": meta["namespace"],
+                "PodUID": meta["uid"],
+                "Node": "n1",
+            }
+            assert service.extender.bind(bind) == {"Error": ""}
+            service.check_pods()
+        finally:
+            service.stop()
+            client.close()
+        used = {_rbac_of(seen.method, seen.path) for seen in api.requests_seen}
+    assert {
+        ("nodes", "list"),
+        ("nodes", "watch"),
+        ("pods", "list"),
+        ("pods/binding", "create"),
+        ("pods", "get"),
+    } <= used
+    assert used <= granted, sorted(used - granted)
