@@ -103,7 +103,7 @@ class PendingStore:
             raise IOFailure(f"cannot list {self.dir}: {exc.strerror}") from exc
         out = []
         for name in names:
-            if name.endswith(_SUFFIX) and "@" in name:
+            if name.endswith(_SUFFIX) and "@" in name and not name.startswith("."):
                 cid, _, ifname = name[: -len(_SUFFIX)].partition("@")
                 try:
                     item = self.get(cid, ifname)
@@ -117,7 +117,7 @@ class PendingStore:
     def count(self) -> int:
         """How many attachments have an IPAM release pending."""
         try:
-            return sum(1 for n in os.listdir(self.dir) if n.endswith(_SUFFIX))
+            return sum(1 for n in os.listdir(self.dir) if n.endswith(_SUFFIX) and not n.startswith("."))
         except OSError:
             return 0
 

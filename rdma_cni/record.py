@@ -193,8 +193,8 @@ class RecordStore:
             raise IOFailure(f"cannot list state directory {self.dir}: {exc.strerror}") from exc
         out = []
         for name in names:
-            if not name.endswith(_SUFFIX) or "@" not in name:
-                continue
+            if not name.endswith(_SUFFIX) or "@" not in name or name.startswith("."):
+                continue  # temporary files start with a dot
             path = os.path.join(self.dir, name)
             try:
                 out.append(self._read(path))

@@ -53,7 +53,8 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
         if att is not None and env.netns and env.netns != att.netns:
             log.info("CNI_NETNS %s differs from the recorded %s; using CNI_NETNS", env.netns, att.netns)
             att.netns = env.netns
-        usable = att is not None and bool(att.vfs)
+        # A record listing no VFs is no usable account of the attachment.
+        unusable = att is not None and not att.vfs
         netns = env.netns or (att.netns if att else "")
         ipam = ipam_for(conf, doc, env)
         with Rtnl() as host, _optional_netns(netns) as pod:
@@ -65,8 +66,9 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
             released = release_vfs(
                 vfs, host=host, finder=finder, vfctl=vf_control(host), ipam=ipam, conf=conf
             )
-            if not usable and ipam is not None and env.ifname not in {v.pod_name for v in strays}:
-                # Without a record, the attachment's first interface is the one name known for sure.
+            if (unusable or strays) and ipam is not None and env.ifname not in {v.pod_name for v in strays}:
+                # Without a usable record, the first interface is the one name known for sure.
+                # (No record and nothing found: an earlier DEL released it all; IPAM is not asked again.)
                 _ipam_del(ipam, env.ifname, released)
         pending_error: CniError | None = None
         if pendings.exists(env.container_id, env.ifname):
