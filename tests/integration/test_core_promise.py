@@ -363,3 +363,20 @@ def test_del_naming_the_host_namespace_takes_nothing_from_the_host(cluster: Clus
     assert len(cluster.node.vf_state()["calls"]) == calls
     assert cluster.run("DEL", held, conf).ok
     assert_node_pristine(cluster)
+
+
+def test_a_corrupt_pending_ipam_release_is_set_aside_not_blocking(cluster: Cluster) -> None:
+    conf = cluster.conf()
+    pod = cluster.pod([{}])
+    assert cluster.run("ADD", pod, conf).ok
+    os.makedirs(_pending_dir(cluster))
+    path = os.path.join(_pending_dir(cluster), f"{pod['CNI_CONTAINERID']}@net1.json")
+    with open(path, "w") as f:
+        f.write("{broken")
+    done = cluster.run("DEL", pod, conf)
+    assert done.ok, done.doc
+    assert "is corrupt" in done.stderr and "set aside" in done.stderr
+    assert _pending(cluster) == []
+    (kept,) = os.listdir(os.path.join(cluster.state_dir, "quarantine"))
+    assert kept.startswith(f"{pod['CNI_CONTAINERID']}@net1.json.")
+    assert_node_pristine(cluster)
