@@ -380,3 +380,23 @@ def test_a_corrupt_pending_ipam_release_is_set_aside_not_blocking(cluster: Clust
     (kept,) = os.listdir(os.path.join(cluster.state_dir, "quarantine"))
     assert kept.startswith(f"{pod['CNI_CONTAINERID']}@net1.json.")
     assert_node_pristine(cluster)
+
+
+def test_ethtool_driver_info_answers_in_the_pod(cluster: Cluster) -> None:
+    """The pre-5.16 identity source, on this kernel: a veth in a pod has no PCI bus-info."""
+    from rdma_cni.identity import drvinfo
+    from rdma_cni.netns import Netns
+
+    conf = cluster.conf(ipam=None)
+    pod = cluster.pod([{}])
+    assert cluster.run("ADD", pod, conf).ok
+    ns = Netns(pod["CNI_NETNS"])
+    try:
+        assert drvinfo("net1", ns.fd) == ("veth", "")
+        with pytest.raises(OSError):
+            drvinfo(cluster.node.vf_netdev(1, 0), ns.fd)  # not in the pod
+    finally:
+        ns.close()
+    assert drvinfo(cluster.node.vf_wire(0, 0)) == ("veth", "")
+    assert cluster.run("DEL", pod, conf).ok
+    assert_node_pristine(cluster)
