@@ -31,7 +31,7 @@ from rdma_cni.attach import (
 )
 from rdma_cni.commands.common import ipam_for, release_vfs, settle
 from rdma_cni.config import InterfaceRequest, NetConf
-from rdma_cni.errors import KernelError, NoCapacity, StateError
+from rdma_cni.errors import CniError, KernelError, NoCapacity, StateError
 from rdma_cni.identity import VfFinder
 from rdma_cni.inventory import Node, Vf, scan
 from rdma_cni.ipam import Ipam
@@ -104,7 +104,10 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
                 released = release_vfs(
                     att.vfs, host=host, finder=finder, vfctl=vfctl, ipam=ipam, conf=conf, progress=progress
                 )
-                problem = settle(store, pendings, att, released, doc)
+                try:
+                    problem = settle(store, pendings, att, released, doc)
+                except CniError as exc:  # ADD's own error is the one to report
+                    problem = exc
                 if problem is not None:
                     log.error("rollback of %s/%s: %s", att.container_id, att.ifname, problem.msg)
                 raise
