@@ -400,3 +400,26 @@ def test_ethtool_driver_info_answers_in_the_pod(cluster: Cluster) -> None:
     assert drvinfo(cluster.node.vf_wire(0, 0)) == ("veth", "")
     assert cluster.run("DEL", pod, conf).ok
     assert_node_pristine(cluster)
+
+
+def test_pending_ipam_release_falls_back_to_the_recorded_config(cluster: Cluster) -> None:
+    """The verb's own config is tried first; when it fails, the one IPAM DEL was first given."""
+    good = cluster.conf()
+    pod = cluster.pod([{}])
+    bad_args = {**pod, "CNI_ARGS": pod["CNI_ARGS"] + ";IP=not-an-address"}
+    assert cluster.run("ADD", bad_args, good).doc["code"] == 104  # type: ignore[index]
+    assert len(_pending(cluster)) == 1
+    broken = cluster.conf()
+    broken["ipam"]["ranges"] = True
+    done = cluster.run("DEL", pod, broken)
+    assert done.ok, done.doc
+    assert _pending(cluster) == []  # the current (broken) config failed; the recorded one worked
+    # A pending release of another network is not this GC's business.
+    other = cluster.pod([{}])
+    other_net = cluster.conf(name="other-net")
+    other_net["ipam"] = {**broken["ipam"], "dataDir": os.path.join(cluster.tmp, "ipam-other")}
+    assert cluster.run("ADD", other, other_net).doc["code"] == 104  # type: ignore[index]
+    gc = cluster.run("GC", {}, {**good, "cni.dev/valid-attachments": []})
+    assert gc.ok, gc.doc
+    assert _pending(cluster) == [f"{other['CNI_CONTAINERID']}@net1.json"]
+    assert_node_pristine(cluster)
