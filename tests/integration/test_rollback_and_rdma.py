@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from rdma_cni import rdma
-from rdma_cni.attach import Netns
 from rdma_cni.commands import add as add_cmd
-from rdma_cni.errors import KernelError
+from rdma_cni.errors import IOFailure, KernelError
 from rdma_cni.ipam import Ipam
 from rdma_cni.isolation import RdmaIsolation
+from rdma_cni.netns import Netns
 from rdma_cni.record import RecordStore
 from tests.integration.conftest import Cluster, addresses_in, assert_node_pristine, ns_name
 from tests.support.fake_rdma import FakeDevice, FakeRdmaKernel
@@ -118,9 +118,9 @@ def test_rollback_that_fails_keeps_the_record_for_del(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(add_cmd, "apply_addresses", _fail_on_call(add_cmd.apply_addresses, 1, True))
-    real_restore = __import__("rdma_cni.attach", fromlist=["_restore_netdev"])._restore_netdev
+    real_restore = __import__("rdma_cni.attach", fromlist=["move_out"]).move_out
     monkeypatch.setattr(
-        "rdma_cni.attach._restore_netdev",
+        "rdma_cni.attach.move_out",
         lambda *a, **k: (_ for _ in ()).throw(KernelError("cannot move back")),
     )
     pod = cluster.pod([{}])
@@ -128,7 +128,7 @@ def test_rollback_that_fails_keeps_the_record_for_del(
     out = cluster.run_inproc("ADD", pod, conf)
     assert out.code == 1
     assert len(cluster.records) == 1, "a failed rollback must leave the record so DEL can finish"
-    monkeypatch.setattr("rdma_cni.attach._restore_netdev", real_restore)
+    monkeypatch.setattr("rdma_cni.attach.move_out", real_restore)
     assert cluster.run("DEL", pod, conf).ok
     assert_node_pristine(cluster)
 
@@ -259,3 +259,24 @@ def test_rdma_auto_without_rdma_stack_proceeds(cluster: Cluster) -> None:
 def test_netns_open_optional_handles_missing_path(tmp_path: Any) -> None:
     assert Netns.open_optional(str(tmp_path / "gone")) is None
     assert Netns.open_optional("") is None
+
+
+@pytest.mark.node(RDMA_NODE)
+def test_rollback_that_cannot_drop_the_record_reports_adds_own_error(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(add_cmd, "apply_addresses", _fail_on_call(add_cmd.apply_addresses, 1, True))
+
+    def no_delete(self: RecordStore, container_id: str, ifname: str) -> None:
+        raise IOFailure("cannot remove allocation record: Read-only file system")
+
+    real_delete = RecordStore.delete
+    monkeypatch.setattr(RecordStore, "delete", no_delete)
+    pod = cluster.pod([{}])
+    conf = cluster.conf(rdmaIsolation="off")
+    out = cluster.run_inproc("ADD", pod, conf)
+    assert out.doc is not None and out.doc["code"] == 103 and "injected" in out.doc["msg"], out.doc
+    assert len(cluster.records) == 1  # the record stays, listing VFs that are home: DEL drops it
+    monkeypatch.setattr(RecordStore, "delete", real_delete)
+    assert cluster.run("DEL", pod, conf).ok
+    assert_node_pristine(cluster)

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from rdma_cni import record
 from rdma_cni.record import Attachment, RecordStore
 
 
 def test_only_a_new_record_name_fsyncs_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = RecordStore(str(tmp_path))
     synced: list[str] = []
-    monkeypatch.setattr(RecordStore, "_sync_dir", lambda self: synced.append(self.dir))
+    monkeypatch.setattr(record, "_sync_dir", synced.append)
     att = Attachment(container_id="c1", ifname="net1", network="n", netns="/run/netns/x", cni_version="1.0.0")
     store.write(att)
     assert synced == [store.dir]

@@ -1,0 +1,271 @@
+"""Which netdev is which VF: decided only by what the kernel reports and a pod cannot change.
+
+A pod with CAP_NET_ADMIN in its namespace can rename its interfaces, rewrite
+their aliases and create new ones (a veth named and labelled like its VF), so
+names and aliases prove nothing. What it cannot change:
+
+- on real hardware, the netdev's parent device as rtnetlink reports it
+  (``IFLA_PARENT_DEV_NAME`` = the VF's PCI address on bus
+  ``IFLA_PARENT_DEV_BUS_NAME`` = ``pci``; kernels before 5.16 do not report
+  it, and there ethtool's driver info, bus-info, is asked instead); a stacked
+  device (VLAN, IPoIB child) names a lower link in ``IFLA_LINK`` and is
+  refused;
+- on the simulated node (tests, demo), whose VFs are veths: the kernel-reported
+  peer of the pod-side end (``IFLA_LINK`` ifindex in the namespace
+  ``IFLA_LINK_NETNSID``), which must be the VF's "wire" in the host. The fake
+  sysfs tree names each VF's wire in ``bus/pci/devices/<pci>/rdma_cni_sim_wire``,
+  read only when ``RDMA_CNI_FAKE_VF_IDENTITY`` is set (the integration tier's
+  seam, announced in the log).
+
+The lookup (:class:`VfFinder`) is one code path for both; only
+:meth:`Identity.of` and :meth:`Identity.expected` differ. A netdev is moved
+into the host, or a VF counted as free, only when its identity matches; two
+links claiming one identity prove nothing and neither is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
+
+from rdma_cni import sysfs
+from rdma_cni.netlink import Link, Rtnl
+
+if TYPE_CHECKING:
+    from rdma_cni.netns import Netns
+
+log = logging.getLogger("rdma_cni.identity")
+
+FAKE_ENV = "RDMA_CNI_FAKE_VF_IDENTITY"
+WIRE_FILE = "rdma_cni_sim_wire"
+
+
+class Identity(Protocol):
+    def expected(self, pci: str) -> str | None:
+        """The identity VF ``pci``'s netdev shows, or None when it cannot be known now."""
+        ...
+
+    def of(self, link: Link, pod: Netns | None) -> str | None:
+        """The identity of ``link`` as dumped in ``pod`` (None: the host), or None for a non-VF."""
+        ...
+
+
+# rtnetlink reports a netdev's parent device from Linux 5.16 on; older kernels
+# answer the same question through ethtool's driver info (bus-info).
+PARENT_DEV_KERNEL = (5, 16)
+SIOCETHTOOL = 0x8946
+ETHTOOL_GDRVINFO = 0x00000003
+_DRVINFO_SIZE = 196  # struct ethtool_drvinfo
+_BUS_INFO = slice(4 + 3 * 32, 4 + 4 * 32)  # after cmd, driver, version, fw_version
+
+
+def kernel_reports_parent(release: str | None = None) -> bool:
+    """Does this kernel put IFLA_PARENT_DEV_NAME in link dumps?"""
+    parts = (release or os.uname().release).split(".")
+    try:
+        return (int(parts[0]), int(parts[1].split("-")[0])) >= PARENT_DEV_KERNEL
+    except (IndexError, ValueError):
+        return True
+
+
+def drvinfo(ifname: str, netns_fd: int | None = None) -> tuple[str, str]:
+    """(driver, bus-info) of a netdev from ethtool's GDRVINFO, in ``netns_fd`` (None: this namespace)."""
+    import array
+    import fcntl
+    import socket
+    import struct
+
+    from rdma_cni.nlsock import in_netns
+
+    buf = array.array("B", struct.pack("=I", ETHTOOL_GDRVINFO) + bytes(_DRVINFO_SIZE - 4))
+    ifreq = struct.pack("16sP", ifname.encode()[:15], buf.buffer_info()[0]).ljust(40, b"\0")
+    if netns_fd is None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    else:
+        with in_netns(netns_fd):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    with sock:
+        fcntl.ioctl(sock.fileno(), SIOCETHTOOL, ifreq)
+    raw = bytes(buf)
+
+    def text(field: bytes) -> str:
+        return field.split(b"\0")[0].decode(errors="replace")
+
+    return text(raw[4:36]), text(raw[_BUS_INFO])
+
+
+class ParentDevice:
+    """Real hardware: the netdev's parent PCI device (rtnetlink; ethtool bus-info before Linux 5.16)."""
+
+    def __init__(self, from_rtnetlink: bool | None = None) -> None:
+        self.from_rtnetlink = kernel_reports_parent() if from_rtnetlink is None else from_rtnetlink
+
+    def expected(self, pci: str) -> str | None:
+        return "pci:" + pci
+
+    def of(self, link: Link, pod: Netns | None) -> str | None:
+        # A VF's own netdev has no lower link; VLAN or IPoIB children of it
+        # share its parent device but name it in IFLA_LINK.
+        if link.link_index not in (0, link.index):
+            return None
+        if self.from_rtnetlink:
+            if link.parent_bus != "pci" or not link.parent_dev:
+                return None
+            return "pci:" + link.parent_dev
+        try:
+            _driver, bus = drvinfo(link.name, pod.fd if pod is not None else None)
+        except OSError:
+            return None  # no ethtool driver info (loopback, some virtual devices): not a VF
+        return "pci:" + bus if bus else None
+
+
+class VethPeer:
+    """The simulated node: the veth's peer, which must be the VF's wire in the host."""
+
+    def __init__(self, host_link: HostLinks) -> None:
+        self._host_link = host_link
+        log.warning("VF identity is simulated by veth peers (%s is set): not for production", FAKE_ENV)
+
+    def expected(self, pci: str) -> str | None:
+        try:
+            with open(os.path.join(sysfs.pci_dir(pci), WIRE_FILE), encoding="ascii") as f:
+                wire = f.read().strip()
+        except OSError:
+            return None
+        link = self._host_link(wire)
+        return f"peer:{link.index}" if link is not None else None
+
+    def of(self, link: Link, pod: Netns | None) -> str | None:
+        if not link.link_index:
+            return None
+        if pod is None:
+            # In the host, the wire is in the same namespace: no netnsid.
+            proven = link.link_netnsid is None
+        else:
+            proven = link.link_netnsid is not None and link.link_netnsid == pod.host_nsid()
+        return f"peer:{link.link_index}" if proven else None
+
+
+class HostLinks(Protocol):
+    def __call__(self, name: str) -> Link | None: ...
+
+
+def identity_for(host_link: HostLinks) -> Identity:
+    """The identity in force: parent devices, unless the simulation seam is on."""
+    if os.environ.get(FAKE_ENV):
+        return VethPeer(host_link)
+    return ParentDevice()
+
+
+class VfFinder:
+    """Finds VF netdevs in the host and in one pod by identity.
+
+    Few kernel round trips: the pod's links are dumped once; in the host a
+    VF is first looked up under the name sysfs gives (one small request,
+    then its identity is checked), and the host's links are dumped only
+    when that fails (a renamed VF, a look-alike under its name, a VF that
+    came back from a deleted namespace).
+    """
+
+    def __init__(self, host: Rtnl, pod: Netns | None = None) -> None:
+        self.host = host
+        self.pod = pod
+        self._host_links: list[Link] | None = None
+        self._by_name: dict[str, Link | None] = {}
+        self._by_identity: dict[str, dict[str, list[Link]]] = {}
+        self._home: dict[str, Link | None] = {}
+        self.identity = identity_for(self._host_link)
+
+    def _host_link(self, name: str) -> Link | None:
+        if self._host_links is not None:
+            return next((link for link in self._host_links if link.name == name), None)
+        if name not in self._by_name:
+            self._by_name[name] = self.host.get_link(name=name)
+        return self._by_name[name]
+
+    def _index(self, where: str) -> dict[str, list[Link]]:
+        if where not in self._by_identity:
+            if where == "pod":
+                assert self.pod is not None
+                links = self.pod.rtnl.links()
+                view = self.pod
+            else:
+                if self._host_links is None:
+                    self._host_links = self.host.links()
+                links, view = self._host_links, None
+            table: dict[str, list[Link]] = {}
+            for link in links:
+                ident = self.identity.of(link, view)
+                if ident is not None:
+                    table.setdefault(ident, []).append(link)
+            self._by_identity[where] = table
+        return self._by_identity[where]
+
+    def _match(self, where: str, pci: str) -> Link | None:
+        want = self.identity.expected(pci)
+        if want is None:
+            return None
+        found = self._index(where).get(want, [])
+        if len(found) > 1:
+            log.error(
+                "%d links in the %s claim to be VF %s (%s); trusting none of them",
+                len(found),
+                where,
+                pci,
+                ", ".join(link.name for link in found),
+            )
+            return None
+        return found[0] if found else None
+
+    def in_host(self, pci: str, name: str | None = None) -> Link | None:
+        """VF ``pci``'s netdev if it is proven to be in the host; ``name``: where it probably is."""
+        if pci not in self._home:
+            link = self._host_link(name) if name else None
+            if link is None or self.identity.of(link, None) != self.identity.expected(pci):
+                link = self._match("host", pci)
+            self._home[pci] = link
+        return self._home[pci]
+
+    def in_pod(self, pci: str) -> Link | None:
+        """VF ``pci``'s netdev if it is proven to be in the pod."""
+        return self._match("pod", pci) if self.pod is not None else None
+
+    def find(self, pci: str, name: str | None = None) -> tuple[str, Link] | None:
+        """Where VF ``pci``'s netdev is: ("pod"|"host", link), or None when not proven anywhere."""
+        link = self.in_pod(pci)
+        if link is not None:
+            return "pod", link
+        link = self.in_host(pci, name)
+        return ("host", link) if link is not None else None
+
+    def forget(self) -> None:
+        """Drop what was read (after links moved), so later lookups see the kernel anew."""
+        self._host_links = None
+        self._by_name.clear()
+        self._by_identity.clear()
+        self._home.clear()
+
+    def unexplained_in_pod(self, pcis: Iterable[str]) -> bool:
+        """Does the pod hold a link with a VF identity that is none of ``pcis``?"""
+        if self.pod is None:
+            return False
+        known = {self.identity.expected(pci) for pci in pcis}
+        return any(ident not in known for ident in self._index("pod"))
+
+    def vfs_in_pod(self, pcis: Iterable[str]) -> dict[str, Link]:
+        """Of ``pcis``, the VFs proven to sit in the pod, with their links there."""
+        if self.pod is None or not self._index("pod"):
+            return {}
+        out = {}
+        for pci in pcis:
+            link = self.in_pod(pci)
+            if link is not None:
+                out[pci] = link
+        return out
+
+    def check(self, link: Link, pci: str) -> bool:
+        """Is ``link`` (dumped in the pod) VF ``pci``'s netdev?"""
+        want = self.identity.expected(pci)
+        return want is not None and self.identity.of(link, self.pod) == want
