@@ -21,7 +21,14 @@ from typing import Any, BinaryIO, TextIO
 from rdma_cni import __version__
 from rdma_cni import log as rdma_log
 from rdma_cni.errors import CniError, InternalError
-from rdma_cni.protocol import LATEST_VERSION, check_version, decode_stdin, parse_env, version_document
+from rdma_cni.protocol import (
+    LATEST_VERSION,
+    MAX_CONFIG_BYTES,
+    check_version,
+    decode_stdin,
+    parse_env,
+    version_document,
+)
 
 log = logging.getLogger("rdma_cni")
 
@@ -109,7 +116,8 @@ def main(
             sys.stderr.write(USAGE)
         stdin = sys.stdin.buffer
     # A closed stdin (sys.stdin is None) reads as empty: the verb then reports code 6.
-    raw = stdin.read() if stdin is not None else b""
+    # One byte past the limit is enough to refuse an oversized config (decode_stdin).
+    raw = stdin.read(MAX_CONFIG_BYTES + 1) if stdin is not None else b""
     # Only the CNI document may reach stdout: a stray print() anywhere in a verb
     # goes to stderr instead.
     with contextlib.redirect_stdout(sys.stderr):

@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
@@ -209,6 +210,19 @@ class RecordStore:
             os.close(fd)
 
 
+def _check_lock_file(lock_file: str) -> None:
+    """Code 5 at once for a lockFile that can never be locked (filelock would retry until the timeout)."""
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise IOFailure(f"cannot open lockFile {lock_file}: {exc.strerror}") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IOFailure(f"lockFile {lock_file} is not a regular file")
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
     """Hold the node-wide lock; code 11 if it cannot be had within ``timeout`` seconds."""
@@ -218,6 +232,7 @@ def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
         os.makedirs(os.path.dirname(lock_file), mode=0o755, exist_ok=True)
     except OSError as exc:
         raise IOFailure(f"cannot create the directory of lockFile {lock_file}: {exc.strerror}") from exc
+    _check_lock_file(lock_file)
     lock = FileLock(lock_file, mode=0o600)
     waited = time.monotonic()
     try:
