@@ -33,10 +33,10 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rdma_cni.errors import CniError, KernelError
+from rdma_cni.errors import CniError, InvalidEnvironment, KernelError
 from rdma_cni.ipam import Ipam
 from rdma_cni.netlink import Link, Rtnl
-from rdma_cni.nlsock import NetlinkError, host_netns_fd
+from rdma_cni.nlsock import NetlinkError, NotAPodNetns, host_netns_fd, open_pod_netns
 from rdma_cni.record import VfRecord
 from rdma_cni.vfcontrol import VfControl
 
@@ -76,8 +76,12 @@ class Netns:
     """A pod's network namespace, opened once: an fd for moves and an Rtnl inside it."""
 
     def __init__(self, path: str) -> None:
+        """Open ``path``: OSError if it cannot be opened, code 4 if it is no pod's network namespace."""
         self.path = path
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.fd = open_pod_netns(path)
+        except NotAPodNetns as exc:
+            raise InvalidEnvironment(f"CNI_NETNS={path!r} is refused: {exc}") from exc
         try:
             self.rtnl = Rtnl(self.fd)
         except OSError:
@@ -95,6 +99,10 @@ class Netns:
             log.info(
                 "pod netns %s is not available (%s): treating its interfaces as gone", path, exc.strerror
             )
+            return None
+        except InvalidEnvironment as exc:
+            # An unmounted namespace file may stay behind as an empty file: DEL must still succeed.
+            log.warning("%s: treating the pod's interfaces as gone", exc.msg)
             return None
 
     def close(self) -> None:
