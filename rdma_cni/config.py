@@ -139,6 +139,7 @@ class NetConf(BaseModel):
     stateDir: str = DEFAULT_STATE_DIR
     lockFile: str = DEFAULT_LOCK_FILE
     lockTimeoutSeconds: Annotated[float, Field(gt=0, le=600)] = 60.0
+    ipamTimeoutSeconds: Annotated[float, Field(gt=0, le=600)] = 30.0
     capacityMbps: dict[str, Annotated[StrictInt, Field(ge=0, le=MAX_RATE_MBPS)]] = {}
 
     vlan: Annotated[StrictInt, Field(ge=0, le=4095)] | None = None

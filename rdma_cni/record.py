@@ -210,8 +210,22 @@ class RecordStore:
             os.close(fd)
 
 
-def _check_lock_file(lock_file: str) -> None:
-    """Code 5 at once for a lockFile that can never be locked (filelock would retry until the timeout)."""
+@contextlib.contextmanager
+def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
+    """Hold the node-wide lock (flock on ``lock_file``); code 11 after ``timeout`` seconds, code 5 at once
+    for a lockFile that can never be locked (under /proc, a directory, a FIFO).
+
+    The lock lives on this process's open file description, so an IPAM guard
+    forked while it is held keeps holding it after this process is killed
+    (see rdma_cni.ipam). Leaving the block closes our descriptor: the lock is
+    free as soon as no guard shares it either.
+    """
+    import fcntl
+
+    try:
+        os.makedirs(os.path.dirname(lock_file), mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise IOFailure(f"cannot create the directory of lockFile {lock_file}: {exc.strerror}") from exc
     try:
         fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
     except OSError as exc:
@@ -219,37 +233,31 @@ def _check_lock_file(lock_file: str) -> None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise IOFailure(f"lockFile {lock_file} is not a regular file")
+        waited = time.monotonic()
+        pause = 0.002
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                left = waited + timeout - time.monotonic()
+                if left <= 0:
+                    raise TryAgainLater(
+                        f"node lock {lock_file} is held by another rdma-cni for more than {timeout:g} s; "
+                        "try again later"
+                    ) from None
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.05)
+            except OSError as exc:
+                raise IOFailure(f"cannot lock lockFile {lock_file}: {exc.strerror}") from exc
+        acquired = time.monotonic()
+        try:
+            yield
+        finally:
+            log.info(
+                "node lock: waited %.1f ms, held %.1f ms",
+                (acquired - waited) * 1000,
+                (time.monotonic() - acquired) * 1000,
+            )
     finally:
         os.close(fd)
-
-
-@contextlib.contextmanager
-def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
-    """Hold the node-wide lock; code 11 if it cannot be had within ``timeout`` seconds."""
-    from filelock import FileLock, Timeout
-
-    try:
-        os.makedirs(os.path.dirname(lock_file), mode=0o755, exist_ok=True)
-    except OSError as exc:
-        raise IOFailure(f"cannot create the directory of lockFile {lock_file}: {exc.strerror}") from exc
-    _check_lock_file(lock_file)
-    lock = FileLock(lock_file, mode=0o600)
-    waited = time.monotonic()
-    try:
-        lock.acquire(timeout=timeout)
-    except Timeout as exc:
-        raise TryAgainLater(
-            f"node lock {lock_file} is held by another rdma-cni for more than {timeout:g} s; try again later"
-        ) from exc
-    except OSError as exc:
-        raise IOFailure(f"cannot open lockFile {lock_file}: {exc.strerror}") from exc
-    acquired = time.monotonic()
-    try:
-        yield
-    finally:
-        lock.release()
-        log.info(
-            "node lock: waited %.1f ms, held %.1f ms",
-            (acquired - waited) * 1000,
-            (time.monotonic() - acquired) * 1000,
-        )

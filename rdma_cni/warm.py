@@ -57,7 +57,6 @@ PRELOAD = (
     "rdma_cni.isolation",
     "rdma_cni.k8s",
     "requests",
-    "filelock",
 )
 
 

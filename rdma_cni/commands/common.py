@@ -27,7 +27,7 @@ def ipam_for(
     if container_id:
         environ = {**env.environ, "CNI_CONTAINERID": container_id, "CNI_NETNS": netns}
         env = dataclasses.replace(env, container_id=container_id, netns=netns, environ=environ)
-    return Ipam(doc, env, conf.stateDir)
+    return Ipam(doc, env, conf.stateDir, conf.ipamTimeoutSeconds)
 
 
 def release_vfs(

@@ -109,6 +109,7 @@ def test_full_config() -> None:
         stateDir="/var/lib/cni/rdma-test",
         lockFile="/run/rdma-test/lock",
         lockTimeoutSeconds=2.5,
+        ipamTimeoutSeconds=1.5,
         capacityMbps={"ens1f0": 100_000, "ens1f1": 0},
         vlan=100,
         vlanQoS=3,
