@@ -182,15 +182,10 @@ def run_guarded(argv: list[str], env: Mapping[str, str], data: bytes, timeout: f
 class Ipam:
     """The IPAM plugin of one network config, found on CNI_PATH."""
 
-    def __init__(
-        self,
-        conf_doc: Mapping[str, Any],
-        env: CniEnv,
-        state_dir: str,
-        budget_seconds: float = DEFAULT_BUDGET_SECONDS,
-    ) -> None:
+    def __init__(self, conf_doc: Mapping[str, Any], env: CniEnv, state_dir: str) -> None:
         ipam = conf_doc.get("ipam") or {}
-        self.budget = budget_seconds
+        # The document was validated as a NetConf (0 < ipamTimeoutSeconds <= 600).
+        self.budget = float(conf_doc.get("ipamTimeoutSeconds", DEFAULT_BUDGET_SECONDS))
         self.type = str(ipam.get("type", ""))
         self._doc = dict(conf_doc)
         self._env = env

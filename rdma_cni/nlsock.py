@@ -145,7 +145,7 @@ def open_pod_netns(path: str) -> int:
         if kind != CLONE_NEWNET:
             raise NotAPodNetns(f"{path} is a namespace, but not a network namespace")
         if (st.st_dev, st.st_ino) == (nsfs.st_dev, nsfs.st_ino):
-            raise NotAPodNetns(f"{path} is the plugin's own (the host's) network namespace, not a pod's")
+            raise NotAPodNetns(f"{path} is the host's own network namespace (the plugin's), not a pod's")
     except BaseException:
         os.close(fd)
         raise
