@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 BINARY := dist/rdma-cni
 SRC    := $(shell find rdma_cni -name '*.py') build.spec setup.cfg
 
-.PHONY: all deps venv build demo test unit integration e2e bench lint clean
+.PHONY: all deps venv build demo test unit integration faults e2e bench lint clean
 
 all: build
 
@@ -44,6 +44,11 @@ unit: venv
 
 integration: build
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q tests/integration
+
+# The fault tier: seeded fuzzing, kill -9, broken IPAM, spoiled records, hostile
+# pods; RDMA_CNI_FAULT_SEED replays a run, RDMA_CNI_FAULT_SCALE sizes it.
+faults: build
+	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/faults
 
 e2e: build  ## QEMU guest with an emulated SR-IOV NIC (igb), driven by a libcni runtime
 	$(BIN)/pytest -q -p no:cacheprovider -m e2e tests/e2e
