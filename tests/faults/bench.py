@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from tests.faults.conftest import STATS
+from tests.faults.knobs import STATS
 from tests.integration.conftest import Cluster, plugin_command
 from tests.support.hostview import host_links
 from tests.support.invariants import violations

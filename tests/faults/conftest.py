@@ -4,28 +4,19 @@ The seed comes from RDMA_CNI_FAULT_SEED (else a random one) and is printed in
 the header and the summary: the same seed replays the same inputs, kill
 delays and faults. RDMA_CNI_FAULT_SCALE multiplies the number of inputs and
 cycles (default 1, about five minutes on the 2-core development machine).
+Both live in knobs.py.
 """
 
 from __future__ import annotations
 
-import os
 import random
 from collections import Counter
 from typing import Any
 
 import pytest
 
+from tests.faults.knobs import SCALE, SEED, STATS
 from tests.integration.conftest import api_server, cluster  # noqa: F401 - fixtures shared with the integration tier
-
-SEED = int(os.environ.get("RDMA_CNI_FAULT_SEED") or random.SystemRandom().randrange(1 << 32))
-SCALE = float(os.environ.get("RDMA_CNI_FAULT_SCALE") or 1)
-# family -> inputs, cycles, invocations, violations; filled by the tests.
-STATS: dict[str, Counter[str]] = {}
-
-
-def scaled(n: int) -> int:
-    """``n`` inputs or cycles at the configured scale (at least 1)."""
-    return max(1, round(n * SCALE))
 
 
 def pytest_report_header() -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.faults.bench import Bench
-from tests.faults.conftest import scaled
+from tests.faults.knobs import scaled
 from tests.integration.conftest import Cluster
 from tests.support.fake_ipam import crashes, hangs, prints, sleeper, sleeps_then_host_local, write_ipam
 from tests.support.simnode import ip
@@ -155,7 +155,7 @@ def mutate_env(rng: random.Random, cluster: Cluster, pod: dict[str, str]) -> dic
 def test_fuzzed_configurations(cluster: Cluster, rng: random.Random) -> None:
     bench = Bench(cluster, "config fuzzing")
     base = cluster.conf()
-    for n in range(scaled(120)):
+    for n in range(scaled(250)):
         conf = mutate_conf(rng, cluster, base)
         bench.stats["inputs"] += 1
         pod = cluster.pod([{"max_tx_rate": 100}] if rng.random() < 0.5 else None)
@@ -167,7 +167,7 @@ def test_fuzzed_configurations(cluster: Cluster, rng: random.Random) -> None:
 def test_fuzzed_environments(cluster: Cluster, rng: random.Random) -> None:
     bench = Bench(cluster, "environment fuzzing")
     conf = cluster.conf()
-    for n in range(scaled(60)):
+    for n in range(scaled(120)):
         pod = cluster.pod([{}])
         env = mutate_env(rng, cluster, pod)
         bench.stats["inputs"] += 1
@@ -183,7 +183,7 @@ def test_fuzzed_environments(cluster: Cluster, rng: random.Random) -> None:
 def test_fuzzed_annotations(cluster: Cluster, rng: random.Random) -> None:
     bench = Bench(cluster, "annotation fuzzing")
     conf = cluster.conf()
-    for n in range(scaled(60)):
+    for n in range(scaled(120)):
         value = random_json(rng)
         if rng.random() < 0.5:
             value = [
@@ -207,7 +207,7 @@ def test_kill_9_at_random_points_then_del(cluster: Cluster, rng: random.Random, 
     write_ipam(bindir, "slow-local", {"ADD": sleeps_then_host_local(0.2, os.path.join(cluster.tmp, "m"))})
     cluster.cni_path = f"{bindir}:/usr/lib/cni"
     assert bench.run("STATUS", {}, cluster.conf(), "warm-up").code == 0
-    for n in range(scaled(10)):
+    for n in range(scaled(20)):
         conf = cluster.conf()
         if rng.random() < 0.3:
             conf["ipam"]["type"] = "slow-local"
