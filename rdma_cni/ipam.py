@@ -51,9 +51,16 @@ GUARD_GRACE_SECONDS = 5.0
 # Output kept from an IPAM plugin (a result is a few hundred bytes).
 MAX_OUTPUT_BYTES = 1 << 20
 
-# The deadline shared by every IPAM call of this process, that is, of this verb
-# (a warm start forks a fresh process per verb). Set by the first call.
+# The deadline shared by every IPAM call of the verb that runs (one verb per
+# process, but tests run several in one): set by the first call, cleared by
+# start_verb().
 _deadline: float | None = None
+
+
+def start_verb() -> None:
+    """Start a new verb's IPAM time budget (its first IPAM call starts the clock)."""
+    global _deadline
+    _deadline = None
 
 
 def _remaining(budget: float) -> float:
@@ -211,7 +218,10 @@ class Ipam:
                 f"{what} not run: the verb's IPAM time budget (ipamTimeoutSeconds, {self.budget:g} s) "
                 "is spent"
             )
-        done = run_guarded([self.binary], env, json.dumps(stdin).encode(), left)
+        try:
+            done = run_guarded([self.binary], env, json.dumps(stdin).encode(), left)
+        except OSError as exc:  # fork or pipe refused: the node is short of processes or descriptors
+            raise TryAgainLater(f"{what} not run: cannot start its guard process: {exc.strerror}") from exc
         if done.spawn_error:
             raise IpamError(f"cannot run IPAM plugin {self.binary}: {done.spawn_error}")
         if done.stderr:
