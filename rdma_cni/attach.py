@@ -112,7 +112,7 @@ def move_out(host: Rtnl, finder: VfFinder, vf: VfRecord) -> None:
     netns was deleted is back in the host under its pod-side name; identity
     finds it there too.
     """
-    found = finder.find(vf.pci)
+    found = finder.find(vf.pci, vf.host_name)
     if found is None:
         log.warning(
             "VF %s (%s) has no netdev proven to be it in the host%s: nothing to move back",

@@ -105,23 +105,30 @@ def identity_for(host_link: HostLinks) -> Identity:
 
 
 class VfFinder:
-    """Finds VF netdevs in the host and in one pod by identity; one link dump per namespace."""
+    """Finds VF netdevs in the host and in one pod by identity.
+
+    Few kernel round trips: the pod's links are dumped once; in the host a
+    VF is first looked up under the name sysfs gives (one small request,
+    then its identity is checked), and the host's links are dumped only
+    when that fails (a renamed VF, a look-alike under its name, a VF that
+    came back from a deleted namespace).
+    """
 
     def __init__(self, host: Rtnl, pod: Netns | None = None) -> None:
         self.host = host
         self.pod = pod
         self._host_links: list[Link] | None = None
+        self._by_name: dict[str, Link | None] = {}
         self._by_identity: dict[str, dict[str, list[Link]]] = {}
+        self._home: dict[str, Link | None] = {}
         self.identity = identity_for(self._host_link)
 
     def _host_link(self, name: str) -> Link | None:
-        return next((link for link in self.host_dump() if link.name == name), None)
-
-    def host_dump(self) -> list[Link]:
-        """The host's links (dumped once)."""
-        if self._host_links is None:
-            self._host_links = self.host.links()
-        return self._host_links
+        if self._host_links is not None:
+            return next((link for link in self._host_links if link.name == name), None)
+        if name not in self._by_name:
+            self._by_name[name] = self.host.get_link(name=name)
+        return self._by_name[name]
 
     def _index(self, where: str) -> dict[str, list[Link]]:
         if where not in self._by_identity:
@@ -130,7 +137,9 @@ class VfFinder:
                 links = self.pod.rtnl.links()
                 view = self.pod
             else:
-                links, view = self.host_dump(), None
+                if self._host_links is None:
+                    self._host_links = self.host.links()
+                links, view = self._host_links, None
             table: dict[str, list[Link]] = {}
             for link in links:
                 ident = self.identity.of(link, view)
@@ -155,26 +164,40 @@ class VfFinder:
             return None
         return found[0] if found else None
 
-    def in_host(self, pci: str) -> Link | None:
-        """VF ``pci``'s netdev if it is proven to be in the host."""
-        return self._match("host", pci)
+    def in_host(self, pci: str, name: str | None = None) -> Link | None:
+        """VF ``pci``'s netdev if it is proven to be in the host; ``name``: where it probably is."""
+        if pci not in self._home:
+            link = self._host_link(name) if name else None
+            if link is None or self.identity.of(link, None) != self.identity.expected(pci):
+                link = self._match("host", pci)
+            self._home[pci] = link
+        return self._home[pci]
 
     def in_pod(self, pci: str) -> Link | None:
         """VF ``pci``'s netdev if it is proven to be in the pod."""
         return self._match("pod", pci) if self.pod is not None else None
 
-    def find(self, pci: str) -> tuple[str, Link] | None:
+    def find(self, pci: str, name: str | None = None) -> tuple[str, Link] | None:
         """Where VF ``pci``'s netdev is: ("pod"|"host", link), or None when not proven anywhere."""
         link = self.in_pod(pci)
         if link is not None:
             return "pod", link
-        link = self.in_host(pci)
+        link = self.in_host(pci, name)
         return ("host", link) if link is not None else None
 
     def forget(self) -> None:
-        """Drop the dumps (after links moved), so later lookups see the kernel anew."""
+        """Drop what was read (after links moved), so later lookups see the kernel anew."""
         self._host_links = None
+        self._by_name.clear()
         self._by_identity.clear()
+        self._home.clear()
+
+    def unexplained_in_pod(self, pcis: Iterable[str]) -> bool:
+        """Does the pod hold a link with a VF identity that is none of ``pcis``?"""
+        if self.pod is None:
+            return False
+        known = {self.identity.expected(pci) for pci in pcis}
+        return any(ident not in known for ident in self._index("pod"))
 
     def vfs_in_pod(self, pcis: Iterable[str]) -> dict[str, Link]:
         """Of ``pcis``, the VFs proven to sit in the pod, with their links there."""

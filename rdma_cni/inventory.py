@@ -129,7 +129,7 @@ def scan(
     capacity: Mapping[str, int],
     attachments: Iterable[Attachment],
     vfctl: VfControl | None,
-    home: Callable[[str], Link | None] | None = None,
+    home: Callable[[str, str | None], Link | None] | None = None,
 ) -> Node:
     """Read the node. ``pfs`` limits the PFs considered (None: every SR-IOV PF).
 
@@ -167,12 +167,11 @@ def scan(
             if not pci:
                 continue
             owner = owners.get(pci)
+            netdevs = sysfs.pci_netdevs(pci)
+            netdev = netdevs[0] if netdevs else None
             if home is not None and owner is None:
-                link = home(pci)
+                link = home(pci, netdev)
                 netdev = link.name if link is not None else None
-            else:
-                netdevs = sysfs.pci_netdevs(pci)
-                netdev = netdevs[0] if netdevs else None
             rdma = sysfs.pci_rdma_devices(pci) + (software_rdma.get(netdev, []) if netdev else [])
             pf.vfs.append(
                 Vf(

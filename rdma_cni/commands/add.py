@@ -185,7 +185,7 @@ def plan(
     for i, (vf, name, req) in enumerate(zip(chosen, names, requests, strict=True)):
         assert vf.netdev is not None  # guaranteed by Vf.free
         pf_name = vf.pf
-        link = finder.in_host(vf.pci)
+        link = finder.in_host(vf.pci, vf.netdev)
         if link is None:  # scan() counts a VF free only when it is proven home
             raise KernelError(f"VF {vf.pci} netdev {vf.netdev} is not proven to be in the host namespace")
         current = vf.settings.settings() if vf.settings else {}

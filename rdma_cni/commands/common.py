@@ -84,14 +84,17 @@ def stray_vfs(finder: VfFinder, conf: NetConf, store: RecordStore, att: Attachme
     if finder.pod is None:
         return []
     listed = {v.pci for v in att.vfs} if att else set()
-    in_pod = finder.vfs_in_pod(pci for _, _, pci in configured_vfs(conf) if pci not in listed)
+    if not finder.unexplained_in_pod(listed):
+        return []  # the usual DEL: every VF in the pod is one the record lists
+    everything = configured_vfs(conf)
+    in_pod = finder.vfs_in_pod(pci for _, _, pci in everything if pci not in listed)
     if not in_pod:
         return []
     own = att.key if att else None
     held = {v.pci: a for a in store.all(set_aside=True) if a.key != own for v in a.vfs}
     isolation = RdmaIsolation(conf.rdmaIsolation)
     out = []
-    for pf, index, pci in configured_vfs(conf):
+    for pf, index, pci in everything:
         link = in_pod.get(pci)
         if link is None:
             continue

@@ -25,6 +25,7 @@ from rdma_cni.commands.common import ipam_for, release_vfs, settle, stray_vfs
 from rdma_cni.config import NetConf
 from rdma_cni.errors import CniError
 from rdma_cni.identity import VfFinder
+from rdma_cni.ipam import Ipam
 from rdma_cni.ipam_pending import PendingStore, retry
 from rdma_cni.netlink import Rtnl
 from rdma_cni.netns import Netns
@@ -88,7 +89,7 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
             released = release_vfs(
                 vfs, host=host, finder=finder, vfctl=vf_control(host), ipam=ipam, conf=conf
             )
-            if (unusable or strays) and ipam is not None and env.ifname not in {v.pod_name for v in strays}:
+            if (unusable or strays) and ipam is not None and env.ifname not in {v.pod_name for v in vfs}:
                 # Without a usable record, the first interface is the one name known for sure.
                 # (No record and nothing found: an earlier DEL released it all; IPAM is not asked again.)
                 _ipam_del(ipam, env.ifname, released)
@@ -113,7 +114,7 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
     return None
 
 
-def _ipam_del(ipam: Any, name: str, released: Released) -> None:
+def _ipam_del(ipam: Ipam, name: str, released: Released) -> None:
     try:
         ipam.delete(name)
     except CniError as exc:
