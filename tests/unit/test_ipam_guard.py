@@ -77,3 +77,27 @@ def test_killing_the_caller_leaves_ipam_to_finish_holding_the_lock(tmp_path: Pat
     # ... and IPAM finishes its write; then the lock is free.
     with node_lock(lock, 10):
         assert out.read_text() == "done\n"
+
+
+def test_a_spent_budget_runs_nothing_until_the_next_verb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rdma_cni import ipam
+    from rdma_cni.protocol import parse_env
+
+    marker = tmp_path / "ran"
+    plugin = tmp_path / "fake-ipam"
+    plugin.write_text(f'#!/bin/sh\ntouch {marker}\necho \'{{"cniVersion": "1.0.0", "ips": []}}\'\n')
+    plugin.chmod(0o755)
+    env = parse_env(
+        {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "net1", "CNI_PATH": str(tmp_path)}
+    )
+    doc = {"cniVersion": "1.0.0", "name": "n", "ipam": {"type": "fake-ipam"}, "ipamTimeoutSeconds": 2}
+    delegate = ipam.Ipam(doc, env, str(tmp_path / "state"))
+    monkeypatch.setattr(ipam, "_deadline", time.monotonic() - 0.1)
+    with pytest.raises(TryAgainLater, match=r"ipamTimeoutSeconds, 2 s\) is spent"):
+        delegate.add("net1")
+    assert not marker.exists()
+    ipam.start_verb()
+    assert delegate.add("net1")["ips"] == []
+    assert marker.exists()
