@@ -63,18 +63,22 @@ class Bench:
                 self.fail(f"{label}: a traceback on stderr: {stderr[-300:]!r}")
         return Run(proc_code, doc, stderr)
 
-    def run(self, verb: str, pod: dict[str, str], conf: Any, label: str, timeout: float = 90) -> Run:
+    def run(self, verb: str, pod: dict[str, str], conf: Any, label: str, timeout: float = 60) -> Run:
         """Run the plugin once; protocol breaches (several documents, code 199, tracebacks) are violations."""
         self.stats["runs"] += 1
         data = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
-        proc = subprocess.run(
-            plugin_command(),
-            input=data,
-            env=self.env(verb, pod),
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-        )
+        try:
+            proc = subprocess.run(
+                plugin_command(),
+                input=data,
+                env=self.env(verb, pod),
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            self.fail(f"{label} {verb}: still running after {timeout:g} s (killed)")
+            return Run(-9, None, "")
         return self._judge(f"{label} {verb}", proc.returncode, proc.stdout, proc.stderr, verb)
 
     def run_killed(self, verb: str, pod: dict[str, str], conf: Any, after: float) -> None:
