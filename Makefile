@@ -14,7 +14,7 @@ RUNTIME_PACKAGES := podman runc conmon containerd
 DEB_PACKAGES     := $(DEMO_PACKAGES) $(RUNTIME_PACKAGES) openssl \
 	debootstrap busybox-static cpio xz-utils zstd golang-go golang-github-appc-cni-dev
 
-.PHONY: all deps deps-check venv build demo test unit integration e2e runtime bench lint clean
+.PHONY: all deps deps-check venv build demo test unit integration e2e runtime faults bench lint clean
 
 all: build
 
@@ -69,6 +69,11 @@ integration: build
 # and podman with its CNI backend, each running dist/rdma-cni on the simulated node.
 runtime: build
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/runtime
+
+# The fault tier: seeded fuzzing, kill -9, broken IPAM, spoiled records, hostile
+# pods; RDMA_CNI_FAULT_SEED replays a run, RDMA_CNI_FAULT_SCALE sizes it.
+faults: build
+	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/faults
 
 e2e: build  ## QEMU guest with an emulated SR-IOV NIC (igb), driven by a libcni runtime
 	$(BIN)/pytest -q -p no:cacheprovider -m e2e tests/e2e

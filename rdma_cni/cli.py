@@ -20,8 +20,15 @@ from typing import Any, BinaryIO, TextIO
 
 from rdma_cni import __version__
 from rdma_cni import log as rdma_log
-from rdma_cni.errors import CniError, DecodeFailure, InternalError
-from rdma_cni.protocol import LATEST_VERSION, check_version, decode_stdin, parse_env, version_document
+from rdma_cni.errors import CniError, InternalError
+from rdma_cni.protocol import (
+    LATEST_VERSION,
+    MAX_CONFIG_BYTES,
+    check_version,
+    decode_stdin,
+    parse_env,
+    version_document,
+)
 
 log = logging.getLogger("rdma_cni")
 
@@ -53,12 +60,12 @@ def run_cni(environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict[str, An
     decoded (a runtime reads the error in the version it sent), else the latest.
     """
     doc: dict[str, Any] | None = None
-    bad_stdin: DecodeFailure | None = None
+    bad_stdin: CniError | None = None
     # Decoded before the environment is checked, so that an environment error
     # still answers in the config's version; a decoding error is raised after.
     try:
         doc = decode_stdin(stdin)
-    except DecodeFailure as exc:
+    except CniError as exc:  # not JSON (code 6), or over the size limit (code 7)
         bad_stdin = exc
     try:
         env = parse_env(environ)
@@ -125,7 +132,8 @@ def main(
             sys.stderr.write(USAGE)
         stdin = sys.stdin.buffer
     # A closed stdin (sys.stdin is None) reads as empty: the verb then reports code 6.
-    raw = stdin.read() if stdin is not None else b""
+    # One byte past the limit is enough to refuse an oversized config (decode_stdin).
+    raw = stdin.read(MAX_CONFIG_BYTES + 1) if stdin is not None else b""
     # Only the CNI document may reach stdout: a stray print() anywhere in a verb
     # goes to stderr instead.
     with contextlib.redirect_stdout(sys.stderr):

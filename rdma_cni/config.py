@@ -9,6 +9,7 @@ need a full config import it.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import logging
 import re
@@ -125,6 +126,7 @@ class NetConf(BaseModel):
     stateDir: str = DEFAULT_STATE_DIR
     lockFile: str = DEFAULT_LOCK_FILE
     lockTimeoutSeconds: Annotated[float, Field(gt=0, le=600)] = 60.0
+    ipamTimeoutSeconds: Annotated[float, Field(gt=0, le=600)] = 30.0
     capacityMbps: dict[str, Annotated[StrictInt, Field(ge=0, le=MAX_RATE_MBPS)]] = {}
 
     vlan: Annotated[StrictInt, Field(ge=0, le=4095)] | None = None
@@ -214,15 +216,39 @@ def _norm(key: str) -> str:
     return re.sub(r"[-_\s]", "", key).lower()
 
 
-def suggest_field(key: str) -> str | None:
-    """The known field an unknown key probably meant, or None if it looks unrelated."""
-    known = {_norm(name): name for name in NetConf.model_fields}
+@functools.cache
+def _known_fields() -> dict[str, str]:
+    return {_norm(name): name for name in NetConf.model_fields}
+
+
+_CUTOFF = 0.85
+_LONGEST_FIELD = max(len(_norm(name)) for name in NetConf.model_fields)
+
+
+# A config may carry any number of unknown keys (up to the stdin limit): the
+# fuzzy match (difflib, the costly part) runs for the first few only, and only
+# that many are logged one by one. Exact and normalised matches are always checked.
+FUZZY_SUGGESTIONS = 32
+LOGGED_UNKNOWN_KEYS = 20
+
+
+def suggest_field(key: str, fuzzy: bool = True) -> str | None:
+    """The known field an unknown key probably meant, or None if it looks unrelated.
+
+    ``fuzzy`` also tries near spellings (difflib); without it only keys equal
+    to a field up to case, '-', '_' and spaces (or a known carry-over) match.
+    """
+    known = _known_fields()
     n = _norm(key)
     if n in _HINTS:
         return _HINTS[n]
     if n in known and known[n] != key:
         return known[n]
-    close = difflib.get_close_matches(n, list(known), n=1, cutoff=0.85)
+    # difflib's ratio is at most 2*len(field)/(len(field)+len(key)): a key much
+    # longer than every field cannot reach the cutoff, whatever its letters.
+    if not fuzzy or 2 * _LONGEST_FIELD / (_LONGEST_FIELD + len(n)) < _CUTOFF:
+        return None
+    close = difflib.get_close_matches(n, list(known), n=1, cutoff=_CUTOFF)
     return known[close[0]] if close else None
 
 
@@ -232,10 +258,12 @@ def load_netconf(doc: dict[str, Any]) -> NetConf:
     Invalid values raise code 7 naming the field; a key that looks like a
     misspelling of a known one raises code 2 naming both.
     """
+    unknown = 0
     for key in doc:
         if key in NetConf.model_fields or key in RUNTIME_KEYS:
             continue
-        meant = suggest_field(key)
+        unknown += 1
+        meant = suggest_field(key, fuzzy=unknown <= FUZZY_SUGGESTIONS)
         if meant:
             raise UnsupportedField(
                 f"unsupported key {key!r} in network configuration: did you mean {meant}?",
@@ -249,7 +277,9 @@ def load_netconf(doc: dict[str, Any]) -> NetConf:
         conf = NetConf.model_validate(doc)
     except ValidationError as exc:
         raise InvalidConfig("invalid network configuration: " + format_errors(exc)) from exc
-    for key in conf.unknown_keys:
-        if key not in RUNTIME_KEYS:
-            log.info("ignoring unknown network configuration key %r", key)
+    ignored = [key for key in conf.unknown_keys if key not in RUNTIME_KEYS]
+    for key in ignored[:LOGGED_UNKNOWN_KEYS]:
+        log.info("ignoring unknown network configuration key %r", key)
+    if len(ignored) > LOGGED_UNKNOWN_KEYS:
+        log.info("ignoring %d more unknown network configuration keys", len(ignored) - LOGGED_UNKNOWN_KEYS)
     return conf

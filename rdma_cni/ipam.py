@@ -9,23 +9,181 @@ host-local stops at 1.0.0). The plugin's supported versions are asked once
 with VERSION and cached in ``<stateDir>/ipam-versions.json`` keyed by the
 binary's path, size and mtime; requests are then sent in the highest version
 both sides speak.
+
+What a killed verb does to its IPAM child (see :func:`run_guarded`): every
+IPAM exec runs under a small guard process in a session of its own, so a
+runtime killing the plugin (or its process group, or a warm server killing
+its child) never kills IPAM half-way through writing a lease. The guard lets
+IPAM finish within the verb's IPAM budget, kills IPAM's whole process group
+if it overruns, and keeps the node lock the plugin held (it inherited the
+lock's descriptor) until IPAM is done, so the runtime's DEL, waiting for the
+lock, releases whatever that IPAM call took.
+
+All IPAM calls of one verb share one time budget (``ipamTimeoutSeconds``):
+a hanging IPAM holds the node lock once for that long, not once per call.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import ipaddress
 import json
 import logging
 import os
+import select
+import signal
 import subprocess
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from rdma_cni.errors import IpamError, TryAgainLater
-from rdma_cni.protocol import CniEnv, version_tuple
+from rdma_cni.errors import DecodeFailure, IpamError, TryAgainLater
+from rdma_cni.protocol import CniEnv, Result, version_tuple
 
 log = logging.getLogger("rdma_cni.ipam")
 
-TIMEOUT_SECONDS = 60
+DEFAULT_BUDGET_SECONDS = 30.0
+# How long past the budget the plugin waits for the guard itself (which only
+# has to kill and report) before killing it too.
+GUARD_GRACE_SECONDS = 5.0
+# Output kept from an IPAM plugin (a result is a few hundred bytes).
+MAX_OUTPUT_BYTES = 1 << 20
+
+# The deadline shared by every IPAM call of the verb that runs (one verb per
+# process, but tests run several in one): set by the first call, cleared by
+# start_verb().
+_deadline: float | None = None
+
+
+def start_verb() -> None:
+    """Start a new verb's IPAM time budget (its first IPAM call starts the clock)."""
+    global _deadline
+    _deadline = None
+
+
+def _remaining(budget: float) -> float:
+    global _deadline
+    if _deadline is None:
+        _deadline = time.monotonic() + budget
+    return _deadline - time.monotonic()
+
+
+@dataclass
+class Outcome:
+    """How one guarded IPAM exec ended."""
+
+    status: int | None  # exit status; None when it did not exit by itself
+    signal: int | None  # the signal that ended it, if one did
+    timed_out: bool
+    stdout: bytes
+    stderr: bytes
+    spawn_error: str = ""
+
+
+def _guard(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float, report: int) -> None:
+    """The guard's body: run IPAM in its own process group, bounded by ``timeout``, and report."""
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env),
+            process_group=0,
+        )
+    except OSError as exc:
+        os.write(report, json.dumps({"spawn_error": exc.strerror or str(exc)}).encode())
+        return
+    os.write(report, f"{proc.pid}\n".encode())
+    timed_out = False
+    try:
+        out, err = proc.communicate(data, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        # The whole group: a shell script's children hold the pipes and the leases too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    code = proc.returncode
+    doc = {
+        "status": code if code >= 0 else None,
+        "signal": -code if code < 0 else None,
+        "timed_out": timed_out,
+        "stdout": base64.b64encode(out[:MAX_OUTPUT_BYTES]).decode(),
+        "stderr": base64.b64encode(err[-65536:]).decode(),
+    }
+    payload = json.dumps(doc).encode()
+    while payload:
+        payload = payload[os.write(report, payload) :]
+
+
+def run_guarded(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float) -> Outcome:
+    """Run ``argv`` with ``data`` on stdin under a guard process; see the module docstring.
+
+    The guard is a fork of this process (so it holds the node lock's
+    descriptor, and nothing needs to be exec'd for it) that leaves our
+    session and our stdio at once: a runtime waiting for our stdout to
+    close is never kept waiting by it.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the guard never returns (coverage cannot follow it)
+        try:
+            os.close(r)
+            os.setsid()
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            _guard(argv, env, data, timeout, w)
+        except BaseException:  # nothing may escape into a copy of the plugin
+            pass
+        finally:
+            os._exit(0)
+    os.close(w)
+    ipam_pid = 0
+    buf = b""
+    limit = time.monotonic() + timeout + GUARD_GRACE_SECONDS
+    try:
+        while True:
+            left = limit - time.monotonic()
+            ready, _, _ = select.select([r], [], [], max(left, 0))
+            if not ready:
+                # The guard itself is stuck (stopped?): end it and its IPAM.
+                for target, kill in ((ipam_pid, os.killpg), (pid, os.kill)):
+                    if target:
+                        with contextlib.suppress(ProcessLookupError):
+                            kill(target, signal.SIGKILL)
+                return Outcome(None, None, True, b"", b"")
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            buf += chunk
+            if not ipam_pid and b"\n" in buf and buf[:1].isdigit():
+                head, _, buf = buf.partition(b"\n")
+                ipam_pid = int(head)
+    finally:
+        os.close(r)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    try:
+        doc = json.loads(buf)
+        if "spawn_error" in doc:
+            return Outcome(None, None, False, b"", b"", spawn_error=str(doc["spawn_error"]))
+        return Outcome(
+            doc["status"],
+            doc["signal"],
+            bool(doc["timed_out"]),
+            base64.b64decode(doc["stdout"]),
+            base64.b64decode(doc["stderr"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return Outcome(
+            None, None, False, b"", b"", spawn_error="the IPAM guard process ended without a report"
+        )
 
 
 class Ipam:
@@ -33,6 +191,8 @@ class Ipam:
 
     def __init__(self, conf_doc: Mapping[str, Any], env: CniEnv, state_dir: str) -> None:
         ipam = conf_doc.get("ipam") or {}
+        # The document was validated as a NetConf (0 < ipamTimeoutSeconds <= 600).
+        self.budget = float(conf_doc.get("ipamTimeoutSeconds", DEFAULT_BUDGET_SECONDS))
         self.type = str(ipam.get("type", ""))
         self._doc = dict(conf_doc)
         self._env = env
@@ -51,33 +211,36 @@ class Ipam:
         env["CNI_COMMAND"] = verb
         if ifname:
             env["CNI_IFNAME"] = ifname
-        try:
-            proc = subprocess.run(
-                [self.binary],
-                input=json.dumps(stdin).encode(),
-                env=env,
-                capture_output=True,
-                timeout=TIMEOUT_SECONDS,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
+        what = f"IPAM plugin {self.type} {verb} for {ifname or 'the network'}"
+        left = _remaining(self.budget)
+        if left <= 0:
             raise TryAgainLater(
-                f"IPAM plugin {self.type} {verb} for {ifname} timed out after {TIMEOUT_SECONDS} s"
-            ) from exc
-        except OSError as exc:
-            raise IpamError(f"cannot run IPAM plugin {self.binary}: {exc.strerror}") from exc
-        if proc.stderr:
-            log.info("IPAM %s %s stderr: %s", self.type, verb, proc.stderr.decode(errors="replace").strip())
-        out = proc.stdout.decode(errors="replace").strip()
+                f"{what} not run: the verb's IPAM time budget (ipamTimeoutSeconds, {self.budget:g} s) "
+                "is spent"
+            )
+        try:
+            done = run_guarded([self.binary], env, json.dumps(stdin).encode(), left)
+        except OSError as exc:  # fork or pipe refused: the node is short of processes or descriptors
+            raise TryAgainLater(f"{what} not run: cannot start its guard process: {exc.strerror}") from exc
+        if done.spawn_error:
+            raise IpamError(f"cannot run IPAM plugin {self.binary}: {done.spawn_error}")
+        if done.stderr:
+            log.info("IPAM %s %s stderr: %s", self.type, verb, done.stderr.decode(errors="replace").strip())
+        if done.timed_out:
+            raise TryAgainLater(
+                f"{what} did not finish within the verb's IPAM time budget (ipamTimeoutSeconds, "
+                f"{self.budget:g} s); its process group was killed"
+            )
+        if done.status is None:
+            raise IpamError(f"{what} was killed by signal {done.signal}")
+        out = done.stdout.decode(errors="replace").strip()
         try:
             doc = json.loads(out) if out else None
         except ValueError:
             doc = None
-            if proc.returncode == 0:
-                raise IpamError(
-                    f"IPAM plugin {self.type} {verb} printed something that is not JSON", out[:500]
-                ) from None
-        return proc.returncode, doc
+            if done.status == 0:
+                raise IpamError(f"{what} printed something that is not JSON", out[:500]) from None
+        return done.status, doc
 
     def supported_versions(self) -> list[str]:
         """The IPAM plugin's supportedVersions (cached by binary identity)."""
@@ -133,11 +296,14 @@ class Ipam:
         stdin.update(extra or {})
         stdin["cniVersion"] = version
         code, doc = self._exec(verb, ifname, stdin)
-        if code != 0:
+        # An error document is a failure even with exit status 0: a plugin saying
+        # so must not hand the pod interfaces without addresses.
+        if code != 0 or (isinstance(doc, dict) and "code" in doc):
             msg = doc.get("msg", "") if isinstance(doc, dict) else ""
             err_code = doc.get("code") if isinstance(doc, dict) else None
             target = ifname or "the network"
-            text = f"IPAM plugin {self.type} {verb} for {target} failed: {msg or f'exit status {code}'}"
+            status = f"exit status {code}" + (" with an error document" if code == 0 else "")
+            text = f"IPAM plugin {self.type} {verb} for {target} failed: {str(msg)[:500] or status}"
             if err_code == 11:
                 raise TryAgainLater(text, str(doc.get("details", "")))
             raise IpamError(text, json.dumps(doc)[:500] if doc else "")
@@ -148,6 +314,7 @@ class Ipam:
         doc = self._request("ADD", ifname)
         if not isinstance(doc, dict):
             raise IpamError(f"IPAM plugin {self.type} ADD for {ifname} returned no result")
+        check_result(doc, f"IPAM plugin {self.type} ADD for {ifname}")
         return doc
 
     def delete(self, ifname: str) -> None:
@@ -171,3 +338,49 @@ class Ipam:
             return False
         self._request("STATUS", "", minimum="1.1.0")
         return True
+
+
+def check_result(doc: Mapping[str, Any], what: str) -> None:
+    """Refuse (code 104) an IPAM result the plugin could not apply or pass on as it is."""
+    try:
+        res = Result.from_dict(doc)
+    except DecodeFailure as exc:
+        raise IpamError(f"{what} returned a malformed result: {exc.msg}", exc.details) from exc
+
+    def bad(problem: str) -> IpamError:
+        return IpamError(f"{what} returned an invalid result: {problem}", json.dumps(doc)[:500])
+
+    def address(text: str, where: str, version: int) -> None:
+        try:
+            parsed = ipaddress.ip_address(text)
+        except ValueError:
+            raise bad(f"{where} {text[:100]!r} is not an IP address") from None
+        if parsed.version != version:
+            raise bad(f"{where} {text[:100]!r} is not an IPv{version} address")
+
+    for i, ip in enumerate(res.ips):
+        try:
+            version = ipaddress.ip_interface(ip.address).version if "/" in ip.address else None
+        except ValueError:
+            version = None
+        if version is None:
+            raise bad(f"ips[{i}].address {ip.address[:100]!r} is not an address with a prefix length")
+        if ip.gateway:
+            address(ip.gateway, f"ips[{i}].gateway", version)
+    for i, route in enumerate(res.routes):
+        try:
+            net = ipaddress.ip_network(route.dst, strict=False)
+        except ValueError:
+            raise bad(f"routes[{i}].dst {route.dst[:100]!r} is not a network") from None
+        if route.gw:
+            address(route.gw, f"routes[{i}].gw", net.version)
+        for key in ("mtu", "advmss", "priority", "table", "scope"):
+            value = getattr(route, key)
+            if value is not None and (type(value) is not int or not 0 <= value < 1 << 32):
+                raise bad(f"routes[{i}].{key} {value!r} is not a 32-bit unsigned integer")
+    for key in ("nameservers", "search", "options"):
+        values = res.dns.get(key, [])
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise bad(f"dns.{key} is not a list of strings")
+    if not isinstance(res.dns.get("domain", ""), str):
+        raise bad("dns.domain is not a string")

@@ -67,7 +67,7 @@ class ClusterCredentials:
     request. Secret fields are left out of ``repr``.
     """
 
-    server: str
+    server: str  # never carries userinfo: safe to print
     source: str
     ca_file: str | None = None
     ca_data: bytes | None = None
@@ -77,16 +77,20 @@ class ClusterCredentials:
     client_key_file: str | None = None
     client_cert_data: bytes | None = field(default=None, repr=False)
     client_key_data: bytes | None = field(default=None, repr=False)
+    # ``user:password`` found in the kubeconfig's server URL: never sent (see
+    # split_userinfo), kept only so that redaction also hides it.
+    server_userinfo: str | None = field(default=None, repr=False)
 
     def secrets(self) -> list[str]:
         """The secret strings that must never be shown, for redaction."""
         found: list[str] = []
         if self.token:
             found.append(self.token)
-        userinfo = urllib.parse.urlsplit(self.server).netloc.rpartition("@")[0]
-        if userinfo:
-            # user:password in the server URL is a credential too.
-            found.append(userinfo)
+        if self.server_userinfo:
+            # Longest first: the whole userinfo, then the password alone, raw and decoded.
+            found.append(self.server_userinfo)
+            password = self.server_userinfo.partition(":")[2]
+            found.extend(p for p in (password, urllib.parse.unquote(password)) if p)
         if self.client_key_data:
             text = self.client_key_data.decode("ascii", "replace")
             found.append(text)
@@ -177,6 +181,14 @@ def _from_kubeconfig(path: str) -> ClusterCredentials:
     server = cluster.get("server")
     if not isinstance(server, str) or not server:
         raise bad(f"{cl_field}.server", "is missing")
+    server, userinfo = split_userinfo(server)
+    if userinfo is not None:
+        log.warning(
+            "kubeconfig %s: %s.server carries user information; ignored (the API server takes the "
+            "token or client certificate)",
+            path,
+            cl_field,
+        )
     parsed = urllib.parse.urlsplit(server)
     if parsed.scheme not in ("https", "http") or not parsed.hostname:
         raise bad(f"{cl_field}.server", f"is not an http(s) URL: {server[:100]!r}")
@@ -264,7 +276,28 @@ def _from_kubeconfig(path: str) -> ClusterCredentials:
         client_key_file=key_file,
         client_cert_data=cert_data,
         client_key_data=key_data,
+        server_userinfo=userinfo,
     )
+
+
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """``url`` without its ``user:password@`` part, and that part (None if absent).
+
+    A password in a URL must never reach an error document or a log, so the
+    credentials keep the URL without it and every message prints that one. It
+    is not sent either: Kubernetes has no basic authentication since 1.19, and
+    requests would let it replace the bearer token.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url, None
+    # The authority ends at the first '/', '?' or '#'; userinfo ends at its last '@'.
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority = rest[:end]
+    if "@" not in authority:
+        return url, None
+    userinfo, _, host = authority.rpartition("@")
+    return f"{scheme}://{host}{rest[end:]}", userinfo
 
 
 def _parse_kubeconfig(path: str) -> dict[str, Any]:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 
-from rdma_cni.errors import UnknownContainer
+from rdma_cni.errors import InvalidEnvironment, UnknownContainer
 from rdma_cni.netlink import Rtnl
+from rdma_cni.nlsock import NotAPodNetns, open_pod_netns
 
 log = logging.getLogger("rdma_cni.netns")
 
@@ -32,11 +33,14 @@ class Netns:
     """A pod's network namespace: an fd for moves and an Rtnl inside it."""
 
     def __init__(self, path: str) -> None:
+        """Open ``path``: code 3 if it cannot be opened, code 4 if it is no pod's network namespace."""
         self.path = path
         try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self.fd = open_pod_netns(path)
         except OSError as exc:
             raise NetnsGone(f"cannot open CNI_NETNS {path}: {exc.strerror}") from exc
+        except NotAPodNetns as exc:
+            raise InvalidEnvironment(f"CNI_NETNS={path!r} is refused: {exc}") from exc
         try:
             self.rtnl = Rtnl(self.fd)
         except OSError as exc:
@@ -54,6 +58,10 @@ class Netns:
             return cls(path)
         except NetnsGone as exc:
             log.info("pod netns is not available (%s): treating its interfaces as gone", exc.msg)
+            return None
+        except InvalidEnvironment as exc:
+            # An unmounted namespace file may stay behind as an empty file: DEL must still succeed.
+            log.warning("%s: treating the pod's interfaces as gone", exc.msg)
             return None
 
     def is_host(self) -> bool:

@@ -19,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import importlib
 import importlib.util
 import os
 import socket
+import stat
 import struct
 import sys
 from collections.abc import Callable, Iterator
@@ -106,6 +108,48 @@ def in_netns(target: str | int) -> Iterator[None]:
                 os._exit(70)
     finally:
         os.close(own)
+
+
+class NotAPodNetns(ValueError):
+    """A CNI_NETNS path that opens, but is no network namespace other than this process's own."""
+
+
+# ioctl(2) on an nsfs file: its namespace type (a CLONE_NEW* flag). Linux 4.11.
+NS_GET_NSTYPE = 0xB703
+
+
+def open_pod_netns(path: str) -> int:
+    """Open ``path`` as a pod's network namespace and return the fd.
+
+    Raises OSError when the path cannot be opened (missing, a deleted
+    namespace), and :class:`NotAPodNetns` when it is something else: a FIFO,
+    a device, a regular file, another kind of namespace, or the network
+    namespace this process runs in (the host's: "configuring the pod" there
+    would configure the node). Nothing is opened that could block or act on
+    open: only nsfs files are opened, and never without O_NONBLOCK.
+    """
+    nsfs = os.stat("/proc/self/ns/net")
+    before = os.stat(path)
+    if not stat.S_ISREG(before.st_mode) or before.st_dev != nsfs.st_dev:
+        raise NotAPodNetns(f"{path} is not a network namespace (not an nsfs file)")
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        # Checked again on the fd: the path may have been swapped since the stat.
+        st = os.fstat(fd)
+        if st.st_dev != nsfs.st_dev:
+            raise NotAPodNetns(f"{path} is not a network namespace (not an nsfs file)")
+        try:
+            kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
+        except OSError as exc:
+            raise NotAPodNetns(f"{path} is not a namespace ({exc.strerror})") from exc
+        if kind != CLONE_NEWNET:
+            raise NotAPodNetns(f"{path} is a namespace, but not a network namespace")
+        if (st.st_dev, st.st_ino) == (nsfs.st_dev, nsfs.st_ino):
+            raise NotAPodNetns(f"{path} is the host's own network namespace (the plugin's), not a pod's")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def host_netns_fd() -> int:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdma_cni.errors import DecodeFailure, IncompatibleVersion, InvalidEnvironment
+from rdma_cni.errors import DecodeFailure, IncompatibleVersion, InvalidConfig, InvalidEnvironment
 
 # 0.1.0 and 0.2.0 results hold a single ip4/ip6 pair and no interface list, so
 # they cannot describe a pod with several VFs: refused on purpose.
@@ -60,6 +60,11 @@ _CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}")
 _IFNAME_FORBIDDEN = re.compile(r"[^\x21-\x7e]|[/:%]")
 IFNAMSIZ = 15
 
+# The largest network configuration read from stdin. Real ones (with a
+# prevResult and runtimeConfig) are a few kilobytes; the bound keeps a hostile
+# one from costing seconds of parsing and validation under every verb.
+MAX_CONFIG_BYTES = 1 << 20
+
 
 def version_tuple(version: str) -> tuple[int, int, int]:
     """Parse ``X.Y.Z`` into a comparable tuple; raise ValueError otherwise."""
@@ -86,7 +91,12 @@ def check_version(version: object, verb: str) -> str:
 
 
 def decode_stdin(raw: bytes) -> dict[str, Any]:
-    """Decode the network configuration from stdin: a JSON object, else code 6."""
+    """Decode the network configuration from stdin: a JSON object, else code 6 (code 7 if too large)."""
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise InvalidConfig(
+            f"the network configuration on stdin is larger than {MAX_CONFIG_BYTES} bytes (1 MiB), "
+            "the limit for a single plugin's configuration"
+        )
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:

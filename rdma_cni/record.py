@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -399,7 +400,14 @@ def _wait_for_flock(fd: int, timeout: float) -> bool:
 
 @contextlib.contextmanager
 def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
-    """Hold the node-wide lock (flock on ``lock_file``); code 11 if not had within ``timeout`` seconds.
+    """Hold the node-wide lock (flock on ``lock_file``); code 11 after ``timeout`` seconds, code 5 at once
+    for a lockFile that can never be locked (under /proc, a directory, a FIFO).
+
+    The lock lives on this process's open file description, so an IPAM guard
+    forked while it is held keeps holding it after this process is killed
+    (see rdma_cni.ipam). Leaving the block closes our descriptor (it never
+    unlocks explicitly, which would free the guard's share too): the lock is
+    free as soon as no guard shares it either.
 
     flock is what earlier versions took through filelock, so versions side by
     side during an upgrade still exclude each other.
@@ -409,24 +417,28 @@ def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
     except OSError as exc:
         raise IOFailure(f"cannot create the directory of lockFile {lock_file}: {exc.strerror}") from exc
     try:
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise IOFailure(f"cannot open lockFile {lock_file}: {exc.strerror}") from exc
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IOFailure(f"lockFile {lock_file} is not a regular file")
         waited = time.monotonic()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if timeout <= 0 or not _wait_for_flock(fd, timeout):
-                raise TryAgainLater(
-                    f"node lock {lock_file} is held by another rdma-cni for more than {timeout:g} s; "
-                    "try again later"
-                ) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if timeout <= 0 or not _wait_for_flock(fd, timeout):
+                    raise TryAgainLater(
+                        f"node lock {lock_file} is held by another rdma-cni for more than {timeout:g} s; "
+                        "try again later"
+                    ) from None
+        except OSError as exc:
+            raise IOFailure(f"cannot lock lockFile {lock_file}: {exc.strerror}") from exc
         acquired = time.monotonic()
         try:
             yield
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
             log.info(
                 "node lock: waited %.1f ms, held %.1f ms",
                 (acquired - waited) * 1000,

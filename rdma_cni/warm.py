@@ -18,8 +18,9 @@ Safety:
   mean the same thing to the child as to the caller. Anyone else is refused
   and the launcher runs the command cold.
 * The child leads its own process group; when its caller disappears (a
-  runtime killing the plugin on a timeout), the whole group, IPAM children
-  included, is killed, as killing a cold plugin's process group would.
+  runtime killing the plugin on a timeout), that group is killed, as killing
+  a cold plugin's process group would. An IPAM call under way is not in it:
+  its guard has a session of its own and lets it finish (rdma_cni.ipam).
 * One server per tree: it holds ``warm.lock`` (flock) for its lifetime; a
   second one exits at once.
 

@@ -16,10 +16,12 @@ def dispatch(env: CniEnv, doc: dict[str, Any]) -> dict[str, Any] | None:
     # pydantic otherwise scans every installed distribution for plugins at
     # import (~20 ms of importlib.metadata) on every pod start.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    from rdma_cni import ipam
     from rdma_cni.config import load_netconf
     from rdma_cni.log import configure
 
     conf = load_netconf(doc)
     configure(conf.logFile, conf.logLevel, f"{env.command} {env.container_id}/{env.ifname}")
+    ipam.start_verb()
     module = import_module(f"rdma_cni.commands.{_MODULES[env.command]}")
     return module.run(env, conf, doc)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,11 +29,20 @@ from rdma_cni.ipam import Ipam
 from rdma_cni.ipam_pending import PendingStore, retry
 from rdma_cni.netlink import Rtnl
 from rdma_cni.netns import Netns
+from rdma_cni.nlsock import NotAPodNetns, open_pod_netns
 from rdma_cni.protocol import CniEnv
 from rdma_cni.record import Attachment, RecordStore, node_lock
 from rdma_cni.vfcontrol import vf_control
 
 log = logging.getLogger("rdma_cni.delete")
+
+
+def _is_pod_netns(path: str) -> bool:
+    try:
+        os.close(open_pod_netns(path))
+    except (OSError, NotAPodNetns):
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -57,11 +67,18 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
     with node_lock(conf.lockFile, conf.lockTimeoutSeconds):
         att = store.get(env.container_id, env.ifname, set_aside=True)
         if att is not None and env.netns and env.netns != att.netns:
-            log.info("CNI_NETNS %s differs from the recorded %s; using CNI_NETNS", env.netns, att.netns)
-            att.netns = env.netns
+            if _is_pod_netns(env.netns):
+                log.info("CNI_NETNS %s differs from the recorded %s; using CNI_NETNS", env.netns, att.netns)
+                att.netns = env.netns
+            else:
+                # Trusting it would find no VF there and drop the record of VFs
+                # still in the pod: the recorded namespace is the better guess.
+                log.warning(
+                    "CNI_NETNS %s is no pod's network namespace; using the recorded %s", env.netns, att.netns
+                )
         # A record listing no VFs is no usable account of the attachment.
         unusable = att is not None and not att.vfs
-        netns = env.netns or (att.netns if att else "")
+        netns = att.netns if att else env.netns
         ipam = ipam_for(conf, doc, env)
         with Rtnl() as host, _optional_netns(netns) as pod:
             finder = VfFinder(host, pod)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,43 @@ def test_unknown_subcommand_exits_2(binary: str, sysfs: Path) -> None:
     assert proc.returncode == 2
     assert proc.stdout == b""
     assert b"frobnicate" in proc.stderr
+
+
+@pytest.mark.parametrize("lock_file", ["/proc/rdma-cni-test.lock", "DIR", "FIFO"])
+def test_lock_file_that_cannot_be_locked_is_code_5_at_once(
+    binary: str, sysfs: Path, tmp_path: Path, lock_file: str
+) -> None:
+    if lock_file == "DIR":
+        lock_file = str(tmp_path)
+    elif lock_file == "FIFO":
+        lock_file = str(tmp_path / "fifo")
+        os.mkfifo(lock_file)
+    started = time.monotonic()
+    proc = run(binary, sysfs, stdin=conf(tmp_path, lockFile=lock_file, lockTimeoutSeconds=30), **DEL_ENV)
+    elapsed = time.monotonic() - started
+    doc = error(proc, 5)
+    assert lock_file in doc["msg"]
+    assert elapsed < 10  # not the 30 s lock timeout
+
+
+def test_oversized_config_is_refused_quickly_naming_the_limit(
+    binary: str, sysfs: Path, tmp_path: Path
+) -> None:
+    # 10 MB of unknown keys: refused by size, without parsing it.
+    doc = json.loads(conf(tmp_path))
+    doc.update({f"unknown{i}": 0 for i in range(800_000)})
+    started = time.monotonic()
+    proc = run(binary, sysfs, stdin=json.dumps(doc).encode(), **DEL_ENV)
+    assert time.monotonic() - started < 10
+    assert "1048576 bytes" in error(proc, 7)["msg"]
+
+
+def test_many_unknown_keys_under_the_limit_cost_little(binary: str, sysfs: Path, tmp_path: Path) -> None:
+    doc = json.loads(conf(tmp_path))
+    doc.update({f"x-custom-key-{i}": i for i in range(30_000)})
+    raw = json.dumps(doc).encode()
+    assert len(raw) < 1 << 20
+    started = time.monotonic()
+    proc = run(binary, sysfs, stdin=raw, **DEL_ENV)
+    assert proc.returncode == 0, proc.stdout
+    assert time.monotonic() - started < 10

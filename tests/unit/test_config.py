@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rdma_cni import config as config_module
 from rdma_cni.cli import run_cni
 from rdma_cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, NetConf, load_netconf, suggest_field
 from rdma_cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
@@ -104,6 +105,7 @@ def test_full_config() -> None:
         stateDir="/var/lib/cni/rdma-test",
         lockFile="/run/rdma-test/lock",
         lockTimeoutSeconds=2.5,
+        ipamTimeoutSeconds=1.5,
         capacityMbps={"ens1f0": 100_000, "ens1f1": 0},
         vlan=100,
         vlanQoS=3,
@@ -597,3 +599,32 @@ def test_fuzz_valid_requests_are_accepted(entries: list[dict[str, Any]], names: 
         assert parsed.min_tx_rate == entry.get("min_tx_rate", 0)
         assert parsed.max_tx_rate == entry.get("max_tx_rate", 0)
         assert parsed.name == entry.get("name")
+
+
+def test_unknown_keys_cost_bounded_work(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import difflib
+
+    calls = []
+    real = difflib.get_close_matches
+    monkeypatch.setattr(difflib, "get_close_matches", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    doc: dict[str, Any] = {"cniVersion": "1.1.0", "name": "n", "type": "rdma-cni"}
+    doc.update({f"k{i}": i for i in range(5000)})
+    caplog.set_level(logging.INFO, logger="rdma_cni")
+    load_netconf(doc)
+    assert len(calls) == config_module.FUZZY_SUGGESTIONS
+    assert "ignoring 4980 more unknown network configuration keys" in caplog.text
+    assert (
+        caplog.text.count("ignoring unknown network configuration key") == config_module.LOGGED_UNKNOWN_KEYS
+    )
+    # A misspelling past the fuzzy budget is still caught when it differs only by case or separators.
+    with pytest.raises(UnsupportedField, match="stateDir"):
+        load_netconf({**doc, "state_dir": "/x"})
+
+
+def test_a_key_too_long_to_match_skips_difflib(monkeypatch: pytest.MonkeyPatch) -> None:
+    import difflib
+
+    monkeypatch.setattr(difflib, "get_close_matches", lambda *a, **k: pytest.fail("difflib ran"))
+    assert suggest_field("x" * 10_000) is None

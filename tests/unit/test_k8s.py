@@ -684,3 +684,58 @@ def test_unloadable_client_certificate_is_a_clear_error(
         k8s.get_pod(creds, "default", "web-0", **FAST)
     assert "client certificate" in info.value.msg
     assert api.request_count == 0
+
+
+# --------------------------------------------------------------------------
+# A password in the server URL
+
+
+def _kubeconfig_with_server(api: ApiServer, tmp_path: Path, server: str) -> str:
+    path = api.write_kubeconfig(tmp_path / "kubeconfig", mode="token")
+    with open(path) as f:
+        doc = json.load(f)
+    doc["clusters"][0]["cluster"]["server"] = server
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
+@pytest.mark.parametrize("where", ["closed-port", "503", "bad-scheme"])
+def test_server_url_password_is_never_printed(
+    api: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    password = "Pa55w0rd%21x"  # percent-encoded in the URL: "Pa55w0rd!x" decoded
+    host = f"127.0.0.1:{_closed_port() if where == 'closed-port' else api.port}"
+    scheme = "ftp" if where == "bad-scheme" else "https"
+    path = _kubeconfig_with_server(api, tmp_path, f"{scheme}://alice:{password}@{host}/")
+    if where == "503":
+        api.fail_next(100)
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(CniError) as info:
+        creds = k8s.load_credentials(path)
+        assert creds.server == f"https://{host}" and "alice" not in repr(creds)
+        k8s.get_pod(creds, "default", "web-0", **FAST)
+    seen = _full_text(info.value) + caplog.text
+    assert host in info.value.msg
+    for secret in ("Pa55w0rd", "alice:"):
+        assert secret not in seen
+
+
+def test_server_url_userinfo_does_not_replace_the_token(api: ApiServer, tmp_path: Path) -> None:
+    server = f"https://bob:pw@127.0.0.1:{api.port}"
+    creds = k8s.load_credentials(_kubeconfig_with_server(api, tmp_path, server))
+    assert creds.server == f"https://127.0.0.1:{api.port}"
+    assert k8s.get_pod(creds, "default", "web-0", **FAST)["metadata"]["name"] == "web-0"
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("https://h:1/p?q=a@b", ("https://h:1/p?q=a@b", None)),
+        ("https://u:p@w@h:1/p", ("https://h:1/p", "u:p@w")),
+        ("https://u@h", ("https://h", "u")),
+        ("no-scheme@host", ("no-scheme@host", None)),
+    ],
+)
+def test_split_userinfo(url: str, expected: tuple[str, str | None]) -> None:
+    assert k8s.split_userinfo(url) == expected

@@ -1181,7 +1181,7 @@ def test_entry_point_imports_nothing_heavy(node: Node, cni: dict[str, str], stdi
 
 
 def test_heavy_modules_are_really_used_by_config_verbs(node: Node) -> None:
-    """Guard against a vacuous hygiene test: DEL does import pydantic and the lock's module."""
+    """Guard against a vacuous hygiene test: DEL does import pydantic, the records and the lock."""
     environ = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "net1"}
     out = _probe_imports(node, environ, json.dumps(node.conf()))
     assert out["code"] == 0, out["doc"]
