@@ -12,14 +12,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdma_cni import sysfs
+from rdma_cni import nodestate, sysfs
 from rdma_cni.netlink import VfInfo
 from rdma_cni.placement import PfState
 from rdma_cni.record import Attachment
 from rdma_cni.vfcontrol import VfControl
 
-# VFs bound to these drivers have no netdev to hand to a pod.
-USERSPACE_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio"})
+# VFs bound to these drivers have no netdev to hand to a pod (one list, shared with the node state).
+USERSPACE_DRIVERS = nodestate.USERSPACE_DRIVERS
 
 
 @dataclass(frozen=True)

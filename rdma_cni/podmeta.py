@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from rdma_cni.config import InterfaceRequest, NetConf, PodRequest, parse_request
+from rdma_cni.config import NetConf
 from rdma_cni.errors import InvalidPodRequest
+from rdma_cni.podrequest import InterfaceRequest, PodRequest, parse_request
 from rdma_cni.protocol import IFNAMSIZ, CniEnv
 
 log = logging.getLogger("rdma_cni.podmeta")

@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any
 
-from rdma_cni import placement
+from rdma_cni import nodestate, placement
 from rdma_cni.attach import (
     Netns,
     Progress,
@@ -24,13 +24,14 @@ from rdma_cni.attach import (
     move_in,
 )
 from rdma_cni.commands.common import ipam_for, release_vfs
-from rdma_cni.config import InterfaceRequest, NetConf
+from rdma_cni.config import NetConf
 from rdma_cni.errors import KernelError, NoCapacity, StateError, UnknownContainer
 from rdma_cni.inventory import Node, Vf, scan
 from rdma_cni.ipam import Ipam
 from rdma_cni.isolation import RdmaIsolation
 from rdma_cni.netlink import Rtnl
 from rdma_cni.podmeta import pod_side_names, resolve_request
+from rdma_cni.podrequest import InterfaceRequest
 from rdma_cni.protocol import CniEnv, Interface, Result, Route
 from rdma_cni.record import Attachment, PodInfo, RecordStore, VfRecord, node_lock
 from rdma_cni.vfcontrol import VfControl, describe, vf_control
@@ -107,7 +108,13 @@ def choose(node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation
     """Place the request and pick concrete VFs (lowest free index on each chosen PF)."""
 
     def eligible(vf: Vf) -> bool:
-        return vf.free and (isolation.mode != "required" or bool(vf.rdma_devices))
+        # The node agent counts capacity_vfs with the same rule (nodestate.eligible_vf).
+        return vf.owner is None and nodestate.eligible_vf(
+            has_netdev=bool(vf.netdev),
+            userspace_driver=vf.driver in nodestate.USERSPACE_DRIVERS,
+            has_rdma_device=bool(vf.rdma_devices),
+            isolation=isolation.mode,
+        )
 
     pools = {pf.name: [v for v in pf.vfs if eligible(v)] for pf in node.pfs}
     states = [

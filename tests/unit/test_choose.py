@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from rdma_cni import placement
+from rdma_cni import nodestate, placement
 from rdma_cni.commands import add
-from rdma_cni.config import InterfaceRequest
 from rdma_cni.errors import NoCapacity
 from rdma_cni.inventory import Node, Owner, Pf, Vf
 from rdma_cni.isolation import RdmaIsolation
+from rdma_cni.podrequest import InterfaceRequest
 
 
 def pf(name: str, cap: int | None, vfs: int, taken: dict[int, int] | None = None, rdma: bool = True) -> Pf:
@@ -64,6 +64,32 @@ def test_required_isolation_skips_vfs_without_rdma_and_says_so() -> None:
     assert [v.pf for v in add.choose(node, reqs((0, 0)), iso, "t")] == ["b"]
     with pytest.raises(NoCapacity, match="2 free VF\\(s\\) have no RDMA device"):
         add.choose(node, reqs((0, 0), (0, 0)), iso, "t")
+
+
+def test_eligibility_is_the_shared_node_state_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ADD and the node agent count eligible VFs with one function; ADD must really call it.
+    seen: list[dict[str, Any]] = []
+
+    def only_b(**kw: Any) -> bool:
+        seen.append(kw)
+        return kw["has_rdma_device"] and kw["isolation"] == "auto"
+
+    monkeypatch.setattr(nodestate, "eligible_vf", only_b)
+    node = Node(pfs=[pf("a", 25000, 2, rdma=False), pf("b", 25000, 1)])
+    assert [v.pf for v in add.choose(node, reqs((0, 0)), RdmaIsolation("auto"), "t")] == ["b"]
+    assert {
+        "has_netdev": True,
+        "userspace_driver": False,
+        "has_rdma_device": True,
+        "isolation": "auto",
+    } in seen
+
+
+def test_userspace_bound_vfs_are_never_chosen() -> None:
+    node = Node(pfs=[pf("a", 25000, 2), pf("b", 25000, 1)])
+    node.pfs[0].vfs[0].driver = "vfio-pci"
+    node.pfs[0].vfs[1].netdev = None
+    assert [v.pf for v in add.choose(node, reqs((0, 0)), RdmaIsolation("off"), "t")] == ["b"]
 
 
 def test_plugin_searches_with_its_larger_budget(monkeypatch: pytest.MonkeyPatch) -> None:

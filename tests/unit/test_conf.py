@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from rdma_cni import install, k8s
-from rdma_cni.config import load_netconf, parse_request
+from rdma_cni.config import load_netconf
 from rdma_cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
+from rdma_cni.podrequest import parse_request
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

@@ -13,21 +13,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rdma_cni.cli import run_cni
-from rdma_cni.config import (
+from rdma_cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, NetConf, load_netconf, suggest_field
+from rdma_cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
+from rdma_cni.podrequest import (
     DEFAULT_ANNOTATION,
-    DEFAULT_LOCK_FILE,
-    DEFAULT_STATE_DIR,
     MAX_INTERFACES,
     MAX_RATE_MBPS,
     MAX_REQUEST_BYTES,
     InterfaceRequest,
-    NetConf,
     PodRequest,
-    load_netconf,
     parse_request,
-    suggest_field,
 )
-from rdma_cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
 from rdma_cni.protocol import SUPPORTED_VERSIONS, valid_ifname
 
 SOURCE = "pod team-a/trainer-0 annotation rdma_interfaces_required"

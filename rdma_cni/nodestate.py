@@ -1,0 +1,317 @@
+"""The node's RDMA state as published on its Node object (annotation ``rdma-cni.io/node-state``).
+
+A contract between components of different versions: the node agent writes
+it, the scheduler extender reads it. Standard library only, no I/O. Readers
+are strict about the types and bounds of the keys they know and ignore keys
+they do not (a newer writer may add some). The encoding is compact: per PF
+totals and per pod rates, never one entry per VF, so a node with 16 PFs of
+128 VFs and 256 pods of several interfaces stays far below the API server's
+256 KiB annotation limit.
+
+``eligible_vf`` is the rule ADD applies to decide whether a free VF may be
+handed out; the agent counts ``capacity_vfs`` with the same function, so the
+extender and ADD cannot disagree about how many VFs a PF offers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from rdma_cni import placement
+
+__all__ = [
+    "ANNOTATION",
+    "VERSION",
+    "Allocation",
+    "InterfaceUse",
+    "NodeState",
+    "NodeStateError",
+    "PfSummary",
+    "decode",
+    "eligible_vf",
+    "encode",
+    "pf_states",
+    "same_content",
+]
+
+ANNOTATION = "rdma-cni.io/node-state"
+VERSION = 1
+
+# Bounds a reader enforces: generous for real nodes, tight enough that a
+# hostile or corrupt annotation cannot make the extender allocate much.
+MAX_TEXT_BYTES = 256 * 1024
+MAX_PFS = 256
+MAX_VFS_PER_PF = 4096
+MAX_ALLOCATIONS = 4096
+MAX_INTERFACES_PER_ALLOCATION = 64
+MAX_RATE_MBPS = 10_000_000
+# Sums of min rates on a PF: every VF at the largest rate.
+MAX_USED_RATE = MAX_RATE_MBPS * MAX_VFS_PER_PF
+MAX_NAME = 253
+MAX_NUMA = 1 << 16
+MAX_GENERATION = (1 << 63) - 1
+
+# ADD's userspace-bound drivers: such a VF has no netdev to give a pod.
+USERSPACE_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio"})
+
+ISOLATION_POLICIES = ("auto", "required", "off")
+
+_NO_EXTRA: Mapping[str, tuple[int, int]] = MappingProxyType({})
+
+
+class NodeStateError(ValueError):
+    """The annotation is not a node state this reader understands; the message says why."""
+
+
+@dataclass(frozen=True)
+class PfSummary:
+    """One PF: capacity (Mbit/s, None when unknown), reserved rate, eligible and used VFs, NUMA node."""
+
+    name: str
+    capacity_tx_rate: int | None
+    used_tx_rate: int
+    capacity_vfs: int
+    used_vfs: int
+    numa_node: int | None
+
+    @property
+    def free_vfs(self) -> int:
+        """VFs ADD could still hand out (never negative)."""
+        return max(0, self.capacity_vfs - self.used_vfs)
+
+    @property
+    def free_tx_rate(self) -> int | None:
+        """Bandwidth still reservable (never negative), or None when the capacity is unknown."""
+        if self.capacity_tx_rate is None:
+            return None
+        return max(0, self.capacity_tx_rate - self.used_tx_rate)
+
+
+@dataclass(frozen=True)
+class InterfaceUse:
+    """One interface of a pod: the PF its VF is on and its rates."""
+
+    pf: str
+    min_tx_rate: int
+    max_tx_rate: int
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A pod holding VFs on the node, from the allocation records."""
+
+    namespace: str
+    name: str
+    uid: str
+    interfaces: tuple[InterfaceUse, ...]
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """The whole annotation. ``generation`` counts the writer's changes; ``updated`` is RFC 3339."""
+
+    version: int
+    generation: int
+    updated: str
+    pfs: tuple[PfSummary, ...]
+    allocations: tuple[Allocation, ...]
+
+
+def eligible_vf(*, has_netdev: bool, userspace_driver: bool, has_rdma_device: bool, isolation: str) -> bool:
+    """Whether a VF nobody holds may be handed to a pod under the ``rdmaIsolation`` policy.
+
+    It needs a host netdev (a VF bound to a userspace driver has none), and
+    ``required`` also needs an RDMA device to move into the pod.
+    """
+    if isolation not in ISOLATION_POLICIES:
+        raise ValueError(f"unknown rdmaIsolation policy {isolation!r}")
+    if not has_netdev or userspace_driver:
+        return False
+    return isolation != "required" or has_rdma_device
+
+
+def encode(state: NodeState) -> str:
+    """The annotation value: compact JSON with sorted keys, so equal states encode equally."""
+    doc = {
+        "version": state.version,
+        "generation": state.generation,
+        "updated": state.updated,
+        "pfs": [
+            {
+                "name": pf.name,
+                "capacity_tx_rate": pf.capacity_tx_rate,
+                "used_tx_rate": pf.used_tx_rate,
+                "capacity_vfs": pf.capacity_vfs,
+                "used_vfs": pf.used_vfs,
+                "numa_node": pf.numa_node,
+            }
+            for pf in state.pfs
+        ],
+        "allocations": [
+            {
+                "namespace": a.namespace,
+                "name": a.name,
+                "uid": a.uid,
+                "interfaces": [
+                    {"pf": i.pf, "min_tx_rate": i.min_tx_rate, "max_tx_rate": i.max_tx_rate}
+                    for i in a.interfaces
+                ],
+            }
+            for a in state.allocations
+        ],
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def _field(obj: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in obj:
+        raise NodeStateError(f"{where}: missing {key!r}")
+    return obj[key]
+
+
+def _int(obj: Mapping[str, Any], key: str, where: str, low: int, high: int, *, nullable: bool = False) -> Any:
+    value = _field(obj, key, where)
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        kind = "an integer or null" if nullable else "an integer"
+        raise NodeStateError(f"{where}.{key}: expected {kind}, got {json.dumps(value)[:40]}")
+    if not low <= value <= high:
+        raise NodeStateError(f"{where}.{key}: {value} is outside {low}..{high}")
+    return value
+
+
+def _str(obj: Mapping[str, Any], key: str, where: str, *, allow_empty: bool = False) -> str:
+    value = _field(obj, key, where)
+    if not isinstance(value, str):
+        raise NodeStateError(f"{where}.{key}: expected a string, got {json.dumps(value)[:40]}")
+    if (not value and not allow_empty) or len(value) > MAX_NAME:
+        raise NodeStateError(f"{where}.{key}: must be 1-{MAX_NAME} characters")
+    return value
+
+
+def _obj(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise NodeStateError(f"{where}: expected an object")
+    return value
+
+
+def _list(obj: Mapping[str, Any], key: str, where: str, limit: int) -> list[Any]:
+    value = _field(obj, key, where)
+    if not isinstance(value, list):
+        raise NodeStateError(f"{where}.{key}: expected a list")
+    if len(value) > limit:
+        raise NodeStateError(f"{where}.{key}: {len(value)} entries, the limit is {limit}")
+    return value
+
+
+def _pf(raw: Any, where: str) -> PfSummary:
+    obj = _obj(raw, where)
+    pf = PfSummary(
+        name=_str(obj, "name", where),
+        capacity_tx_rate=_int(obj, "capacity_tx_rate", where, 0, MAX_RATE_MBPS, nullable=True),
+        used_tx_rate=_int(obj, "used_tx_rate", where, 0, MAX_USED_RATE),
+        capacity_vfs=_int(obj, "capacity_vfs", where, 0, MAX_VFS_PER_PF),
+        used_vfs=_int(obj, "used_vfs", where, 0, MAX_VFS_PER_PF),
+        numa_node=_int(obj, "numa_node", where, -1, MAX_NUMA, nullable=True),
+    )
+    # Linux reports -1 for "no NUMA node"; placement wants None.
+    if pf.numa_node == -1:
+        pf = PfSummary(pf.name, pf.capacity_tx_rate, pf.used_tx_rate, pf.capacity_vfs, pf.used_vfs, None)
+    return pf
+
+
+def _allocation(raw: Any, where: str) -> Allocation:
+    obj = _obj(raw, where)
+    interfaces = []
+    for j, item in enumerate(_list(obj, "interfaces", where, MAX_INTERFACES_PER_ALLOCATION)):
+        iwhere = f"{where}.interfaces[{j}]"
+        iobj = _obj(item, iwhere)
+        interfaces.append(
+            InterfaceUse(
+                pf=_str(iobj, "pf", iwhere),
+                min_tx_rate=_int(iobj, "min_tx_rate", iwhere, 0, MAX_RATE_MBPS),
+                max_tx_rate=_int(iobj, "max_tx_rate", iwhere, 0, MAX_RATE_MBPS),
+            )
+        )
+    return Allocation(
+        # Outside Kubernetes (cnitool) a record names no pod: empty strings.
+        namespace=_str(obj, "namespace", where, allow_empty=True),
+        name=_str(obj, "name", where, allow_empty=True),
+        uid=_str(obj, "uid", where, allow_empty=True),
+        interfaces=tuple(interfaces),
+    )
+
+
+def decode(text: str) -> NodeState:
+    """Parse an annotation value; raise :class:`NodeStateError` saying what is wrong.
+
+    Strict about the known keys' types and bounds, lenient about unknown keys.
+    A PF listed twice, or an allocation on a PF the state does not list, is
+    refused: the extender would otherwise count capacity it cannot see.
+    """
+    if not isinstance(text, str):
+        raise NodeStateError(f"node state must be a string, got {type(text).__name__}")
+    if len(text) > MAX_TEXT_BYTES:
+        raise NodeStateError(f"node state is {len(text)} characters, the limit is {MAX_TEXT_BYTES}")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise NodeStateError(f"node state is not valid JSON: {exc}") from None
+    top = _obj(doc, "node state")
+    version = _int(top, "version", "node state", 0, MAX_GENERATION)
+    if version != VERSION:
+        raise NodeStateError(f"node state version {version} is not supported (this reader knows {VERSION})")
+    generation = _int(top, "generation", "node state", 0, MAX_GENERATION)
+    updated = _str(top, "updated", "node state")
+    pfs = tuple(_pf(raw, f"pfs[{i}]") for i, raw in enumerate(_list(top, "pfs", "node state", MAX_PFS)))
+    names = [pf.name for pf in pfs]
+    if len(set(names)) != len(names):
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        raise NodeStateError(f"node state lists PF {dupes[0]!r} more than once")
+    allocations = tuple(
+        _allocation(raw, f"allocations[{i}]")
+        for i, raw in enumerate(_list(top, "allocations", "node state", MAX_ALLOCATIONS))
+    )
+    known = set(names)
+    for i, alloc in enumerate(allocations):
+        for j, use in enumerate(alloc.interfaces):
+            if use.pf not in known:
+                raise NodeStateError(f"allocations[{i}].interfaces[{j}].pf: {use.pf!r} is not a listed PF")
+    return NodeState(
+        version=version, generation=generation, updated=updated, pfs=pfs, allocations=allocations
+    )
+
+
+def same_content(a: NodeState, b: NodeState) -> bool:
+    """Equal ignoring ``generation`` and ``updated``: a writer publishes only when this is False."""
+    return a.version == b.version and a.pfs == b.pfs and a.allocations == b.allocations
+
+
+def pf_states(
+    state: NodeState, extra_used: Mapping[str, tuple[int, int]] = _NO_EXTRA
+) -> list[placement.PfState]:
+    """The node as :func:`placement.place` sees it, minus (or plus) reservations not yet published.
+
+    ``extra_used`` maps a PF name to ``(vfs, min_tx_rate sum)`` held beyond the
+    published state; negative values release (preemption victims). Free VFs
+    and reserved bandwidth are clamped to what placement accepts.
+    """
+    extra = extra_used
+    out = []
+    for pf in state.pfs:
+        vfs, rate = extra.get(pf.name, (0, 0))
+        out.append(
+            placement.PfState(
+                name=pf.name,
+                free_vfs=max(0, min(pf.capacity_vfs, pf.capacity_vfs - pf.used_vfs - vfs)),
+                capacity_mbps=pf.capacity_tx_rate,
+                reserved_mbps=max(0, pf.used_tx_rate + rate),
+                numa_node=pf.numa_node,
+            )
+        )
+    return out

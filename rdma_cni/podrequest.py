@@ -1,0 +1,148 @@
+"""The pod's interface request: its model and the parser for the annotation.
+
+Shared by the CNI plugin (ADD reads the pod's annotation) and the scheduler
+extender (filter reads the same annotation from the Pod it is sent), so both
+apply the same limits and answer the same error text. It does not depend on
+the network configuration model. pydantic is imported here; the extender pays
+that once at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from rdma_cni.errors import InvalidPodRequest
+from rdma_cni.protocol import IFNAMSIZ, valid_ifname
+
+__all__ = [
+    "DEFAULT_ANNOTATION",
+    "MAX_INTERFACES",
+    "MAX_RATE_MBPS",
+    "MAX_REQUEST_BYTES",
+    "InterfaceRequest",
+    "PodRequest",
+    "format_errors",
+    "parse_request",
+]
+
+MAX_INTERFACES = 32
+# 10 Tbit/s: far above any NIC, low enough that sums cannot overflow anything.
+MAX_RATE_MBPS = 10_000_000
+# The largest pod request (annotation text) accepted, in bytes.
+MAX_REQUEST_BYTES = 64 * 1024
+DEFAULT_ANNOTATION = "rdma_interfaces_required"
+
+Rate = Annotated[StrictInt, Field(ge=0, le=MAX_RATE_MBPS)]
+
+
+class InterfaceRequest(BaseModel):
+    """One requested RDMA interface: rates in Mbit/s and an optional pod-side name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_tx_rate: Rate = 0
+    max_tx_rate: Rate = 0
+    name: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_ifname(cls, v: str | None) -> str | None:
+        if v is not None and not valid_ifname(v):
+            raise ValueError(
+                f"{v!r} is not a valid interface name (1-{IFNAMSIZ} printable ASCII characters, "
+                "no '/', ':', '%', '.' or '..')"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _max_not_below_min(self) -> InterfaceRequest:
+        if self.max_tx_rate and self.max_tx_rate < self.min_tx_rate:
+            raise ValueError(
+                f"max_tx_rate {self.max_tx_rate} is below min_tx_rate {self.min_tx_rate} (0 means no cap)"
+            )
+        return self
+
+
+class PodRequest(BaseModel):
+    """The validated list of interfaces a pod asks for (1 to 32)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interfaces: Annotated[list[InterfaceRequest], Field(min_length=1, max_length=MAX_INTERFACES)]
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> PodRequest:
+        seen: dict[str, int] = {}
+        for index, entry in enumerate(self.interfaces):
+            if entry.name is None:
+                continue
+            if entry.name in seen:
+                raise ValueError(
+                    f"interface names must be unique: entries {seen[entry.name]} and {index} "
+                    f"are both named {entry.name!r}"
+                )
+            seen[entry.name] = index
+        return self
+
+
+def format_errors(exc: ValidationError, prefix: str = "") -> str:
+    """pydantic's errors as one line: ``field.path: reason; ...``."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        # A model-level check has no location; its message names the fields.
+        parts.append(f"{prefix}{loc}: {msg}" if loc else f"{prefix}{msg}")
+    return "; ".join(parts)
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object (wrap a single interface in a list: [{...}])"
+    names = {str: "a string", bool: "a boolean", int: "a number", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def parse_request(raw: Any, source: str) -> PodRequest:
+    """Validate a pod's request; ``source`` (e.g. "pod ns/name annotation X") names it in errors.
+
+    ``raw`` is the annotation string (JSON) or an already decoded value from
+    the config's ``args``; either way it must be a list of objects. Raises
+    :class:`~rdma_cni.errors.InvalidPodRequest` (code 101).
+    """
+    value = raw
+    if isinstance(raw, str):
+        size = len(raw.encode("utf-8", "surrogatepass"))
+        if size > MAX_REQUEST_BYTES:
+            raise InvalidPodRequest(f"{source}: value is {size} bytes, the limit is {MAX_REQUEST_BYTES}")
+        try:
+            value = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidPodRequest(f"{source}: not valid JSON: {exc}") from exc
+    if not isinstance(value, list):
+        raise InvalidPodRequest(
+            f"{source}: expected a JSON list of interface objects like "
+            '[{"min_tx_rate": 1000, "max_tx_rate": 2000}, {}], got ' + _json_type(value)
+        )
+    if not value:
+        raise InvalidPodRequest(
+            f"{source}: asks for no interfaces; remove the network attachment instead of requesting zero"
+        )
+    if len(value) > MAX_INTERFACES:
+        raise InvalidPodRequest(f"{source}: asks for {len(value)} interfaces, the limit is {MAX_INTERFACES}")
+    try:
+        return PodRequest(interfaces=value)
+    except ValidationError as exc:
+        detail = format_errors(exc).replace("interfaces.", "entry ")
+        raise InvalidPodRequest(f"{source}: {detail}") from exc

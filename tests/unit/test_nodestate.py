@@ -1,0 +1,236 @@
+"""The node-state annotation: encoding, strict decoding, the VF eligibility rule, placement's view."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rdma_cni import nodestate, placement
+from rdma_cni.nodestate import Allocation, InterfaceUse, NodeState, NodeStateError, PfSummary
+
+
+def _state(**over: Any) -> NodeState:
+    base: dict[str, Any] = {
+        "version": 1,
+        "generation": 7,
+        "updated": "2026-11-22T20:00:00Z",
+        "pfs": (
+            PfSummary("ens1f0", 100_000, 25_000, 8, 2, 0),
+            PfSummary("ens1f1", None, 0, 4, 0, None),
+        ),
+        "allocations": (
+            Allocation(
+                "team-a",
+                "trainer-0",
+                "uid-1",
+                (InterfaceUse("ens1f0", 20_000, 40_000), InterfaceUse("ens1f0", 5_000, 0)),
+            ),
+        ),
+    }
+    base.update(over)
+    return NodeState(**base)
+
+
+def _doc() -> dict[str, Any]:
+    return json.loads(nodestate.encode(_state()))
+
+
+def test_encode_is_compact_sorted_and_round_trips() -> None:
+    text = nodestate.encode(_state())
+    assert " " not in text
+    assert text.startswith('{"allocations":[{"interfaces":[{"max_tx_rate":40000')
+    assert nodestate.decode(text) == _state()
+
+
+def test_pf_summary_free_properties() -> None:
+    pf = PfSummary("p", 10_000, 12_000, 4, 5, None)
+    assert pf.free_vfs == 0 and pf.free_tx_rate == 0
+    assert PfSummary("p", None, 0, 4, 1, None).free_tx_rate is None
+    assert PfSummary("p", 10_000, 4_000, 4, 1, None).free_tx_rate == 6_000
+
+
+def test_unknown_keys_are_ignored_at_every_level() -> None:
+    doc = _doc()
+    doc["future"] = {"x": 1}
+    doc["pfs"][0]["driver"] = "mlx5_core"
+    doc["allocations"][0]["node"] = "n1"
+    doc["allocations"][0]["interfaces"][0]["vf"] = 3
+    assert nodestate.decode(json.dumps(doc)) == _state()
+
+
+def test_numa_minus_one_means_none() -> None:
+    doc = _doc()
+    doc["pfs"][0]["numa_node"] = -1
+    assert nodestate.decode(json.dumps(doc)).pfs[0].numa_node is None
+
+
+def _mutate(path: str, value: Any) -> str:
+    doc = _doc()
+    target: Any = doc
+    keys = path.split("/")
+    for key in keys[:-1]:
+        target = target[int(key)] if isinstance(target, list) else target[key]
+    last: Any = int(keys[-1]) if isinstance(target, list) else keys[-1]
+    if value is KeyError:
+        del target[last]
+    else:
+        target[last] = value
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("version", 2, "node state version 2 is not supported"),
+        ("version", "1", "node state.version: expected an integer"),
+        ("generation", -1, "node state.generation: -1 is outside"),
+        ("generation", KeyError, "node state: missing 'generation'"),
+        ("updated", 5, "node state.updated: expected a string"),
+        ("pfs", {}, "node state.pfs: expected a list"),
+        ("pfs/0", [], "pfs[0]: expected an object"),
+        ("pfs/0/name", "", "pfs[0].name: must be 1-253 characters"),
+        ("pfs/0/capacity_tx_rate", 1.5, "pfs[0].capacity_tx_rate: expected an integer or null"),
+        ("pfs/0/capacity_tx_rate", 10_000_001, "pfs[0].capacity_tx_rate: 10000001 is outside 0..10000000"),
+        ("pfs/0/used_vfs", True, "pfs[0].used_vfs: expected an integer"),
+        ("pfs/0/capacity_vfs", 5000, "pfs[0].capacity_vfs: 5000 is outside 0..4096"),
+        ("pfs/0/used_tx_rate", None, "pfs[0].used_tx_rate: expected an integer"),
+        ("pfs/1/name", "ens1f0", "node state lists PF 'ens1f0' more than once"),
+        ("allocations/0/uid", None, "allocations[0].uid: expected a string"),
+        ("allocations/0/interfaces", "x", "allocations[0].interfaces: expected a list"),
+        (
+            "allocations/0/interfaces/0/pf",
+            "ens9",
+            "allocations[0].interfaces[0].pf: 'ens9' is not a listed PF",
+        ),
+        (
+            "allocations/0/interfaces/1/min_tx_rate",
+            -5,
+            "allocations[0].interfaces[1].min_tx_rate: -5 is outside",
+        ),
+    ],
+)
+def test_decode_refuses_with_the_field_named(path: str, value: Any, message: str) -> None:
+    with pytest.raises(NodeStateError, match="^" + re.escape(message)):
+        nodestate.decode(_mutate(path, value))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{", "node state is not valid JSON"),
+        ("[1]", "node state: expected an object"),
+        ('"x"', "node state: expected an object"),
+        ("[" * 100_000, "node state is not valid JSON"),
+        (" " * (256 * 1024 + 1), "node state is 262145 characters, the limit is 262144"),
+    ],
+)
+def test_decode_refuses_garbage(text: str, message: str) -> None:
+    with pytest.raises(NodeStateError, match="^" + message):
+        nodestate.decode(text)
+
+
+def test_decode_refuses_non_string_and_too_many_entries() -> None:
+    with pytest.raises(NodeStateError, match="must be a string, got bytes"):
+        nodestate.decode(b"{}")  # type: ignore[arg-type]
+    doc = _doc()
+    doc["pfs"] = [dict(doc["pfs"][0], name=f"p{i}") for i in range(nodestate.MAX_PFS + 1)]
+    doc["allocations"] = []
+    with pytest.raises(NodeStateError, match=r"node state\.pfs: 257 entries, the limit is 256"):
+        nodestate.decode(json.dumps(doc))
+
+
+def test_same_content_ignores_generation_and_time_only() -> None:
+    a = _state()
+    assert nodestate.same_content(a, _state(generation=99, updated="2030-01-01T00:00:00Z"))
+    assert not nodestate.same_content(a, _state(allocations=()))
+    assert not nodestate.same_content(a, _state(pfs=(PfSummary("ens1f0", 100_000, 25_000, 8, 3, 0),)))
+
+
+@pytest.mark.parametrize(
+    ("netdev", "userspace", "rdma", "isolation", "eligible"),
+    [
+        (True, False, False, "auto", True),
+        (True, False, False, "off", True),
+        (True, False, False, "required", False),
+        (True, False, True, "required", True),
+        (False, False, True, "auto", False),
+        (True, True, True, "auto", False),
+    ],
+)
+def test_eligible_vf(netdev: bool, userspace: bool, rdma: bool, isolation: str, eligible: bool) -> None:
+    got = nodestate.eligible_vf(
+        has_netdev=netdev, userspace_driver=userspace, has_rdma_device=rdma, isolation=isolation
+    )
+    assert got is eligible
+
+
+def test_eligible_vf_refuses_an_unknown_policy() -> None:
+    with pytest.raises(ValueError, match="unknown rdmaIsolation policy 'strict'"):
+        nodestate.eligible_vf(
+            has_netdev=True, userspace_driver=False, has_rdma_device=True, isolation="strict"
+        )
+
+
+def test_pf_states_applies_reservations_and_releases() -> None:
+    state = _state()
+    plain = nodestate.pf_states(state)
+    assert plain == [
+        placement.PfState("ens1f0", 6, 100_000, 25_000, 0),
+        placement.PfState("ens1f1", 4, None, 0, None),
+    ]
+    reserved = nodestate.pf_states(state, {"ens1f0": (2, 30_000)})
+    assert reserved[0] == placement.PfState("ens1f0", 4, 100_000, 55_000, 0)
+    # Releasing a victim's interfaces frees its VFs and rate, never beyond the PF's capacity.
+    released = nodestate.pf_states(state, {"ens1f0": (-2, -25_000), "ens1f1": (-9, 0)})
+    assert released[0] == placement.PfState("ens1f0", 8, 100_000, 0, 0)
+    assert released[1].free_vfs == 4
+    # Over-reserved VFs clamp to zero free rather than an invalid negative count.
+    assert nodestate.pf_states(state, {"ens1f1": (9, 0)})[1].free_vfs == 0
+
+
+def test_largest_node_fits_well_inside_the_annotation_limit() -> None:
+    pfs = tuple(PfSummary(f"ens{i}f{i % 2}np{i % 2}", 400_000, 390_000, 128, 127, i % 2) for i in range(16))
+    allocations = tuple(
+        Allocation(
+            f"namespace-with-a-long-name-{i:03d}",
+            f"a-pod-with-a-rather-long-generated-name-{i:05d}-abcde",
+            f"0f3c2b1a-{i:04d}-4e5f-8a9b-0c1d2e3f4a5b",
+            tuple(InterfaceUse(pfs[(i + j) % 16].name, 10_000_000, 10_000_000) for j in range(8)),
+        )
+        for i in range(256)
+    )
+    text = nodestate.encode(_state(pfs=pfs, allocations=allocations, generation=(1 << 62)))
+    assert len(text.encode()) < 200 * 1024
+    assert nodestate.decode(text).allocations == allocations
+
+
+names = st.text(alphabet="abcdefghij0123456789", min_size=1, max_size=12)
+
+
+@given(
+    st.lists(
+        st.builds(
+            PfSummary,
+            name=names,
+            capacity_tx_rate=st.none() | st.integers(0, 10_000_000),
+            used_tx_rate=st.integers(0, 10_000_000),
+            capacity_vfs=st.integers(0, 4096),
+            used_vfs=st.integers(0, 4096),
+            numa_node=st.none() | st.integers(0, 8),
+        ),
+        max_size=6,
+        unique_by=lambda p: p.name,
+    ),
+    st.integers(0, 1 << 40),
+)
+def test_round_trip_property(pfs: list[PfSummary], generation: int) -> None:
+    allocations = tuple(
+        Allocation("ns", f"pod{i}", f"u{i}", (InterfaceUse(pf.name, 1, 2),)) for i, pf in enumerate(pfs)
+    )
+    state = _state(pfs=tuple(pfs), allocations=allocations, generation=generation)
+    assert nodestate.decode(nodestate.encode(state)) == state
