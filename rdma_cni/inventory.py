@@ -53,6 +53,18 @@ class Vf:
         """Can be given to a pod: nobody holds it and it has a host netdev."""
         return self.owner is None and bool(self.netdev) and self.driver not in USERSPACE_DRIVERS
 
+    def available(self, isolation: str) -> bool:
+        """ADD may hand it out under the ``rdmaIsolation`` policy: nobody holds it and it is eligible.
+
+        The one rule shared by ADD's choice and the node agent's ``capacity_vfs``.
+        """
+        return self.owner is None and nodestate.eligible_vf(
+            has_netdev=bool(self.netdev),
+            userspace_driver=self.driver in USERSPACE_DRIVERS,
+            has_rdma_device=bool(self.rdma_devices),
+            isolation=isolation,
+        )
+
 
 @dataclass
 class Pf:

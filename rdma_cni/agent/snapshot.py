@@ -9,7 +9,8 @@ Per PF:
 - ``used_vfs`` / ``used_tx_rate``: VFs some record holds and the sum of their
   ``min_tx_rate`` (what ADD counts as reserved);
 - ``capacity_vfs``: ``used_vfs`` plus the VFs ADD could hand out now under the
-  network's ``rdmaIsolation`` (:func:`rdma_cni.nodestate.eligible_vf`), so
+  network's ``rdmaIsolation`` (:meth:`rdma_cni.inventory.Vf.available`, the
+  very method ADD's choice calls), so
   ``capacity_vfs - used_vfs`` is exactly ADD's pool. A VF in neither set (no
   netdev, a userspace driver, no RDMA device under ``required``) counts in
   neither.
@@ -136,22 +137,10 @@ class _PfView:
 
 def pf_views(node: Any, isolation: str) -> list[_PfView]:
     """Per PF of a scanned node: capacity and use as ADD under ``isolation`` would count them."""
-    from rdma_cni.inventory import USERSPACE_DRIVERS
-
     out = []
     for pf in node.pfs:
         used = sum(1 for v in pf.vfs if v.owner is not None)
-        pool = sum(
-            1
-            for v in pf.vfs
-            if v.free
-            and nodestate.eligible_vf(
-                has_netdev=bool(v.netdev),
-                userspace_driver=v.driver in USERSPACE_DRIVERS,
-                has_rdma_device=bool(v.rdma_devices),
-                isolation=isolation,
-            )
-        )
+        pool = sum(1 for v in pf.vfs if v.available(isolation))
         out.append(
             _PfView(
                 name=pf.name,

@@ -179,7 +179,8 @@ def violations(rule: Rule, graph: Graph) -> list[str]:
 
 def non_stdlib(graph: Graph, module: str) -> set[str]:
     """Top-level packages ``module`` names that are not the standard library."""
-    allowed = set(sys.stdlib_module_names) | {"__future__"}
+    # Package imports are the rules' business; this is about everything else.
+    allowed = set(sys.stdlib_module_names) | {"__future__", PACKAGE}
     return {n.split(".")[0] for n in graph.direct[module] if n.split(".")[0] not in allowed}
 
 
