@@ -29,6 +29,11 @@ from rdma_cni import nodestate
 
 log = logging.getLogger("rdma_cni.agent")
 
+# The API server limits the total size of a Node's annotations to 256 KiB;
+# others (CNI plugins, kubeadm, volume controllers) need room too. The
+# largest state a 16 x 128-VF node can produce is about 153 KiB (README, "Node state").
+MAX_STATE_BYTES = 192 * 1024
+
 MIN_BACKOFF = 0.5
 MAX_BACKOFF = 30.0
 DEFAULT_HEARTBEAT = 300.0
@@ -50,6 +55,26 @@ def check_node_name(name: str) -> str:
 def rfc3339(ts: float) -> str:
     """A UTC timestamp as RFC 3339 with second precision, as Kubernetes writes them."""
     return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def fit(state: nodestate.NodeState) -> nodestate.NodeState:
+    """``state``, or ``state`` without its allocations when it would exceed :data:`MAX_STATE_BYTES`.
+
+    PF totals stay exact, so nothing is over-committed; without allocations
+    the extender keeps its reservations until their TTL and finds no victims
+    to preempt here: both err on the safe side.
+    """
+    # Room for the largest generation and timestamp the publisher fills in.
+    size = len(nodestate.encode(state)) + 40
+    if size <= MAX_STATE_BYTES or not state.allocations:
+        return state
+    log.warning(
+        "node state is %d bytes, over the %d-byte budget: publishing it without its %d allocations",
+        size,
+        MAX_STATE_BYTES,
+        len(state.allocations),
+    )
+    return dataclasses.replace(state, allocations=())
 
 
 class Publisher:
@@ -103,7 +128,7 @@ class Publisher:
             return False
         from rdma_cni import kubeapi
 
-        state = self._pending
+        state = fit(self._pending)
         try:
             if not self._known:
                 self._read_current()
@@ -150,7 +175,8 @@ class Publisher:
     def _write(self, state: nodestate.NodeState) -> nodestate.NodeState:
         generation = (self.published.generation if self.published else 0) + 1
         full = dataclasses.replace(state, generation=generation, updated=rfc3339(self._wall()))
-        body = {"metadata": {"annotations": {nodestate.ANNOTATION: nodestate.encode(full)}}}
+        text = nodestate.encode(full)
+        body = {"metadata": {"annotations": {nodestate.ANNOTATION: text}}}
         self.client.patch_merge(self.path, body)
         log.info(
             "published node state generation %d on node %s (%d PFs, %d pods)",
