@@ -90,9 +90,13 @@ class Publisher:
         wall: Callable[[], float] = time.time,
         jitter: Callable[[], float] = random.random,
         reconnect: Callable[[], Any] | None = None,
+        min_backoff: float = MIN_BACKOFF,
+        max_backoff: float = MAX_BACKOFF,
     ) -> None:
         self.client = client
         self._reconnect = reconnect
+        self.min_backoff = min_backoff
+        self.max_backoff = max_backoff
         self.node = check_node_name(node_name)
         self.path = f"/api/v1/nodes/{self.node}"
         self.heartbeat = heartbeat
@@ -198,7 +202,7 @@ class Publisher:
         if getattr(exc, "status", 0) == 401 and self._reconnect is not None:
             # The token was rotated under us: take the current credentials.
             self._reconnect_client()
-        self._backoff = min(MAX_BACKOFF, max(MIN_BACKOFF, self._backoff * 2))
+        self._backoff = min(self.max_backoff, max(self.min_backoff, self._backoff * 2))
         delay = self._backoff * (0.5 + self._jitter() / 2)
         self._next_attempt = self._clock() + delay
         message = f"{type(exc).__name__}: {exc}"
