@@ -33,6 +33,8 @@ As a CNI plugin it is run by the container runtime with CNI_COMMAND set
 Operator subcommands:
   rdma-cni inventory [--pretty] [--config FILE]   print the node's SR-IOV/RDMA state as JSON
   rdma-cni install [options]                      DaemonSet entry point: install into /opt/cni/bin
+  rdma-cni scheduler-extender --listen ADDR:PORT [options]
+                                                  kube-scheduler extender (see README, "Scheduling")
   rdma-cni --version
 
 The launcher also starts `rdma-cni warm-server` by itself (see README, "Warm start").
@@ -131,6 +133,8 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         from rdma_cni.inventory_cli import main as run_subcommand
     elif name == "install":
         from rdma_cni.install import main as run_subcommand
+    elif name == "scheduler-extender":
+        from rdma_cni.extender.main import main as run_subcommand
     elif name == "warm-server":
         from rdma_cni.warm import main as run_warm
 

@@ -1,10 +1,33 @@
 """A small HTTPS stand-in for the Kubernetes API server, for tests.
 
-It serves just what rdma-cni reads: ``GET /api/v1/namespaces/{ns}/pods/{name}``
-(plus unauthenticated ``/healthz``, ``/readyz``, ``/livez`` and ``/version``),
-over real TLS with a certificate authority it generates itself, and with bearer
-token or client certificate authentication. Switches let tests make it fail
-(5xx), hang, answer garbage or refuse a namespace.
+It serves what rdma-cni's components read and write, with the real API
+server's semantics for the parts it implements:
+
+- Pods: ``GET``/``DELETE /api/v1/namespaces/{ns}/pods/{name}``, LIST and WATCH
+  of ``/api/v1/pods`` and ``/api/v1/namespaces/{ns}/pods`` (``fieldSelector``
+  on ``spec.nodeName``, ``metadata.name``, ``metadata.namespace``,
+  ``status.phase``, ``spec.schedulerName``; ``labelSelector``), and
+  ``POST .../pods/{name}/binding`` (201; 404 when the pod is gone; 409 when it
+  is already bound or ``metadata.uid`` names another incarnation).
+- Nodes: ``GET`` and merge ``PATCH /api/v1/nodes/{name}`` (404, 409 on a stale
+  ``metadata.resourceVersion``, 400 for a body that is not JSON, 415 for
+  another patch type, 422 for a result that is not a valid Node, including
+  annotations over 256 KiB), LIST and WATCH of ``/api/v1/nodes``.
+- Lists carry a ``resourceVersion`` (one global counter, bumped by every
+  change, like etcd's revision) and page with ``limit``/``continue``. Asked by
+  ``Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1``
+  they answer metadata only.
+- WATCH (``?watch=1&resourceVersion=N&allowWatchBookmarks=true``) streams
+  newline-delimited JSON events (ADDED, MODIFIED, DELETED, BOOKMARK) over a
+  chunked response; a version older than the kept history gets an ERROR event
+  carrying a 410 ``Expired`` Status. Test hooks: :meth:`ApiServer.drop_watches`
+  cuts every watch connection, :meth:`ApiServer.compact` forgets history,
+  :meth:`ApiServer.send_bookmarks` makes watches send a bookmark now.
+- Unauthenticated ``/healthz``, ``/readyz``, ``/livez`` and ``/version``.
+
+Everything runs over real TLS with a certificate authority it generates
+itself, with bearer token or client certificate authentication. Switches make
+it fail (any status, on any path), hang, answer garbage or refuse a namespace.
 
 Standard library only, plus the ``openssl`` command-line tool to generate the
 certificates, so that it also runs inside a minimal test VM.
@@ -13,12 +36,14 @@ Use from Python::
 
     with ApiServer() as api:
         api.add_pod("default", "web-0", {"example.com/key": "value"})
+        api.add_node("node-1", labels={"zone": "a"}, images=40)
         kubeconfig = api.write_kubeconfig(tmp / "kubeconfig", mode="client-cert-data")
 
 Use as a script::
 
     python3 tests/support/apiserver.py --dir DIR [--port PORT] [--host ADDR]
-                                       [--pods PODS.json] [--token TOKEN]
+                                       [--pods PODS.json] [--nodes NODES.json]
+                                       [--token TOKEN]
 
 The script generates its certificates in DIR (``ca.crt``, ``server.crt``,
 ``client.crt`` and their keys), starts serving, writes ``DIR/kubeconfig`` (JSON,
@@ -27,12 +52,16 @@ and serves until SIGTERM or SIGINT. ``--port 0`` (the default) picks a free
 port; read it from the ``ready`` line or the kubeconfig. PODS.json is a JSON
 list of objects with ``namespace`` and ``name`` and optionally
 ``annotations`` (a string-to-string mapping), ``uid`` and ``nodeName``.
+NODES.json is a JSON list of objects with ``name`` and optionally ``labels``,
+``annotations`` and ``images`` (a count).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import bisect
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -51,11 +80,12 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["ApiServer", "SeenRequest", "make_ca"]
+__all__ = ["MAX_ANNOTATIONS_BYTES", "ApiServer", "SeenRequest", "make_ca", "make_node"]
 
 KUBECONFIG_MODES = ("token", "token-file", "client-cert-files", "client-cert-data", "insecure")
 
@@ -183,6 +213,8 @@ class SeenRequest:
     client_cert_cn: str | None
     user_agent: str | None
     accept: str | None
+    content_type: str | None = None
+    body: bytes = b""
 
 
 class _HttpsServer(ThreadingHTTPServer):
@@ -232,15 +264,10 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def do_GET(self) -> None:
+    def _dispatch(self) -> None:
         self.server.api._handle(self)
 
-    def _not_allowed(self) -> None:
-        # The request body is never read, so the connection cannot be reused.
-        self.close_connection = True
-        self.server.api._handle(self)
-
-    do_POST = do_PUT = do_PATCH = do_DELETE = _not_allowed
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _dispatch
 
     def send_body(self, status: int, body: bytes, content_type: str) -> None:
         """Send a complete response with a Content-Length (we speak HTTP/1.1)."""
@@ -253,6 +280,18 @@ class _Handler(BaseHTTPRequestHandler):
     def send_json(self, status: int, doc: dict[str, Any]) -> None:
         """Send ``doc`` as a JSON response."""
         self.send_body(status, json.dumps(doc).encode(), "application/json")
+
+    def start_stream(self) -> None:
+        """Start a chunked 200 response, as the API server answers a watch."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def send_chunk(self, data: bytes) -> None:
+        """Send one chunk of a chunked response; empty ``data`` ends the stream."""
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
 
 
 def _status(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -282,16 +321,426 @@ def _peer_cn(cert: dict[str, Any] | None) -> str | None:
 
 
 # --------------------------------------------------------------------------
+# Stored objects, selectors and patches
+
+_NODE_PATH = re.compile(r"/api/v1/nodes/([^/]+)")
+_NS_PODS_PATH = re.compile(r"/api/v1/namespaces/([^/]+)/pods")
+_BINDING_PATH = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding")
+
+# apimachinery's TotalAnnotationSizeLimitB: keys plus values of one object.
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+# The API server refuses request bodies over 3 MiB.
+MAX_BODY_BYTES = 3 * 1024 * 1024
+# The real API server ends a watch after a random 30-60 minutes.
+DEFAULT_WATCH_SECONDS = 1800
+
+_KINDS = {"nodes": ("Node", "NodeList"), "pods": ("Pod", "PodList")}
+_META_KIND = "PartialObjectMetadata"
+_META_API = "meta.k8s.io/v1"
+
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+class _ApiFailure(Exception):
+    """A refused request, answered with a Status of ``code``."""
+
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details
+
+    def status(self) -> dict[str, Any]:
+        """The Status body the API server would send."""
+        return _status(self.code, self.reason, self.message, self.details)
+
+
+def _not_found(resource: str, name: str) -> _ApiFailure:
+    return _ApiFailure(404, "NotFound", f'{resource} "{name}" not found', {"name": name, "kind": resource})
+
+
+def _invalid(kind: str, name: str, field_path: str, reason: str, detail: str) -> _ApiFailure:
+    return _ApiFailure(
+        422,
+        "Invalid",
+        f'{kind} "{name}" is invalid: {field_path}: {detail}',
+        {"name": name, "kind": kind, "causes": [{"reason": reason, "message": detail, "field": field_path}]},
+    )
+
+
+def _compact_json(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+class _Stored:
+    """One version of one object; its encodings are made on first use and then reused.
+
+    Lists of thousands of nodes are joins of these cached encodings, which is
+    what keeps a 5,000-node LIST well under a second. Stored documents are
+    never mutated: a change stores a new version.
+    """
+
+    __slots__ = ("_full", "_item", "_meta", "doc", "kind")
+
+    def __init__(self, kind: str, doc: dict[str, Any]) -> None:
+        self.kind = kind
+        self.doc = doc
+        self._full: bytes | None = None
+        self._item: bytes | None = None
+        self._meta: bytes | None = None
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The object's metadata mapping."""
+        meta: dict[str, Any] = self.doc["metadata"]
+        return meta
+
+    def full(self) -> bytes:
+        """The object as GET and watch events send it (with kind and apiVersion)."""
+        if self._full is None:
+            self._full = _compact_json(self.doc)
+        return self._full
+
+    def item(self) -> bytes:
+        """The object as a list item (typed lists leave out kind and apiVersion)."""
+        if self._item is None:
+            self._item = _compact_json({k: v for k, v in self.doc.items() if k not in ("kind", "apiVersion")})
+        return self._item
+
+    def meta(self) -> bytes:
+        """The object as a PartialObjectMetadata."""
+        if self._meta is None:
+            self._meta = _compact_json(
+                {"kind": _META_KIND, "apiVersion": _META_API, "metadata": self.metadata}
+            )
+        return self._meta
+
+
+@dataclass(frozen=True)
+class _Event:
+    rv: int
+    resource: str
+    type: str
+    obj: _Stored
+    prev: _Stored | None
+
+
+def _dig(doc: dict[str, Any], dotted: str) -> str:
+    value: Any = doc
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+# The field selectors the real API server supports for these resources (a
+# subset for pods); anything else is refused as it refuses it.
+_FIELDS = {
+    "pods": (
+        "metadata.name",
+        "metadata.namespace",
+        "spec.nodeName",
+        "spec.schedulerName",
+        "spec.restartPolicy",
+        "spec.serviceAccountName",
+        "status.phase",
+    ),
+    "nodes": ("metadata.name", "spec.unschedulable"),
+}
+
+_Match = Callable[[dict[str, Any]], bool]
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split a selector on commas that are not inside parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _field_selector(resource: str, text: str) -> list[_Match]:
+    tests: list[_Match] = []
+    for term in _split_top_level(text):
+        m = re.fullmatch(r"([A-Za-z.]+)\s*(==|!=|=)\s*(.*)", term)
+        if m is None:
+            raise _ApiFailure(400, "BadRequest", f"invalid selector: '{text}'; can't understand '{term}'")
+        path, op, value = m.groups()
+        if path not in _FIELDS[resource]:
+            raise _ApiFailure(400, "BadRequest", f"field label not supported: {path}")
+        if op == "!=":
+            tests.append(lambda doc, p=path, v=value: _dig(doc, p) != v)
+        else:
+            tests.append(lambda doc, p=path, v=value: _dig(doc, p) == v)
+    return tests
+
+
+def _labels_of(doc: dict[str, Any]) -> dict[str, str]:
+    labels = doc.get("metadata", {}).get("labels")
+    return labels if isinstance(labels, dict) else {}
+
+
+def _label_selector(text: str) -> list[_Match]:
+    tests: list[_Match] = []
+    key = r"([A-Za-z0-9][-A-Za-z0-9_./]*)"
+    for term in _split_top_level(text):
+        if m := re.fullmatch(rf"(!?)\s*{key}", term):
+            neg, k = m.groups()
+            tests.append(lambda doc, k=k, neg=bool(neg): (k in _labels_of(doc)) != neg)
+        elif m := re.fullmatch(rf"{key}\s*(==|!=|=)\s*([-A-Za-z0-9_.]*)", term):
+            k, op, v = m.groups()
+            if op == "!=":
+                tests.append(lambda doc, k=k, v=v: _labels_of(doc).get(k) != v)
+            else:
+                tests.append(lambda doc, k=k, v=v: _labels_of(doc).get(k) == v)
+        elif m := re.fullmatch(rf"{key}\s+(in|notin)\s+\(([^()]*)\)", term):
+            k, op, values = m.groups()
+            allowed = {v.strip() for v in values.split(",")}
+            if op == "in":
+                tests.append(lambda doc, k=k, a=allowed: _labels_of(doc).get(k) in a)
+            else:
+                tests.append(lambda doc, k=k, a=allowed: _labels_of(doc).get(k) not in a)
+        else:
+            raise _ApiFailure(400, "BadRequest", f"unable to parse requirement: {term!r}")
+    return tests
+
+
+def _selector(resource: str, params: dict[str, str]) -> _Match:
+    tests = _field_selector(resource, params.get("fieldSelector", "")) + _label_selector(
+        params.get("labelSelector", "")
+    )
+    return lambda doc: all(test(doc) for test in tests)
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch; ``target`` is left untouched."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge_patch(result.get(key), value)
+    return result
+
+
+def _validate_metadata(kind: str, name: str, metadata: Any) -> None:
+    """Refuse, as the API server's validation does, metadata that no object may carry."""
+    if not isinstance(metadata, dict):
+        raise _invalid(kind, name, "metadata", "FieldValueInvalid", "Invalid value: must be an object")
+    labels = metadata.get("labels", {})
+    if not isinstance(labels, dict):
+        raise _invalid(kind, name, "metadata.labels", "FieldValueInvalid", "Invalid value: must be a map")
+    for key, value in labels.items():
+        if not _qualified_name(key):
+            raise _invalid(kind, name, "metadata.labels", "FieldValueInvalid", f'Invalid value: "{key}"')
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+            raise _invalid(kind, name, f"metadata.labels.{key}", "FieldValueInvalid", "Invalid value")
+    annotations = metadata.get("annotations", {})
+    if not isinstance(annotations, dict):
+        raise _invalid(
+            kind, name, "metadata.annotations", "FieldValueInvalid", "Invalid value: must be a map"
+        )
+    total = 0
+    for key, value in annotations.items():
+        if not _qualified_name(key):
+            raise _invalid(kind, name, "metadata.annotations", "FieldValueInvalid", f'Invalid value: "{key}"')
+        if not isinstance(value, str):
+            raise _invalid(
+                kind,
+                name,
+                f"metadata.annotations.{key}",
+                "FieldValueInvalid",
+                "Invalid value: must be a string",
+            )
+        total += len(key) + len(value)
+    if total > MAX_ANNOTATIONS_BYTES:
+        raise _invalid(
+            kind,
+            name,
+            "metadata.annotations",
+            "FieldValueTooLong",
+            f"Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes",
+        )
+
+
+def _qualified_name(key: object) -> bool:
+    if not isinstance(key, str):
+        return False
+    prefix, _, local = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return len(local) <= 63 and bool(_QUALIFIED_NAME.fullmatch(local))
+
+
+def _media_wants_metadata(accept: str | None, list_kind: bool | None) -> bool:
+    """Whether ``Accept`` asks for PartialObjectMetadata(List); 406 when nothing offered can be served.
+
+    ``list_kind`` None (a watch) takes either form, as the API server does.
+    """
+    if not accept:
+        return False
+    for offer in accept.split(","):
+        media, *raw_params = (part.strip() for part in offer.split(";"))
+        if media not in ("application/json", "application/*", "*/*"):
+            continue
+        params = dict(p.split("=", 1) for p in raw_params if "=" in p)
+        as_kind = params.get("as")
+        if as_kind is None:
+            return False
+        wanted = {
+            True: ("PartialObjectMetadataList",),
+            False: (_META_KIND,),
+            None: (_META_KIND, "PartialObjectMetadataList"),
+        }
+        if params.get("g") == "meta.k8s.io" and params.get("v") == "v1" and as_kind in wanted[list_kind]:
+            return True
+    raise _ApiFailure(
+        406,
+        "NotAcceptable",
+        "only the following media types are accepted: application/json, "
+        "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1 and its List form",
+    )
+
+
+def make_node(
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    images: int | list[dict[str, Any]] = 0,
+) -> dict[str, Any]:
+    """A Node object shaped like a kubelet-registered one (no resourceVersion or uid yet).
+
+    ``images`` is a list of ``status.images`` entries or a count of made-up
+    ones (two names each, as kubelet reports a digest and a tag). Labels are
+    added to the usual kubelet and cloud-provider ones.
+    """
+    digest = hashlib.sha256(name.encode()).hexdigest()
+    octets = int(digest[:6], 16)
+    address = f"10.{(octets >> 16) & 255}.{(octets >> 8) & 255}.{octets & 255}"
+    if isinstance(images, int):
+        image_list = []
+        for i in range(images):
+            image_hash = hashlib.sha256(f"image-{i}".encode()).hexdigest()
+            repo = f"registry.example.com/team-{i % 7}/service-{i}"
+            image_list.append(
+                {
+                    "names": [f"{repo}@sha256:{image_hash}", f"{repo}:v1.{i}.0"],
+                    "sizeBytes": 12_000_000 + i * 1_234_567,
+                }
+            )
+    else:
+        image_list = [dict(image) for image in images]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    all_labels = {
+        "beta.kubernetes.io/arch": "amd64",
+        "beta.kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "node.kubernetes.io/instance-type": "rdma.x86.64c512g",
+        "topology.kubernetes.io/region": "region-1",
+        "topology.kubernetes.io/zone": f"zone-{octets % 3}",
+        **(labels or {}),
+    }
+    metadata: dict[str, Any] = {"name": name, "labels": all_labels, "creationTimestamp": now}
+    metadata["annotations"] = {
+        "node.alpha.kubernetes.io/ttl": "0",
+        "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+        **(annotations or {}),
+    }
+
+    def condition(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
+        return {
+            "type": kind,
+            "status": status,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+            "reason": reason,
+            "message": message,
+        }
+
+    resources = {"cpu": "64", "memory": "527952244Ki", "pods": "110", "ephemeral-storage": "1844609580Ki"}
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": metadata,
+        "spec": {
+            "podCIDR": f"10.244.{octets % 250}.0/24",
+            "podCIDRs": [f"10.244.{octets % 250}.0/24"],
+            "providerID": f"baremetal://{name}",
+        },
+        "status": {
+            "capacity": {**resources, "hugepages-1Gi": "0", "hugepages-2Mi": "0"},
+            "allocatable": {**resources, "cpu": "63500m", "memory": "526903668Ki"},
+            "conditions": [
+                condition(
+                    "MemoryPressure",
+                    "False",
+                    "KubeletHasSufficientMemory",
+                    "kubelet has sufficient memory available",
+                ),
+                condition(
+                    "DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"
+                ),
+                condition(
+                    "PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"
+                ),
+                condition("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+            ],
+            "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {
+                "machineID": digest[:32],
+                "systemUUID": str(uuid.UUID(digest[32:64])),
+                "bootID": str(uuid.UUID(digest[:32])),
+                "kernelVersion": "6.1.0-27-amd64",
+                "osImage": "Debian GNU/Linux 12 (bookworm)",
+                "containerRuntimeVersion": "containerd://1.6.20",
+                "kubeletVersion": "v1.30.6",
+                "kubeProxyVersion": "v1.30.6",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+            "images": image_list,
+        },
+    }
+
+
+def _copy(doc: dict[str, Any]) -> dict[str, Any]:
+    copied: dict[str, Any] = json.loads(json.dumps(doc))
+    return copied
+
+
+# --------------------------------------------------------------------------
 # The server
 
 
 class ApiServer:
-    """An HTTPS Kubernetes API stand-in serving pods from memory.
+    """An HTTPS Kubernetes API stand-in serving pods and nodes from memory.
 
     ``directory`` holds the generated certificates; without one a temporary
     directory is made and removed by :meth:`stop`. Bearer ``token`` defaults
     to a random string. Requests authenticate with that token or with a client
     certificate signed by this server's CA (:attr:`client_cert_path`).
+    ``history`` is how many change events watches can resume from (older
+    versions answer 410 Gone). :attr:`bookmark_interval` is how often a watch
+    that asked for bookmarks gets one (the real API server: about a minute).
     """
 
     def __init__(
@@ -301,6 +750,7 @@ class ApiServer:
         token: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        history: int = 10_000,
     ) -> None:
         self._own_dir = directory is None
         self.directory = os.path.abspath(
@@ -310,7 +760,18 @@ class ApiServer:
         self.host = host
         self._requested_port = port
         self._lock = threading.Lock()
-        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self._changed = threading.Condition(self._lock)
+        self._pods: dict[tuple[str, str], _Stored] = {}
+        self._nodes: dict[str, _Stored] = {}
+        self._rv = 1
+        self._history: list[_Event] = []
+        self._history_rvs: list[int] = []
+        self._history_limit = max(2, history)
+        self._oldest_rv = self._rv
+        self._watch_epoch = 0
+        self._bookmark_epoch = 0
+        self._watching = 0
+        self.bookmark_interval = 60.0
         self._forbidden: set[str] = set()
         self._fail: list[int] = []
         self._malformed = 0
@@ -352,9 +813,10 @@ class ApiServer:
         return self
 
     def stop(self) -> None:
-        """Stop serving, release hanging requests and remove a temporary directory."""
+        """Stop serving, release hanging requests and watches, and remove a temporary directory."""
         if self._httpd is not None:
             self._wake.set()
+            self.drop_watches()
             self._httpd.shutdown()
             self._httpd.server_close()
             if self._thread is not None:
@@ -385,6 +847,12 @@ class ApiServer:
 
     # -- content
 
+    @property
+    def resource_version(self) -> int:
+        """The current global resourceVersion (bumped by every change)."""
+        with self._lock:
+            return self._rv
+
     def add_pod(
         self,
         namespace: str,
@@ -392,44 +860,174 @@ class ApiServer:
         annotations: dict[str, str] | None = None,
         *,
         uid: str | None = None,
-        node_name: str = "node-1",
+        node_name: str | None = "node-1",
+        labels: dict[str, str] | None = None,
+        scheduler_name: str = "default-scheduler",
+        phase: str = "Pending",
     ) -> dict[str, Any]:
-        """Add (or replace) a pod; returns the Pod object that will be served."""
+        """Add (or replace) a pod; returns the Pod object that will be served.
+
+        ``node_name`` None or empty leaves the pod unbound (no ``spec.nodeName``).
+        """
         metadata: dict[str, Any] = {
             "name": name,
             "namespace": namespace,
             "uid": uid or str(uuid.uuid4()),
-            "resourceVersion": str(secrets.randbelow(10**6) + 1),
             "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "labels": {"app": name},
+            "labels": dict(labels) if labels is not None else {"app": name},
         }
         # Like the real API server, an empty map is left out entirely.
         if annotations:
             metadata["annotations"] = dict(annotations)
+        spec: dict[str, Any] = {
+            "restartPolicy": "Always",
+            "schedulerName": scheduler_name,
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.9"}],
+        }
+        if node_name:
+            spec["nodeName"] = node_name
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": metadata,
-            "spec": {
-                "nodeName": node_name,
-                "restartPolicy": "Always",
-                "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.9"}],
-            },
-            "status": {"phase": "Pending", "qosClass": "BestEffort"},
+            "spec": spec,
+            "status": {"phase": phase, "qosClass": "BestEffort"},
         }
         with self._lock:
-            self._pods[(namespace, name)] = pod
-        return json.loads(json.dumps(pod))
+            stored = self._store("pods", (namespace, name), pod)
+        return _copy(stored.doc)
 
     def remove_pod(self, namespace: str, name: str) -> None:
-        """Forget a pod; later GETs answer 404."""
+        """Forget a pod (a DELETED event for watches); later GETs answer 404."""
         with self._lock:
-            self._pods.pop((namespace, name), None)
+            self._delete("pods", (namespace, name))
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A copy of the pod as stored now, or None."""
+        with self._lock:
+            stored = self._pods.get((namespace, name))
+        return None if stored is None else _copy(stored.doc)
+
+    def add_node(
+        self,
+        name: str,
+        *,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+        images: int | list[dict[str, Any]] = 0,
+        node: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Create or replace a Node (see :func:`make_node`); returns it as served.
+
+        ``node`` gives the whole object instead (its ``metadata.name`` must be
+        ``name``). A replaced node keeps its uid, as an update would.
+        """
+        doc = (
+            _copy(node)
+            if node is not None
+            else make_node(name, labels=labels, annotations=annotations, images=images)
+        )
+        if doc.get("metadata", {}).get("name") != name:
+            raise ValueError(f"node object is not named {name!r}")
+        with self._lock:
+            stored = self._store("nodes", name, doc)
+        return _copy(stored.doc)
+
+    def remove_node(self, name: str) -> None:
+        """Delete a node (a DELETED event for watches)."""
+        with self._lock:
+            self._delete("nodes", name)
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        """A copy of the node as stored now, or None."""
+        with self._lock:
+            stored = self._nodes.get(name)
+        return None if stored is None else _copy(stored.doc)
+
+    def set_node_annotations(self, name: str, changes: dict[str, str | None]) -> dict[str, Any]:
+        """Merge ``changes`` into a node's annotations (None deletes a key), as a PATCH would."""
+        with self._lock:
+            stored = self._nodes.get(name)
+            if stored is None:
+                raise KeyError(name)
+            doc = _merge_patch(stored.doc, {"metadata": {"annotations": changes}})
+            stored = self._store("nodes", name, doc)
+        return _copy(stored.doc)
 
     def forbid_namespace(self, namespace: str) -> None:
-        """Answer 403 Forbidden to authenticated reads of pods in ``namespace``."""
+        """Answer 403 Forbidden to authenticated requests on pods in ``namespace``."""
         with self._lock:
             self._forbidden.add(namespace)
+
+    # -- storage (callers hold self._lock)
+
+    def _store(self, resource: str, key: Any, doc: dict[str, Any]) -> _Stored:
+        table: dict[Any, _Stored] = getattr(self, f"_{resource}")
+        prev = table.get(key)
+        # Own copy: the previous version may share this mapping, and it must not change.
+        metadata = doc["metadata"] = dict(doc["metadata"])
+        if prev is not None:
+            metadata.setdefault("uid", prev.metadata.get("uid"))
+            metadata.setdefault("creationTimestamp", prev.metadata.get("creationTimestamp"))
+        else:
+            metadata.setdefault("uid", str(uuid.uuid4()))
+        self._rv += 1
+        metadata["resourceVersion"] = str(self._rv)
+        stored = _Stored(_KINDS[resource][0], doc)
+        table[key] = stored
+        self._record(_Event(self._rv, resource, "ADDED" if prev is None else "MODIFIED", stored, prev))
+        return stored
+
+    def _delete(self, resource: str, key: Any) -> _Stored | None:
+        table: dict[Any, _Stored] = getattr(self, f"_{resource}")
+        prev = table.pop(key, None)
+        if prev is None:
+            return None
+        # The DELETED event carries the object at the deletion's own version.
+        self._rv += 1
+        doc = dict(prev.doc)
+        doc["metadata"] = {**prev.metadata, "resourceVersion": str(self._rv)}
+        gone = _Stored(prev.kind, doc)
+        self._record(_Event(self._rv, resource, "DELETED", gone, prev))
+        return gone
+
+    def _record(self, event: _Event) -> None:
+        self._history.append(event)
+        self._history_rvs.append(event.rv)
+        if len(self._history) > self._history_limit:
+            cut = len(self._history) - self._history_limit // 2
+            self._oldest_rv = self._history_rvs[cut - 1]
+            del self._history[:cut]
+            del self._history_rvs[:cut]
+        self._changed.notify_all()
+
+    # -- watch control
+
+    def compact(self) -> None:
+        """Forget all change history, as etcd compaction does: watches from older versions get 410 Gone."""
+        with self._lock:
+            self._oldest_rv = self._rv
+            self._history.clear()
+            self._history_rvs.clear()
+            self._changed.notify_all()
+
+    def drop_watches(self) -> None:
+        """Cut every open watch connection abruptly (no end of stream), as an API server restart would."""
+        with self._lock:
+            self._watch_epoch += 1
+            self._changed.notify_all()
+
+    def send_bookmarks(self) -> None:
+        """Make every watch that allows bookmarks send one now."""
+        with self._lock:
+            self._bookmark_epoch += 1
+            self._changed.notify_all()
+
+    @property
+    def watch_count(self) -> int:
+        """How many watch streams are open."""
+        with self._lock:
+            return self._watching
 
     # -- fault injection
 
@@ -567,6 +1165,7 @@ class ApiServer:
     def _handle(self, handler: _Handler) -> None:
         peer_cert = handler.request.getpeercert()
         split = urllib.parse.urlsplit(handler.path)
+        body = self._read_body(handler)
         with self._lock:
             self._seen.append(
                 SeenRequest(
@@ -576,6 +1175,8 @@ class ApiServer:
                     client_cert_cn=_peer_cn(peer_cert),
                     user_agent=handler.headers.get("User-Agent"),
                     accept=handler.headers.get("Accept"),
+                    content_type=handler.headers.get("Content-Type"),
+                    body=body or b"",
                 )
             )
             hang = self._hang
@@ -585,8 +1186,12 @@ class ApiServer:
         if hang:
             wake.wait(hang)
         if fail is not None:
-            reason = "ServiceUnavailable" if fail == 503 else "InternalError"
+            reason = _FAILURE_REASONS.get(fail, "InternalError")
             handler.send_json(fail, _status(fail, reason, f"injected failure (HTTP {fail})"))
+            return
+        if body is None:
+            handler.close_connection = True
+            handler.send_json(413, _status(413, "RequestEntityTooLarge", "request entity too large"))
             return
 
         path = split.path
@@ -601,46 +1206,404 @@ class ApiServer:
             handler.send_json(401, _status(401, "Unauthorized", "Unauthorized"))
             return
 
-        match = _POD_PATH.fullmatch(path)
-        if match is None:
-            handler.send_json(
-                404, _status(404, "NotFound", "the server could not find the requested resource")
-            )
-            return
-        if handler.command != "GET":
-            handler.send_json(
-                405, _status(405, "MethodNotAllowed", f"{handler.command} is not supported by the stand-in")
-            )
-            return
-        namespace, name = (urllib.parse.unquote(part) for part in match.groups())
+        params = {
+            key: values[-1]
+            for key, values in urllib.parse.parse_qs(split.query, keep_blank_values=True).items()
+        }
+        try:
+            self._route(handler, path, params, body, peer_cert)
+        except _ApiFailure as failure:
+            handler.send_json(failure.code, failure.status())
+
+    @staticmethod
+    def _read_body(handler: _Handler) -> bytes | None:
+        """The request body (empty without one); None when it is over the size limit."""
+        length_text = handler.headers.get("Content-Length")
+        if not length_text:
+            return b""
+        try:
+            length = int(length_text)
+        except ValueError:
+            handler.close_connection = True
+            return b""
+        if length > MAX_BODY_BYTES:
+            # Drained, so that the client gets to read the 413 answer.
+            while length > 0:
+                chunk = handler.rfile.read(min(length, 1 << 20))
+                if not chunk:
+                    break
+                length -= len(chunk)
+            return None
+        return handler.rfile.read(length) if length > 0 else b""
+
+    def _route(
+        self,
+        handler: _Handler,
+        path: str,
+        params: dict[str, str],
+        body: bytes,
+        peer_cert: dict[str, Any] | None,
+    ) -> None:
+        method = handler.command
+        unquote = urllib.parse.unquote
+        if path == "/api/v1/nodes":
+            self._require(method, "GET")
+            self._collection(handler, "nodes", None, params)
+        elif match := _NODE_PATH.fullmatch(path):
+            name = unquote(match.group(1))
+            if method == "GET":
+                self._get_node(handler, name)
+            else:
+                self._require(method, "PATCH")
+                self._patch_node(handler, name, body)
+        elif path == "/api/v1/pods":
+            self._require(method, "GET")
+            self._collection(handler, "pods", None, params)
+        elif match := _NS_PODS_PATH.fullmatch(path):
+            namespace = unquote(match.group(1))
+            self._require(method, "GET")
+            self._check_namespace(namespace, "", "list", peer_cert)
+            self._collection(handler, "pods", namespace, params)
+        elif match := _POD_PATH.fullmatch(path):
+            namespace, name = (unquote(part) for part in match.groups())
+            if method == "DELETE":
+                self._check_namespace(namespace, name, "delete", peer_cert)
+                self._delete_pod(handler, namespace, name)
+            else:
+                self._require(method, "GET")
+                self._get_pod(handler, namespace, name, peer_cert)
+        elif match := _BINDING_PATH.fullmatch(path):
+            namespace, name = (unquote(part) for part in match.groups())
+            self._require(method, "POST")
+            self._check_namespace(namespace, name, "create", peer_cert)
+            self._bind(handler, namespace, name, body)
+        else:
+            raise _ApiFailure(404, "NotFound", "the server could not find the requested resource")
+
+    @staticmethod
+    def _require(method: str, allowed: str) -> None:
+        if method != allowed:
+            raise _ApiFailure(405, "MethodNotAllowed", f"{method} is not supported by the stand-in")
+
+    def _check_namespace(
+        self, namespace: str, name: str, verb: str, peer_cert: dict[str, Any] | None
+    ) -> None:
         with self._lock:
-            pod = self._pods.get((namespace, name))
             forbidden = namespace in self._forbidden
+        if forbidden:
+            who = _peer_cn(peer_cert) or "system:serviceaccount:kube-system:rdma-cni"
+            subject = f'pods "{name}"' if name else "pods"
+            raise _ApiFailure(
+                403,
+                "Forbidden",
+                f'{subject} is forbidden: User "{who}" cannot {verb} resource "pods" '
+                f'in API group "" in the namespace "{namespace}"',
+                {"name": name, "kind": "pods"},
+            )
+
+    def _get_pod(
+        self, handler: _Handler, namespace: str, name: str, peer_cert: dict[str, Any] | None
+    ) -> None:
+        self._check_namespace(namespace, name, "get", peer_cert)
+        with self._lock:
+            stored = self._pods.get((namespace, name))
             malformed = self._malformed > 0
             if malformed:
                 self._malformed -= 1
-        if forbidden:
-            who = _peer_cn(peer_cert) or "system:serviceaccount:kube-system:rdma-cni"
-            handler.send_json(
-                403,
-                _status(
-                    403,
-                    "Forbidden",
-                    f'pods "{name}" is forbidden: User "{who}" cannot get resource "pods" '
-                    f'in API group "" in the namespace "{namespace}"',
-                    {"name": name, "kind": "pods"},
-                ),
-            )
-            return
         if malformed:
             handler.send_body(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
             return
-        if pod is None:
-            handler.send_json(
-                404, _status(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"})
+        if stored is None:
+            raise _not_found("pods", name)
+        meta = _media_wants_metadata(handler.headers.get("Accept"), False)
+        handler.send_body(200, stored.meta() if meta else stored.full(), "application/json")
+
+    def _get_node(self, handler: _Handler, name: str) -> None:
+        meta = _media_wants_metadata(handler.headers.get("Accept"), False)
+        with self._lock:
+            stored = self._nodes.get(name)
+        if stored is None:
+            raise _not_found("nodes", name)
+        handler.send_body(200, stored.meta() if meta else stored.full(), "application/json")
+
+    @staticmethod
+    def _json_body(handler: _Handler, body: bytes, accepted: tuple[str, ...]) -> Any:
+        media = (handler.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if media not in accepted:
+            raise _ApiFailure(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted media types include: "
+                + ", ".join(accepted),
             )
-            return
-        handler.send_json(200, pod)
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _ApiFailure(400, "BadRequest", f"error decoding request body: {exc}") from None
+
+    def _patch_node(self, handler: _Handler, name: str, body: bytes) -> None:
+        patch = self._json_body(handler, body, ("application/merge-patch+json",))
+        if not isinstance(patch, dict):
+            raise _ApiFailure(400, "BadRequest", "json: cannot unmarshal a merge patch that is not an object")
+        with self._lock:
+            stored = self._nodes.get(name)
+            if stored is None:
+                raise _not_found("nodes", name)
+            patch_meta = patch.get("metadata")
+            wanted_rv = patch_meta.get("resourceVersion") if isinstance(patch_meta, dict) else None
+            current_rv = stored.metadata["resourceVersion"]
+            if wanted_rv is not None and wanted_rv != current_rv:
+                raise _ApiFailure(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; '
+                    "please apply your changes to the latest version and try again",
+                    {"name": name, "kind": "nodes"},
+                )
+            doc = _merge_patch(stored.doc, patch)
+            # PATCH of the main resource cannot change status (that is the
+            # status subresource's job); the server silently keeps the old one.
+            if "status" in stored.doc:
+                doc["status"] = stored.doc["status"]
+            else:
+                doc.pop("status", None)
+            self._validate_node(name, stored, doc)
+            doc["metadata"]["resourceVersion"] = current_rv
+            # A no-op update is not written: no new version, no event.
+            result = stored if doc == stored.doc else self._store("nodes", name, doc)
+        handler.send_body(200, result.full(), "application/json")
+
+    @staticmethod
+    def _validate_node(name: str, stored: _Stored, doc: Any) -> None:
+        if (
+            not isinstance(doc, dict)
+            or doc.get("kind", "Node") != "Node"
+            or doc.get("apiVersion", "v1") != "v1"
+        ):
+            raise _ApiFailure(400, "BadRequest", "the patch changes the object's kind or apiVersion")
+        metadata = doc.get("metadata")
+        _validate_metadata("Node", name, metadata)
+        for immutable in ("name", "uid", "creationTimestamp"):
+            if metadata.get(immutable) != stored.metadata.get(immutable):
+                raise _invalid(
+                    "Node",
+                    name,
+                    f"metadata.{immutable}",
+                    "FieldValueInvalid",
+                    "Invalid value: field is immutable",
+                )
+        if not isinstance(doc.get("spec", {}), dict):
+            raise _invalid("Node", name, "spec", "FieldValueInvalid", "Invalid value: must be an object")
+
+    def _delete_pod(self, handler: _Handler, namespace: str, name: str) -> None:
+        # Deleted at once, as with gracePeriodSeconds=0; the answer is the
+        # object as deleted, like the real API server's.
+        with self._lock:
+            gone = self._delete("pods", (namespace, name))
+        if gone is None:
+            raise _not_found("pods", name)
+        handler.send_body(200, gone.full(), "application/json")
+
+    def _bind(self, handler: _Handler, namespace: str, name: str, body: bytes) -> None:
+        binding = self._json_body(handler, body, ("application/json",))
+        if not isinstance(binding, dict) or binding.get("kind", "Binding") != "Binding":
+            raise _ApiFailure(400, "BadRequest", "the request body is not a Binding")
+        metadata = binding.get("metadata") or {}
+        if not isinstance(metadata, dict) or metadata.get("name", name) not in (name, ""):
+            raise _ApiFailure(400, "BadRequest", "name in URL does not match name in Binding object")
+        target = binding.get("target")
+        node = target.get("name") if isinstance(target, dict) else None
+        if not isinstance(node, str) or not node:
+            raise _invalid("Binding", name, "target.name", "FieldValueRequired", "Required value")
+        if target.get("kind", "Node") not in ("Node", ""):
+            raise _invalid(
+                "Binding", name, "target.kind", "FieldValueNotSupported", 'Unsupported value: must be "Node"'
+            )
+        with self._lock:
+            stored = self._pods.get((namespace, name))
+            if stored is None:
+                raise _not_found("pods", name)
+            conflict = f'Operation cannot be fulfilled on pods/binding "{name}": '
+            uid = metadata.get("uid")
+            if uid and uid != stored.metadata.get("uid"):
+                raise _ApiFailure(
+                    409,
+                    "Conflict",
+                    conflict + f"Precondition failed: UID in precondition: {uid}, "
+                    f"UID in object meta: {stored.metadata.get('uid')}",
+                    {"name": name, "kind": "pods/binding"},
+                )
+            bound_to = stored.doc.get("spec", {}).get("nodeName")
+            if bound_to:
+                raise _ApiFailure(
+                    409,
+                    "Conflict",
+                    conflict + f'pod {name} is already assigned to node "{bound_to}"',
+                    {"name": name, "kind": "pods/binding"},
+                )
+            doc = _copy(stored.doc)
+            doc["spec"]["nodeName"] = node
+            status = doc.setdefault("status", {})
+            conditions = [c for c in status.get("conditions", []) if c.get("type") != "PodScheduled"]
+            conditions.append(
+                {
+                    "type": "PodScheduled",
+                    "status": "True",
+                    "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+            )
+            status["conditions"] = conditions
+            self._store("pods", (namespace, name), doc)
+        handler.send_json(
+            201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        )
+
+    # -- LIST and WATCH
+
+    def _collection(
+        self, handler: _Handler, resource: str, namespace: str | None, params: dict[str, str]
+    ) -> None:
+        if params.get("watch") in ("1", "true"):
+            self._watch(handler, resource, namespace, params)
+        else:
+            self._list(handler, resource, namespace, params)
+
+    def _objects(self, resource: str, namespace: str | None, after: Any = None) -> list[tuple[Any, _Stored]]:
+        """The stored objects of ``resource`` (caller holds the lock), in key order."""
+        table: dict[Any, _Stored] = getattr(self, f"_{resource}")
+        items = sorted(table.items(), key=lambda kv: kv[0])
+        if namespace is not None:
+            items = [kv for kv in items if kv[0][0] == namespace]
+        if after is not None:
+            items = [kv for kv in items if kv[0] > after]
+        return items
+
+    def _list(self, handler: _Handler, resource: str, namespace: str | None, params: dict[str, str]) -> None:
+        meta = _media_wants_metadata(handler.headers.get("Accept"), True)
+        matches = _selector(resource, params)
+        limit = _int_param(params, "limit", 0)
+        after: Any = None
+        token = params.get("continue")
+        with self._lock:
+            rv = self._rv
+            if token:
+                list_rv, after = _decode_continue(token, resource)
+                if list_rv < self._oldest_rv:
+                    raise _ApiFailure(
+                        410,
+                        "Expired",
+                        "The provided continue parameter is too old to display a consistent list result. "
+                        "You can start a new list without the continue parameter.",
+                    )
+            candidates = self._objects(resource, namespace, after)
+        selected = [kv for kv in candidates if matches(kv[1].doc)]
+        list_meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if limit and len(selected) > limit:
+            list_meta["continue"] = _encode_continue(rv, selected[limit - 1][0])
+            list_meta["remainingItemCount"] = len(selected) - limit
+            selected = selected[:limit]
+        if meta:
+            head = {"kind": "PartialObjectMetadataList", "apiVersion": _META_API}
+            items = [stored.meta() for _, stored in selected]
+        else:
+            head = {"kind": _KINDS[resource][1], "apiVersion": "v1"}
+            items = [stored.item() for _, stored in selected]
+        prefix = _compact_json({**head, "metadata": list_meta})[:-1]
+        handler.send_body(200, prefix + b',"items":[' + b",".join(items) + b"]}", "application/json")
+
+    def _watch(self, handler: _Handler, resource: str, namespace: str | None, params: dict[str, str]) -> None:
+        meta = _media_wants_metadata(handler.headers.get("Accept"), None)
+        matches = _selector(resource, params)
+        timeout = min(_int_param(params, "timeoutSeconds", DEFAULT_WATCH_SECONDS), 2 * DEFAULT_WATCH_SECONDS)
+        bookmarks = params.get("allowWatchBookmarks") in ("1", "true")
+        since = params.get("resourceVersion", "")
+        if since not in ("", "0") and not since.isdigit():
+            raise _ApiFailure(400, "BadRequest", f'invalid resource version "{since}"')
+
+        def visible(stored: _Stored | None) -> bool:
+            if stored is None:
+                return False
+            if namespace is not None and stored.metadata.get("namespace") != namespace:
+                return False
+            return matches(stored.doc)
+
+        def event_line(kind: str, stored: _Stored) -> bytes:
+            return b'{"type":"%s","object":%s}\n' % (kind.encode(), stored.meta() if meta else stored.full())
+
+        def bookmark_line(rv: int) -> bytes:
+            kind, api = (_META_KIND, _META_API) if meta else (_KINDS[resource][0], "v1")
+            obj = {"kind": kind, "apiVersion": api, "metadata": {"resourceVersion": str(rv)}}
+            return _compact_json({"type": "BOOKMARK", "object": obj}) + b"\n"
+
+        with self._lock:
+            epoch = self._watch_epoch
+            bookmark_epoch = self._bookmark_epoch
+            if since in ("", "0"):
+                # "Start at most recent": synthetic ADDED events for what exists now.
+                initial = [stored for _, stored in self._objects(resource, namespace)]
+                position = self._rv
+            else:
+                initial = []
+                position = int(since)
+            self._watching += 1
+        try:
+            handler.start_stream()
+            lines = [event_line("ADDED", stored) for stored in initial if visible(stored)]
+            for start in range(0, len(lines), 256):
+                handler.send_chunk(b"".join(lines[start : start + 256]))
+            deadline = time.monotonic() + timeout
+            next_bookmark = time.monotonic() + self.bookmark_interval
+            while True:
+                with self._lock:
+                    while True:
+                        if self._watch_epoch != epoch:
+                            handler.close_connection = True  # cut: no end-of-stream chunk
+                            return
+                        if position < self._oldest_rv:
+                            expired = _status(
+                                410, "Expired", f"too old resource version: {position} ({self._oldest_rv})"
+                            )
+                            handler.send_chunk(_compact_json({"type": "ERROR", "object": expired}) + b"\n")
+                            handler.send_chunk(b"")
+                            return
+                        start = bisect.bisect_right(self._history_rvs, position)
+                        events = self._history[start:]
+                        now = time.monotonic()
+                        forced = self._bookmark_epoch != bookmark_epoch
+                        if events or forced or now >= deadline or (bookmarks and now >= next_bookmark):
+                            break
+                        wait_until = min(deadline, next_bookmark) if bookmarks else deadline
+                        self._changed.wait(max(0.0, wait_until - now))
+                    current = self._rv
+                    bookmark_epoch = self._bookmark_epoch
+                out: list[bytes] = []
+                for event in events:
+                    if event.resource != resource:
+                        continue
+                    now_visible = event.type != "DELETED" and visible(event.obj)
+                    was_visible = visible(event.prev)
+                    if event.type == "DELETED":
+                        if was_visible:
+                            out.append(event_line("DELETED", event.obj))
+                    elif now_visible:
+                        out.append(event_line("MODIFIED" if was_visible else "ADDED", event.obj))
+                    elif was_visible:
+                        # Left the selection: watchers see it go.
+                        out.append(event_line("DELETED", event.obj))
+                position = current
+                if bookmarks and (forced or time.monotonic() >= next_bookmark):
+                    out.append(bookmark_line(position))
+                    next_bookmark = time.monotonic() + self.bookmark_interval
+                if out:
+                    handler.send_chunk(b"".join(out))
+                if time.monotonic() >= deadline:
+                    handler.send_chunk(b"")
+                    return
+        except OSError:
+            handler.close_connection = True  # the client went away
+        finally:
+            with self._lock:
+                self._watching -= 1
 
     def _authenticated(self, handler: _Handler, peer_cert: dict[str, Any] | None) -> bool:
         # CERT_OPTIONAL: a certificate the CA did not sign fails the handshake,
@@ -649,6 +1612,41 @@ class ApiServer:
             return True
         header = handler.headers.get("Authorization") or ""
         return hmac.compare_digest(header.encode(), f"Bearer {self.token}".encode())
+
+
+_FAILURE_REASONS = {
+    409: "Conflict",
+    410: "Expired",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+
+def _int_param(params: dict[str, str], name: str, default: int) -> int:
+    text = params.get(name)
+    if text is None or text == "":
+        return default
+    if not text.isdigit():
+        raise _ApiFailure(400, "BadRequest", f'invalid {name} "{text}": must be a non-negative integer')
+    return int(text)
+
+
+def _encode_continue(rv: int, key: Any) -> str:
+    raw = json.dumps({"rv": rv, "start": list(key) if isinstance(key, tuple) else key})
+    return base64.urlsafe_b64encode(raw.encode()).decode("ascii")
+
+
+def _decode_continue(token: str, resource: str) -> tuple[int, Any]:
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))
+        rv = int(doc["rv"])
+        start = doc["start"]
+        key = tuple(start) if resource == "pods" else str(start)
+    except (ValueError, KeyError, TypeError, UnicodeError):
+        raise _ApiFailure(400, "BadRequest", "continue key is not valid") from None
+    return rv, key
 
 
 # --------------------------------------------------------------------------
@@ -666,6 +1664,19 @@ def _load_pods(path: str) -> list[dict[str, Any]]:
     return pods
 
 
+def _load_nodes(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        nodes = json.load(f)
+    if not isinstance(nodes, list):
+        raise SystemExit(f"{path}: expected a JSON list of nodes")
+    for i, node in enumerate(nodes):
+        if not isinstance(node, dict) or not node.get("name"):
+            raise SystemExit(f"{path}: entry {i} needs 'name'")
+        if not isinstance(node.get("images", 0), int):
+            raise SystemExit(f"{path}: entry {i}: 'images' is a count")
+    return nodes
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the stand-in until SIGTERM or SIGINT (see the module docstring)."""
     parser = argparse.ArgumentParser(description="HTTPS Kubernetes API stand-in for rdma-cni tests")
@@ -673,10 +1684,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="TCP port (0: pick a free one)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--pods", help="JSON list of pods to serve")
+    parser.add_argument("--nodes", help="JSON list of nodes to serve")
     parser.add_argument("--token", help="bearer token to accept (default: random)")
     args = parser.parse_args(argv)
 
     pods = _load_pods(args.pods) if args.pods else []
+    nodes = _load_nodes(args.nodes) if args.nodes else []
     api = ApiServer(args.dir, token=args.token, host=args.host, port=args.port)
     for pod in pods:
         api.add_pod(
@@ -685,6 +1698,14 @@ def main(argv: list[str] | None = None) -> int:
             pod.get("annotations") or {},
             uid=pod.get("uid"),
             node_name=pod.get("nodeName", "node-1"),
+        )
+
+    for node in nodes:
+        api.add_node(
+            node["name"],
+            labels=node.get("labels"),
+            annotations=node.get("annotations"),
+            images=node.get("images", 0),
         )
 
     stop = threading.Event()

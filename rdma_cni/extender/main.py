@@ -1,0 +1,317 @@
+"""``rdma-cni scheduler-extender``: parse the options, start the node cache, rebuild reservations, serve.
+
+Start-up order matters for the no-over-commit guarantee: the server answers
+from the start (``/healthz``, and full-Node filters need nothing else), but it
+reports ready and accepts binds only after the node cache is synced and the
+reservations of pods bound before a restart are rebuilt from the API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import ssl
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+from rdma_cni.errors import InvalidPodRequest
+from rdma_cni.extender.cache import NodeCache
+from rdma_cni.extender.decide import Decider, Policy
+from rdma_cni.extender.demand import Demand, Demands
+from rdma_cni.extender.reservations import Reservations
+from rdma_cni.extender.server import Extender, ExtenderServer
+from rdma_cni.podrequest import PodRequest, parse_request
+
+__all__ = ["Service", "main", "parser", "rebuild_reservations"]
+
+log = logging.getLogger("rdma_cni.extender")
+
+_ANNOTATION_KEY = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"--listen {value!r}: expected ADDR:PORT, e.g. 0.0.0.0:8888")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _positive(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number > 0 or number != number or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
+    return number
+
+
+def _default_request(value: str) -> PodRequest:
+    try:
+        return parse_request(value, "--default-request")
+    except InvalidPodRequest as exc:
+        raise argparse.ArgumentTypeError(exc.msg) from exc
+
+
+def _annotation(value: str) -> str:
+    import re
+
+    if not re.fullmatch(_ANNOTATION_KEY, value):
+        raise argparse.ArgumentTypeError(f"--annotation {value!r} is not a valid Kubernetes annotation key")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    """The subcommand's options."""
+    p = argparse.ArgumentParser(
+        prog="rdma-cni scheduler-extender",
+        description="kube-scheduler extender placing RDMA pods on nodes whose published state fits them.",
+    )
+    p.add_argument("--listen", type=_listen, required=True, help="ADDR:PORT to serve on")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account)")
+    p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key", help="... and this key (PEM)")
+    p.add_argument("--policy", choices=("binpack", "spread"), default="binpack", help="prioritize policy")
+    p.add_argument(
+        "--networks",
+        default="",
+        help="comma-separated network names (or ns/name); pods selecting one without the annotation "
+        "get --default-request",
+    )
+    p.add_argument("--default-request", type=_default_request, default=None, help="JSON request, e.g. '[{}]'")
+    p.add_argument("--max-state-age", type=_positive, default=None, help="seconds; older node states fail")
+    p.add_argument("--reservation-ttl", type=_positive, default=300.0, help="seconds (default 300)")
+    p.add_argument(
+        "--annotation", type=_annotation, default="rdma_interfaces_required", help="pod annotation key"
+    )
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    return p
+
+
+def rebuild_reservations(
+    client: Any, cache: NodeCache, demands: Demands, decider: Decider, reservations: Reservations
+) -> int:
+    """Reserve for pods bound to a node whose published allocations do not list them yet.
+
+    Run after the node cache is synced and before the extender reports ready;
+    returns how many reservations were made.
+    """
+    doc = client.list("/api/v1/pods", {"fieldSelector": "spec.nodeName!="})
+    made = 0
+    for pod in doc.get("items") or []:
+        meta = pod.get("metadata") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        uid = meta.get("uid")
+        if not node or not uid or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        try:
+            demand: Demand | None = demands.of_pod(pod)
+        except (InvalidPodRequest, ValueError):
+            continue
+        view = cache.views.get(node)
+        if demand is None or view is None or view.state is None or uid in view.uids:
+            continue
+        verdict = decider.verdict(demand, view, reservations.extra(node))
+        if not verdict.fits:
+            # Bound before the restart but not fitting now: ADD will refuse it; nothing to hold.
+            log.warning(
+                "pod %s/%s is bound to %s but does not fit its state: %s",
+                meta.get("namespace"),
+                meta.get("name"),
+                node,
+                verdict.reason,
+            )
+            continue
+        reservations.add(uid, meta.get("namespace") or "default", meta.get("name") or "", node, verdict.use)
+        made += 1
+    return made
+
+
+class Service:
+    """The extender's parts wired together: node cache, reservations, decisions, HTTP server.
+
+    ``start`` serves at once and becomes ready once the cache is synced and
+    the reservations are rebuilt; the subcommand and the tests use the same wiring.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        listen: tuple[str, int],
+        tls: ssl.SSLContext | None = None,
+        policy: Policy = "binpack",
+        networks: frozenset[str] = frozenset(),
+        default_request: PodRequest | None = None,
+        max_state_age: float | None = None,
+        reservation_ttl: float = 300.0,
+        annotation: str = "rdma_interfaces_required",
+        sweep_interval: float = 1.0,
+        pod_check_interval: float = 10.0,
+        backoff: tuple[float, float] = (0.2, 10.0),
+    ) -> None:
+        self.client = client
+        self.decider = Decider(policy=policy, max_state_age=max_state_age)
+        self.demands = Demands(annotation=annotation, networks=networks, default_request=default_request)
+        self.reservations = Reservations(reservation_ttl)
+        self.cache = NodeCache(
+            client,
+            self.decider,
+            on_view=lambda name, view: self.reservations.observe(name, view.uids),
+            backoff=backoff,
+        )
+        self.extender = Extender(
+            decider=self.decider,
+            demands=self.demands,
+            reservations=self.reservations,
+            client=client,
+            cache_views=lambda: self.cache.views,
+        )
+        self.server = ExtenderServer(listen, self.extender, tls)
+        self.sweep_interval = sweep_interval
+        self.pod_check_interval = pod_check_interval
+        self.backoff = backoff
+        self.stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The address served (the port is the real one when 0 was asked)."""
+        host, port = self.server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> Service:
+        """Serve in background threads; readiness follows the cache and the rebuild."""
+        for target, name in (
+            (self.server.serve_forever, "http"),
+            (self._startup, "startup"),
+            (self._housekeeping, "housekeeping"),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and following the API."""
+        self.stopping.set()
+        self.cache.stop()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _startup(self) -> None:
+        from rdma_cni import kubeapi
+
+        self.cache.start()
+        delay = self.backoff[0]
+        while not self.stopping.is_set():
+            if not self.cache.synced.wait(0.2):
+                continue
+            try:
+                made = rebuild_reservations(
+                    self.client, self.cache, self.demands, self.decider, self.reservations
+                )
+            except kubeapi.ApiError as exc:
+                log.warning("rebuilding reservations failed (%s); retrying in %.1f s", exc, delay)
+                self.stopping.wait(delay)
+                delay = min(self.backoff[1], delay * 2)
+                continue
+            log.info("ready: %d nodes, %d reservations rebuilt", len(self.cache.views), made)
+            self.extender.ready.set()
+            return
+
+    def _housekeeping(self) -> None:
+        """End reservations by TTL, and those whose pod is gone (checked less often: API calls)."""
+        last_check = time.monotonic()
+        while not self.stopping.wait(self.sweep_interval):
+            self.reservations.expire()
+            if time.monotonic() - last_check >= self.pod_check_interval:
+                last_check = time.monotonic()
+                self.check_pods()
+
+    def check_pods(self) -> None:
+        """End the reservations of pods deleted, replaced (other uid) or finished."""
+        from rdma_cni import kubeapi
+
+        for res in self.reservations.all():
+            try:
+                pod = self.client.get(f"/api/v1/namespaces/{res.namespace}/pods/{res.name}")
+            except kubeapi.NotFound:
+                self.reservations.drop(res.uid, "the pod is gone")
+                continue
+            except kubeapi.ApiError as exc:
+                log.debug("cannot check pod %s/%s: %s", res.namespace, res.name, exc)
+                continue
+            meta = pod.get("metadata") or {}
+            if meta.get("uid") != res.uid or (pod.get("status") or {}).get("phase") in (
+                "Succeeded",
+                "Failed",
+            ):
+                self.reservations.drop(res.uid, "the pod is gone")
+
+
+def main(argv: list[str], out: TextIO) -> int:
+    """Entry point of ``rdma-cni scheduler-extender``."""
+    args = parser().parse_args(argv)
+    root = logging.getLogger("rdma_cni")
+    root.setLevel(args.log_level.upper())
+    for handler in root.handlers:
+        handler.setLevel(args.log_level.upper())  # a long-running server logs at the chosen level
+    if bool(args.tls_cert) != bool(args.tls_key):
+        sys.stderr.write("rdma-cni scheduler-extender: --tls-cert and --tls-key go together\n")
+        return 2
+    networks = frozenset(n.strip() for n in args.networks.split(",") if n.strip())
+    if networks and args.default_request is None:
+        args.default_request = parse_request("[{}]", "--default-request")
+    from rdma_cni import kubeapi
+    from rdma_cni.errors import CniError
+
+    tls = None
+    if args.tls_cert:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            tls.load_cert_chain(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            sys.stderr.write(f"rdma-cni scheduler-extender: cannot load --tls-cert/--tls-key: {exc}\n")
+            return 1
+    try:
+        client = kubeapi.ApiClient.from_kubeconfig(args.kubeconfig)
+    except CniError as exc:
+        sys.stderr.write(f"rdma-cni scheduler-extender: {exc.msg}\n")
+        return 1
+    try:
+        service = Service(
+            client,
+            listen=args.listen,
+            tls=tls,
+            policy=args.policy,
+            networks=networks,
+            default_request=args.default_request,
+            max_state_age=args.max_state_age,
+            reservation_ttl=args.reservation_ttl,
+            annotation=args.annotation,
+        )
+    except OSError as exc:
+        host, port = args.listen
+        sys.stderr.write(f"rdma-cni scheduler-extender: cannot listen on {host}:{port}: {exc}\n")
+        return 1
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    service.start()
+    host, port = service.address
+    out.write(json.dumps({"listening": f"{host}:{port}", "tls": tls is not None}) + "\n")
+    out.flush()
+    while not done.wait(1.0):
+        pass
+    service.stop()
+    client.close()
+    return 0

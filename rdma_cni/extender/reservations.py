@@ -1,0 +1,124 @@
+"""Reservations: what the extender has bound to a node that the node has not published yet.
+
+Between the Binding and the node agent's next publication, the node's
+annotation does not count the pod: without a reservation the next pod's
+filter and bind would see its VFs and bandwidth as free. A reservation holds
+the pod's per-PF consumption (as placement chose it at bind time) and ends
+when the node's published allocations include the pod's uid, when the pod is
+gone, or after a TTL (a node that never publishes must not hold capacity
+forever). A restarted extender rebuilds them from the API before it reports
+ready: pods bound to a node whose published allocations do not list them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+__all__ = ["Reservation", "Reservations"]
+
+log = logging.getLogger("rdma_cni.extender.reservations")
+
+Use = tuple[tuple[str, int, int], ...]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Pod ``uid`` bound to ``node``, holding ``use`` ((PF, VFs, min rate sum) per PF) until ``expires``."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    use: Use
+    expires: float
+
+
+class Reservations:
+    """Reservations by pod uid, with per-node lookup. Thread-safe."""
+
+    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if ttl <= 0:
+            raise ValueError("reservation TTL must be positive")
+        self.ttl = ttl
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._by_uid: dict[str, Reservation] = {}
+        self._by_node: dict[str, dict[str, Reservation]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+    def add(self, uid: str, namespace: str, name: str, node: str, use: Use) -> Reservation:
+        """Record (or replace) the reservation of pod ``uid`` on ``node``."""
+        res = Reservation(uid, namespace, name, node, use, self._clock() + self.ttl)
+        with self._lock:
+            self._remove(uid)
+            self._by_uid[uid] = res
+            self._by_node.setdefault(node, {})[uid] = res
+        return res
+
+    def _remove(self, uid: str) -> Reservation | None:
+        res = self._by_uid.pop(uid, None)
+        if res is not None:
+            on_node = self._by_node.get(res.node)
+            if on_node is not None:
+                on_node.pop(uid, None)
+                if not on_node:
+                    del self._by_node[res.node]
+        return res
+
+    def drop(self, uid: str, why: str) -> Reservation | None:
+        """End a reservation; returns it (None when there was none)."""
+        with self._lock:
+            res = self._remove(uid)
+        if res is not None:
+            log.info("reservation of %s/%s (%s) on %s ends: %s", res.namespace, res.name, uid, res.node, why)
+        return res
+
+    def get(self, uid: str) -> Reservation | None:
+        """The reservation of pod ``uid``, if any."""
+        return self._by_uid.get(uid)
+
+    def all(self) -> list[Reservation]:
+        """Every reservation, in no particular order."""
+        with self._lock:
+            return list(self._by_uid.values())
+
+    def has_node(self, node: str) -> bool:
+        """Whether any reservation is on ``node`` (the fast path of filter)."""
+        return node in self._by_node
+
+    def extra(self, node: str, without: Iterable[str] = ()) -> dict[str, tuple[int, int]]:
+        """Per PF of ``node``: (VFs, min rate sum) reserved, leaving out the pods ``without``."""
+        skip = set(without)
+        out: dict[str, tuple[int, int]] = {}
+        with self._lock:
+            for uid, res in (self._by_node.get(node) or {}).items():
+                if uid in skip:
+                    continue
+                for pf, vfs, rate in res.use:
+                    have = out.get(pf, (0, 0))
+                    out[pf] = (have[0] + vfs, have[1] + rate)
+        return out
+
+    def observe(self, node: str, published: frozenset[str]) -> None:
+        """The node published allocations for the pods ``published``: their reservations end."""
+        if node not in self._by_node:
+            return
+        with self._lock:
+            done = [uid for uid in self._by_node.get(node, {}) if uid in published]
+        for uid in done:
+            self.drop(uid, "the node published it")
+
+    def expire(self) -> list[Reservation]:
+        """End the reservations whose TTL has passed; returns them."""
+        now = self._clock()
+        with self._lock:
+            old = [res for res in self._by_uid.values() if res.expires <= now]
+        for res in old:
+            self.drop(res.uid, f"TTL of {self.ttl:.0f} s passed without the node publishing it")
+        return old

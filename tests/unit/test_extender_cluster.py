@@ -1,0 +1,356 @@
+"""The extender against the API stand-in over real HTTPS: node cache, bind, reservations, restart.
+
+kube-scheduler's side is played by HTTP requests shaped as it sends them
+(NodeNames mode, nodeCacheCapable: true); the API server's by
+tests/support/apiserver.py with the real API's list/watch/binding semantics.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rdma_cni import kubeapi, nodestate, placement
+from rdma_cni.extender.main import Service
+from rdma_cni.nodestate import NodeState
+from tests.support import sched_objects as so
+from tests.support.apiserver import ApiServer
+
+PFS = [("ens1f0", 25_000, 4), ("ens1f1", 25_000, 4)]
+ANNOTATION = "rdma_interfaces_required"
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Scheduler:
+    """kube-scheduler's HTTP side: one keep-alive connection per thread."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._local = threading.local()
+
+    def post(self, verb: str, doc: Any) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn.request("POST", f"/{verb}", body=json.dumps(doc), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        body = resp.read()
+        assert resp.status == 200, body
+        return json.loads(body)
+
+    def get(self, path: str) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn.request("GET", path)
+        status = conn.getresponse().status
+        conn.close()
+        return status
+
+    def bind(self, pod: dict[str, Any], node: str) -> str:
+        meta = pod["metadata"]
+        doc = {
+            "PodName": meta["name"],
+            "PodNamespace": meta["namespace"],
+            "PodUID": meta["uid"],
+            "Node": node,
+        }
+        return str(self.post("bind", doc)["Error"])
+
+
+@pytest.fixture
+def api() -> Iterator[ApiServer]:
+    with ApiServer() as server:
+        yield server
+
+
+class Harness:
+    def __init__(self, api: ApiServer, tmp: Path) -> None:
+        self.api = api
+        self.kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
+        self.services: list[Service] = []
+
+    def start(self, *, ready: bool = True, **kw: Any) -> tuple[Service, Scheduler]:
+        kw.setdefault("backoff", (0.05, 0.2))
+        kw.setdefault("sweep_interval", 0.05)
+        client = kubeapi.ApiClient.from_kubeconfig(self.kubeconfig)
+        service = Service(client, listen=("127.0.0.1", 0), **kw).start()
+        self.services.append(service)
+        if ready:
+            wait_for("readiness", service.extender.ready.is_set)
+        return service, Scheduler(service.address[1])
+
+    def publish(self, node: str, state: NodeState) -> None:
+        self.api.set_node_annotations(node, {nodestate.ANNOTATION: nodestate.encode(state)})
+
+    def add_node(self, node: str, state: NodeState | None) -> None:
+        annotations = {} if state is None else {nodestate.ANNOTATION: nodestate.encode(state)}
+        self.api.add_node(node, annotations=annotations, images=40)
+
+    def add_pod(self, name: str, rates: list[tuple[int, int]], node: str | None = None) -> dict[str, Any]:
+        value = json.dumps([{"min_tx_rate": lo, "max_tx_rate": hi} for lo, hi in rates])
+        return self.api.add_pod("team-a", name, {ANNOTATION: value}, node_name=node)
+
+    def stop(self) -> None:
+        for service in self.services:
+            service.stop()
+
+
+@pytest.fixture
+def harness(api: ApiServer, tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(api, tmp_path)
+    try:
+        yield h
+    finally:
+        h.stop()
+
+
+def test_node_names_mode_field_by_field(harness: Harness) -> None:
+    harness.add_node("free", so.state(PFS))
+    harness.add_node("busy", so.state(PFS, [("u1", [("ens1f0", 20_000, 0), ("ens1f1", 18_000, 0)])]))
+    harness.add_node("small", so.state([("ens2f0", 10_000, 8)]))
+    harness.add_node("agentless", None)
+    _, sched = harness.start(max_state_age=120)
+    pod = harness.add_pod("trainer", [(15_000, 20_000), (5_000, 0)])
+    names = ["free", "busy", "small", "agentless", "unknown"]
+    out = sched.post("filter", so.args_names(pod, names))
+    assert out["Nodes"] is None and out["Error"] == ""
+    assert out["NodeNames"] == ["free"]
+    assert list(out["FailedNodes"]) == ["busy"]
+    assert out["FailedNodes"]["busy"].startswith(
+        "rdma-cni: 2 interfaces requested (min rates 15000, 5000 Mbit/s)"
+    )
+    unresolvable = out["FailedAndUnresolvableNodes"]
+    assert sorted(unresolvable) == ["agentless", "small", "unknown"]
+    assert unresolvable["unknown"] == "rdma-cni: node is not known to the extender yet"
+    prio = sched.post("prioritize", so.args_names(pod, names))
+    assert [h["Host"] for h in prio] == names and prio[0]["Score"] > 0 and prio[1]["Score"] == 0
+
+
+def test_cache_follows_the_watch_through_drops_and_410(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state(PFS, [("u1", [("ens1f0", 25_000, 0), ("ens1f1", 25_000, 0)])]))
+    service, sched = harness.start()
+    pod = harness.add_pod("p", [(10_000, 0)])
+
+    def passes() -> bool:
+        return sched.post("filter", so.args_names(pod, ["n1"]))["NodeNames"] == ["n1"]
+
+    assert not passes()
+    harness.publish("n1", so.state(PFS, generation=2))
+    wait_for("the freed node through the watch", passes)
+    # The connection drops (API server restart): the watch resumes from its resourceVersion.
+    reconnects = service.cache.reconnects
+    relists = service.cache.relists
+    api.drop_watches()
+    harness.publish(
+        "n1", so.state(PFS, [("u1", [("ens1f0", 25_000, 0), ("ens1f1", 25_000, 0)])], generation=3)
+    )
+    wait_for("the full node after the drop", lambda: not passes())
+    assert service.cache.relists == relists
+    # History compacted while disconnected: 410 Gone, then a relist.
+    wait_for("a new watch", lambda: api.watch_count > 0)
+    api.compact()
+    api.drop_watches()
+    harness.publish("n1", so.state(PFS, generation=4))
+    wait_for("the relist after 410 Gone", lambda: service.cache.relists > relists)
+    wait_for("the freed node after the relist", passes)
+    assert service.cache.reconnects >= reconnects
+    # Deleted nodes leave the cache; bookmarks keep the resourceVersion moving.
+    api.remove_node("n1")
+    wait_for("the node's removal", lambda: "n1" not in service.cache.views)
+    rv = service.cache.resource_version
+    api.add_node("other")
+    api.send_bookmarks()
+    wait_for("a newer resourceVersion", lambda: service.cache.resource_version != rv)
+
+
+def test_bind_reserves_then_the_publication_ends_it(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
+    service, sched = harness.start()
+    a = harness.add_pod("a", [(15_000, 0)])
+    b = harness.add_pod("b", [(15_000, 0)])
+    # Both pass filter on the published state (kube-scheduler filters b before a's bind lands).
+    for pod in (a, b):
+        assert sched.post("filter", so.args_names(pod, ["n1"]))["NodeNames"] == ["n1"]
+    assert sched.bind(a, "n1") == ""
+    assert api.get_pod("team-a", "a")["spec"]["nodeName"] == "n1"  # type: ignore[index]
+    res = service.reservations.get(a["metadata"]["uid"])
+    assert res is not None and res.node == "n1" and res.use == (("ens1f0", 1, 15_000),)
+    error = sched.bind(b, "n1")
+    assert error.startswith("rdma-cni: pod team-a/b no longer fits node n1: 1 interface requested")
+    assert "spec" not in api.get_pod("team-a", "b") or "nodeName" not in api.get_pod("team-a", "b")["spec"]  # type: ignore[index,operator]
+    # Later filters count the reservation too.
+    out = sched.post("filter", so.args_names(b, ["n1"]))
+    assert out["NodeNames"] == [] and "10000 of 25000 Mbit/s free" in out["FailedNodes"]["n1"]
+    # The node agent publishes a's allocation: the reservation ends, the published use counts instead.
+    uses = [(a["metadata"]["uid"], [("ens1f0", 15_000, 0)])]
+    harness.publish("n1", so.state([("ens1f0", 25_000, 4)], uses, generation=2))
+    wait_for("the reservation to end", lambda: service.reservations.get(a["metadata"]["uid"]) is None)
+    assert sched.post("filter", so.args_names(b, ["n1"]))["NodeNames"] == []
+
+
+def test_bind_of_a_pod_filter_never_saw_reads_it_from_the_api(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 1)]))
+    service, sched = harness.start()
+    pod = harness.add_pod("a", [(1_000, 0)])
+    assert sched.bind(pod, "n1") == ""
+    assert service.reservations.get(pod["metadata"]["uid"]) is not None
+    web = api.add_pod("team-a", "web", None, node_name=None)
+    assert sched.bind(web, "n1") == ""  # not an RDMA pod: bound without a reservation
+    assert len(service.reservations) == 1
+    ghost = so.rdma_pod("ghost", [(1, 0)])
+    assert sched.bind(ghost, "n1").startswith("rdma-cni: cannot read pod team-a/ghost to check it")
+
+
+def test_api_down_during_bind_leaks_no_reservation(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 2)]))
+    service, sched = harness.start()
+    pod = harness.add_pod("a", [(20_000, 0)])
+    assert sched.post("filter", so.args_names(pod, ["n1"]))["NodeNames"] == ["n1"]
+    api.fail_next(20, 503)
+    error = sched.bind(pod, "n1")
+    api.reset()
+    assert error.startswith("rdma-cni: binding pod team-a/a to n1 failed")
+    assert len(service.reservations) == 0
+    assert sched.post("filter", so.args_names(pod, ["n1"]))["NodeNames"] == ["n1"]
+    # The pod is gone when the bind arrives: 404 from the API, nothing held.
+    api.remove_pod("team-a", "a")
+    assert sched.bind(pod, "n1").startswith("rdma-cni: binding pod team-a/a to n1 failed")
+    assert len(service.reservations) == 0
+
+
+def test_stale_state_fails_the_node(harness: Harness) -> None:
+    harness.add_node("old", so.state(PFS, age=900))
+    harness.add_node("new", so.state(PFS))
+    _, sched = harness.start(max_state_age=60)
+    pod = harness.add_pod("a", [(1, 0)])
+    out = sched.post("filter", so.args_names(pod, ["old", "new"]))
+    assert out["NodeNames"] == ["new"]
+    assert "node state is 90" in out["FailedAndUnresolvableNodes"]["old"]
+    assert sched.bind(pod, "old").startswith("rdma-cni: node state is 90")
+
+
+def test_reservation_ttl_and_pod_gone(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
+    service, sched = harness.start(reservation_ttl=0.5, pod_check_interval=0.1)
+    a = harness.add_pod("a", [(1_000, 0)])
+    assert sched.bind(a, "n1") == ""
+    assert service.reservations.get(a["metadata"]["uid"]) is not None
+    wait_for("TTL expiry", lambda: service.reservations.get(a["metadata"]["uid"]) is None, timeout=5)
+    other, sched2 = harness.start(reservation_ttl=60, pod_check_interval=0.1)
+    b = harness.add_pod("b", [(1_000, 0)])
+    assert sched2.bind(b, "n1") == ""
+    assert other.reservations.get(b["metadata"]["uid"]) is not None
+    api.remove_pod("team-a", "b")
+    wait_for(
+        "the deleted pod's reservation to end", lambda: other.reservations.get(b["metadata"]["uid"]) is None
+    )
+
+
+def test_restart_rebuilds_reservations_before_ready(harness: Harness, api: ApiServer) -> None:
+    published = harness.add_pod("published", [(10_000, 0)], node="n1")
+    harness.add_pod("pending", [(10_000, 0)], node="n1")
+    harness.add_pod("unbound", [(10_000, 0)])
+    api.add_pod("team-a", "web", None, node_name="n1")
+    uses = [(published["metadata"]["uid"], [("ens1f0", 10_000, 0)])]
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 4)], uses))
+    api.hang(0.5)  # slow API: the extender must not be ready before its rebuild
+    service, sched = harness.start(ready=False)
+    assert sched.get("/readyz") == 503
+    assert sched.get("/healthz") == 200
+    api.hang(0)
+    wait_for("readiness", service.extender.ready.is_set)
+    assert sched.get("/readyz") == 200
+    held = service.reservations.all()
+    assert [(r.name, r.node, r.use) for r in held] == [("pending", "n1", (("ens1f0", 1, 10_000),))]
+    c = harness.add_pod("c", [(10_000, 0)])
+    assert sched.bind(c, "n1").startswith("rdma-cni: pod team-a/c no longer fits node n1")
+
+
+def test_preempt_with_meta_victims_that_would_not_free_enough(harness: Harness) -> None:
+    pods = [("v-big", [("ens1f0", 20_000, 0)]), ("v-small", [("ens1f1", 2_000, 0)])]
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 2), ("ens1f1", 25_000, 2)], pods))
+    harness.add_node("n2", so.state([("ens1f0", 25_000, 2), ("ens1f1", 25_000, 2)], pods))
+    _, sched = harness.start()
+    pod = harness.add_pod("big", [(24_000, 0), (24_000, 0)])
+    doc = {
+        "Pod": pod,
+        "NodeNameToVictims": None,
+        "NodeNameToMetaVictims": {
+            "n1": {"Pods": [{"UID": "v-big"}], "NumPDBViolations": 0},
+            "n2": {"Pods": [{"UID": "v-big"}, {"UID": "v-small"}], "NumPDBViolations": 1},
+        },
+    }
+    out = sched.post("preempt", doc)
+    assert out == {
+        "NodeNameToMetaVictims": {
+            "n2": {"Pods": [{"UID": "v-big"}, {"UID": "v-small"}], "NumPDBViolations": 1}
+        }
+    }
+
+
+def test_concurrent_filter_then_bind_never_overcommits(harness: Harness, api: ApiServer) -> None:
+    nodes = {
+        "n1": so.state([("ens1f0", 25_000, 4), ("ens1f1", 10_000, 2)]),
+        "n2": so.state([("ens2f0", 40_000, 3)]),
+        "n3": so.state([("ens3f0", 25_000, 8)], [("x", [("ens3f0", 20_000, 0)])]),
+    }
+    for name, state in nodes.items():
+        harness.add_node(name, state)
+    service, _ = harness.start()
+    rates = [(9_000, 0), (6_000, 12_000), (0, 0), (4_000, 0), (11_000, 0)]
+    pods = [harness.add_pod(f"p{i}", [rates[i % len(rates)]] * (1 + i % 2)) for i in range(48)]
+    results: dict[str, tuple[str, str]] = {}
+    lock = threading.Lock()
+
+    def run(chunk: list[dict[str, Any]]) -> None:
+        sched = Scheduler(service.address[1])
+        # kube-scheduler filters every pod first (stale by bind time), then binds each to a passing node.
+        chosen = []
+        for pod in chunk:
+            out = sched.post("filter", so.args_names(pod, list(nodes)))
+            if out["NodeNames"]:
+                prio = sched.post("prioritize", so.args_names(pod, out["NodeNames"]))
+                chosen.append((pod, max(prio, key=lambda h: h["Score"])["Host"]))
+        for pod, node in chosen:
+            error = sched.bind(pod, node)
+            with lock:
+                results[pod["metadata"]["name"]] = (node, error)
+
+    threads = [threading.Thread(target=run, args=(pods[i::8],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bound = {name: node for name, (node, error) in results.items() if not error}
+    refused = [error for _, error in results.values() if error]
+    assert bound and refused  # the race really happened: more passed filter than fit
+    assert all("no longer fits" in e for e in refused)
+    for name, node in bound.items():
+        assert api.get_pod("team-a", name)["spec"]["nodeName"] == node  # type: ignore[index]
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    for node, state in nodes.items():
+        on_node = [by_name[n] for n, where in bound.items() if where == node]
+        requests = [
+            placement.Request(i["min_tx_rate"], i["max_tx_rate"])
+            for p in on_node
+            for i in json.loads(p["metadata"]["annotations"][ANNOTATION])
+        ]
+        # Everything bound to the node fits its published state together.
+        placement.place(requests, nodestate.pf_states(state), max_steps=None)
+        held = [r for r in service.reservations.all() if r.node == node]
+        assert len(held) == len(on_node)

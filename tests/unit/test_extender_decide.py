@@ -1,0 +1,252 @@
+"""The extender's pure parts: demands from pods, verdicts and scores, reservations, preemption."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from rdma_cni import nodestate, placement
+from rdma_cni.errors import InvalidPodRequest
+from rdma_cni.extender.decide import Decider
+from rdma_cni.extender.demand import Demand, Demands, selected_networks
+from rdma_cni.extender.preempt import keep_nodes
+from rdma_cni.extender.reservations import Reservations
+from rdma_cni.podrequest import parse_request
+from tests.support import sched_objects as so
+
+TWO_PFS = [("p0", 25_000, 4), ("p1", 25_000, 4)]
+
+
+def demand(*rates: tuple[int, int]) -> Demand:
+    return Demand.of(parse_request([{"min_tx_rate": lo, "max_tx_rate": hi} for lo, hi in rates], "t"), "t")
+
+
+def view(decider: Decider, *a: Any, **kw: Any) -> Any:
+    return decider.view(nodestate.encode(so.state(*a, **kw)))
+
+
+# -- demands --------------------------------------------------------------
+
+
+def test_demand_from_the_annotation_with_the_plugins_parser_and_text() -> None:
+    demands = Demands(annotation="rdma_interfaces_required")
+    got = demands.of_pod(so.rdma_pod("p", [(15000, 20000), (0, 0)]))
+    assert got is not None and got.requests == (placement.Request(15000, 20000), placement.Request(0, 0))
+    assert got.key == ((0, 0), (15000, 20000))
+    assert got.source == "pod team-a/p annotation rdma_interfaces_required"
+    bad = so.pod("q", {"rdma_interfaces_required": '[{"min_tx_rate": "fast"}]'})
+    with pytest.raises(InvalidPodRequest) as err:
+        demands.of_pod(bad)
+    with pytest.raises(InvalidPodRequest) as plugin_err:
+        parse_request('[{"min_tx_rate": "fast"}]', "pod team-a/q annotation rdma_interfaces_required")
+    assert err.value.msg == plugin_err.value.msg
+
+
+def test_memoized_parse_still_names_each_pod() -> None:
+    demands = Demands(annotation="rdma_interfaces_required")
+    a = demands.of_pod(so.rdma_pod("a", [(1, 0)]))
+    b = demands.of_pod(so.rdma_pod("b", [(1, 0)]))
+    assert a is not None and b is not None and a.key == b.key and b.source.startswith("pod team-a/b ")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("rdma-net", [("team-a", "rdma-net")]),
+        (" other/rdma-net@net2 , x ,", [("other", "rdma-net"), ("team-a", "x")]),
+        (
+            '[{"name": "rdma-net", "interface": "net1"}, {"name": "y", "namespace": "ns"}]',
+            [("team-a", "rdma-net"), ("ns", "y")],
+        ),
+        ("[not json", []),
+        ('{"name": "x"}', [("team-a", '{"name": "x"}')]),
+        (None, []),
+        ("x" * 70_000, []),
+    ],
+)
+def test_selected_networks_both_forms(value: Any, expected: list[tuple[str, str]]) -> None:
+    assert selected_networks("team-a", value) == expected
+
+
+def test_default_request_only_for_pods_selecting_our_networks() -> None:
+    default = parse_request('[{"min_tx_rate": 1000}]', "--default-request")
+    demands = Demands(
+        annotation="rdma_interfaces_required",
+        networks=frozenset({"rdma-net", "infra/fast"}),
+        default_request=default,
+    )
+    selecting = so.pod("a", {"k8s.v1.cni.cncf.io/networks": "rdma-net"})
+    got = demands.of_pod(selecting)
+    assert got is not None and got.requests == (placement.Request(1000, 0),)
+    assert demands.of_pod(
+        so.pod("b", {"k8s.v1.cni.cncf.io/networks": json.dumps([{"name": "fast", "namespace": "infra"}])})
+    )
+    assert demands.of_pod(so.pod("c", {"k8s.v1.cni.cncf.io/networks": "fast"})) is None  # other namespace
+    assert demands.of_pod(so.pod("d", {"k8s.v1.cni.cncf.io/networks": "macvlan"})) is None
+    assert demands.of_pod(so.pod("e")) is None
+    assert Demands(annotation="rdma_interfaces_required").of_pod(selecting) is None
+
+
+# -- verdicts -------------------------------------------------------------
+
+
+def test_fit_and_score_binpack_prefers_the_fuller_node() -> None:
+    decider = Decider()
+    empty = view(decider, TWO_PFS)
+    busy = view(decider, TWO_PFS, [("u1", [("p0", 10_000, 0), ("p1", 10_000, 0)])])
+    d = demand((5_000, 0))
+    a, b = decider.verdict(d, empty), decider.verdict(d, busy)
+    assert a.fits and b.fits and b.score > a.score
+    assert a.use == (("p0", 1, 5_000),) or a.use == (("p1", 1, 5_000),)
+    spread = Decider(policy="spread")
+    assert spread.verdict(d, spread.view(nodestate.encode(so.state(TWO_PFS)))).score == 10 - a.score
+    assert 0 <= a.score <= 10 and 0 <= b.score <= 10
+
+
+def test_full_node_fails_with_placements_reason_and_is_resolvable() -> None:
+    decider = Decider()
+    full = view(decider, TWO_PFS, [("u1", [("p0", 20_000, 0), ("p1", 20_000, 0)])])
+    v = decider.verdict(demand((15_000, 0)), full)
+    assert not v.fits and not v.unresolvable
+    assert v.reason.startswith("rdma-cni: 1 interface requested (min rates 15000 Mbit/s)")
+    assert "p0: 3 VFs, 5000 of 25000 Mbit/s free" in v.reason
+
+
+def test_too_large_for_the_empty_node_is_unresolvable() -> None:
+    decider = Decider()
+    v = decider.verdict(demand((30_000, 0)), view(decider, TWO_PFS))
+    assert not v.fits and v.unresolvable
+    v = decider.verdict(demand(*[(0, 0)] * 9), view(decider, TWO_PFS))
+    assert not v.fits and v.unresolvable and "9 interfaces requested" in v.reason
+
+
+def test_verdicts_are_cached_by_state_not_by_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    decider = Decider()
+    calls = []
+    real = placement.place
+    monkeypatch.setattr(placement, "place", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    text = nodestate.encode(so.state(TWO_PFS))
+    v1, v2 = decider.view(text), decider.view(text)
+    assert v1 is v2
+    other = decider.view(nodestate.encode(so.state(TWO_PFS, generation=9)))  # same PFs, other generation
+    assert other.fp == v1.fp
+    d = demand((1_000, 0), (2_000, 0))
+    for v in (v1, other):
+        assert decider.verdict(d, v).fits
+    assert decider.verdict(demand((2_000, 0), (1_000, 0)), v1).fits  # same request, other order
+    assert len(calls) == 1
+
+
+def test_reservations_count_in_the_verdict() -> None:
+    decider = Decider()
+    v = view(decider, [("p0", 25_000, 2)])
+    d = demand((15_000, 0))
+    assert decider.verdict(d, v).fits
+    assert not decider.verdict(d, v, {"p0": (1, 15_000)}).fits
+    assert not decider.verdict(demand((0, 0)), v, {"p0": (2, 0)}).fits
+
+
+def test_views_without_usable_state() -> None:
+    decider = Decider(max_state_age=60)
+    now = decider.now()
+    assert "no rdma-cni.io/node-state annotation" in decider.unusable(decider.view(None), now)
+    bad = decider.view('{"version": 1}')
+    assert decider.unusable(bad, now) == "rdma-cni: invalid node state: node state: missing 'generation'"
+    old = view(decider, TWO_PFS, age=300)
+    assert re.match(r"rdma-cni: node state is 30[01] s old \(limit 60 s\)", decider.unusable(old, now))
+    assert decider.unusable(view(decider, TWO_PFS, age=5), now) == ""
+    assert decider.unusable(None, now) == "rdma-cni: node is not known to the extender yet"
+    assert decider.view("{}").updated == 0.0
+
+
+def test_search_limit_is_not_unresolvable(monkeypatch: pytest.MonkeyPatch) -> None:
+    decider = Decider()
+
+    def exhausted(requests: Any, pfs: Any, **kw: Any) -> Any:
+        raise placement.NoFit(
+            "ran out", reason="search_limit", requested=(), free_vfs=0, free_mbps={}, largest_unplaced=None
+        )
+
+    monkeypatch.setattr(placement, "place", exhausted)
+    v = decider.verdict(demand((1, 0)), view(decider, TWO_PFS))
+    assert not v.fits and not v.unresolvable and v.exhausted
+
+
+def test_unknown_policy_refused() -> None:
+    with pytest.raises(ValueError, match="unknown policy 'pack'"):
+        Decider(policy="pack")  # type: ignore[arg-type]
+
+
+# -- reservations ---------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_reservations_sum_per_pf_and_end() -> None:
+    clock = Clock()
+    res = Reservations(30, clock)
+    res.add("u1", "ns", "a", "n1", (("p0", 1, 5_000),))
+    res.add("u2", "ns", "b", "n1", (("p0", 2, 1_000), ("p1", 1, 0)))
+    res.add(
+        "u3",
+        "ns",
+        "c",
+        "n2",
+        (
+            (
+                "p0",
+                1,
+                7,
+            ),
+        ),
+    )
+    assert res.extra("n1") == {"p0": (3, 6_000), "p1": (1, 0)}
+    assert res.extra("n1", without=("u2",)) == {"p0": (1, 5_000)}
+    assert res.has_node("n2") and not res.has_node("n3") and len(res) == 3
+    res.observe("n1", frozenset({"u1", "u3"}))  # u3 is on another node: unaffected
+    assert res.get("u1") is None and res.get("u3") is not None
+    res.add("u2", "ns", "b", "n3", ())  # a re-bind moves it
+    assert not res.has_node("n1") and res.get("u2").node == "n3"  # type: ignore[union-attr]
+    clock.now += 29
+    assert res.expire() == []
+    clock.now += 2
+    assert {r.uid for r in res.expire()} == {"u2", "u3"} and len(res) == 0
+    assert res.drop("nope", "test") is None
+    with pytest.raises(ValueError, match="TTL must be positive"):
+        Reservations(0)
+
+
+# -- preemption -----------------------------------------------------------
+
+
+def test_preempt_keeps_only_nodes_where_eviction_frees_enough() -> None:
+    decider = Decider()
+    pods = [("v-big", [("p0", 20_000, 0)]), ("v-small", [("p1", 2_000, 0)]), ("v-plain", [("p1", 0, 0)])]
+    n1 = view(decider, [("p0", 25_000, 2), ("p1", 25_000, 2)], pods)
+    views = {"n1": n1, "n2": n1, "n3": n1, "n4": decider.view(None)}
+    res = Reservations(60)
+    d = demand((22_000, 0), (22_000, 0))
+    kept = keep_nodes(
+        d,
+        {"n1": ("v-big",), "n2": ("v-small", "v-plain"), "n3": ("v-big", "v-small"), "n4": ("x",)},
+        views.get,
+        res,
+        decider,
+    )
+    # n1: p1 still has only 23000 free; n2: p0 holds 20000; n3 frees both; n4 has no state.
+    assert kept == {"n3": ("v-big", "v-small")}
+    # A reservation of a victim bound but not yet published is released too; others' are counted.
+    res.add("v-new", "ns", "x", "n1", (("p1", 1, 3_000),))
+    assert keep_nodes(d, {"n1": ("v-big", "v-small")}, views.get, res, decider) == {}
+    assert keep_nodes(d, {"n1": ("v-big", "v-small", "v-new")}, views.get, res, decider) == {
+        "n1": ("v-big", "v-small", "v-new")
+    }

@@ -1,0 +1,212 @@
+"""The extender's HTTP server in full-Node mode (nodeCacheCapable: false), over real HTTP."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rdma_cni import nodestate
+from rdma_cni.extender.decide import Decider
+from rdma_cni.extender.demand import Demands
+from rdma_cni.extender.reservations import Reservations
+from rdma_cni.extender.server import Extender, ExtenderServer
+from tests.support import sched_objects as so
+
+PFS = [("ens1f0", 25_000, 4), ("ens1f1", 25_000, 4)]
+
+
+class Client:
+    def __init__(self, port: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+
+    def raw(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        self.conn.request(method, path, body=body, headers=headers or {})
+        resp = self.conn.getresponse()
+        return resp.status, resp.read()
+
+    def post(self, path: str, doc: Any) -> Any:
+        status, body = self.raw("POST", path, json.dumps(doc).encode(), {"Content-Type": "application/json"})
+        assert status == 200, body
+        return json.loads(body)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Extender, Client]]:
+    ext = Extender(
+        decider=Decider(max_state_age=120),
+        demands=Demands(annotation="rdma_interfaces_required"),
+        reservations=Reservations(60),
+    )
+    ext.ready.set()
+    server = ExtenderServer(("127.0.0.1", 0), ext)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield ext, Client(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def enc(*a: Any, **kw: Any) -> str:
+    return nodestate.encode(so.state(*a, **kw))
+
+
+def cluster() -> list[dict[str, Any]]:
+    return [
+        so.node("free", enc(PFS)),
+        so.node("busy", enc(PFS, [("u1", [("ens1f0", 20_000, 0), ("ens1f1", 18_000, 0)])])),
+        so.node("small", enc([("ens2f0", 10_000, 8)])),
+        so.node("stale", enc(PFS, age=600)),
+        so.node("none", None),
+        so.node("garbled", "{"),
+    ]
+
+
+def test_filter_full_nodes_field_by_field(served: tuple[Extender, Client]) -> None:
+    _, client = served
+    nodes = cluster()
+    out = client.post("/filter", so.args_nodes(so.rdma_pod("trainer", [(15_000, 20_000), (5_000, 0)]), nodes))
+    assert set(out) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+    assert out["Error"] == "" and out["NodeNames"] is None
+    assert out["Nodes"]["items"] == [nodes[0]]  # the Node object back, status.images and all
+    assert list(out["FailedNodes"]) == ["busy"]
+    assert out["FailedNodes"]["busy"].startswith(
+        "rdma-cni: 2 interfaces requested (min rates 15000, 5000 Mbit/s)"
+    )
+    unresolvable = out["FailedAndUnresolvableNodes"]
+    assert sorted(unresolvable) == ["garbled", "none", "small", "stale"]
+    assert unresolvable["small"].startswith("rdma-cni: 2 interfaces requested")
+    assert re.match(
+        r"rdma-cni: node state is 60[01] s old \(limit 120 s\): is the rdma-cni", unresolvable["stale"]
+    )
+    assert "no rdma-cni.io/node-state annotation" in unresolvable["none"]
+    assert unresolvable["garbled"].startswith("rdma-cni: invalid node state: node state is not valid JSON")
+
+
+def test_prioritize_full_nodes(served: tuple[Extender, Client]) -> None:
+    _, client = served
+    nodes = [
+        so.node("empty", enc(PFS)),
+        so.node("half", enc(PFS, [("u1", [("ens1f0", 12_000, 0), ("ens1f1", 12_000, 0)])])),
+        so.node("full", enc(PFS, [("u1", [("ens1f0", 25_000, 0), ("ens1f1", 25_000, 0)])])),
+    ]
+    out = client.post("/prioritize", so.args_nodes(so.rdma_pod("p", [(1_000, 0)]), nodes))
+    assert [h["Host"] for h in out] == ["empty", "half", "full"]
+    scores = {h["Host"]: h["Score"] for h in out}
+    assert scores["half"] > scores["empty"] and scores["full"] == 0
+    assert all(set(h) == {"Host", "Score"} and 0 <= h["Score"] <= 10 for h in out)
+
+
+def test_pod_without_the_annotation_passes_everywhere(served: tuple[Extender, Client]) -> None:
+    _, client = served
+    nodes = cluster()
+    out = client.post("/filter", so.args_nodes(so.pod("web"), nodes))
+    assert (
+        out["Nodes"]["items"] == nodes
+        and out["FailedNodes"] == {}
+        and out["FailedAndUnresolvableNodes"] == {}
+    )
+    prio = client.post("/prioritize", so.args_nodes(so.pod("web"), nodes))
+    assert {h["Score"] for h in prio} == {0}
+
+
+def test_malformed_annotation_fails_every_node_with_the_parsers_message(
+    served: tuple[Extender, Client],
+) -> None:
+    _, client = served
+    bad = so.pod("p", {"rdma_interfaces_required": '[{"min_tx_rate": -1}]'})
+    out = client.post("/filter", so.args_names(bad, ["a", "b"]))
+    assert out["Error"] == "" and out["NodeNames"] == [] and out["FailedNodes"] == {}
+    assert set(out["FailedAndUnresolvableNodes"]) == {"a", "b"}
+    assert out["FailedAndUnresolvableNodes"]["a"].startswith(
+        "rdma-cni: pod team-a/p annotation rdma_interfaces_required: "
+        "entry 0.min_tx_rate: Input should be greater"
+    )
+    assert client.post("/prioritize", so.args_names(bad, ["a"])) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "expected"),
+    [
+        ("/filter", b"{nope", {"Error": "rdma-cni: request body is not JSON"}),
+        ("/filter", b'{"Pod": 3}', {"Error": "rdma-cni: bad ExtenderArgs: Pod: expected an object"}),
+        (
+            "/bind",
+            b"[]",
+            {"Error": "rdma-cni: bad ExtenderBindingArgs: ExtenderBindingArgs: expected an object"},
+        ),
+        ("/preempt", b"{}", {"NodeNameToMetaVictims": {}}),
+        ("/prioritize", b"{", []),
+    ],
+)
+def test_bad_input_is_an_answer_never_a_500(
+    served: tuple[Extender, Client], path: str, body: bytes, expected: Any
+) -> None:
+    _, client = served
+    status, raw = client.raw("POST", path, body, {"Content-Type": "application/json"})
+    assert status == 200
+    out = json.loads(raw)
+    if isinstance(expected, dict) and "Error" in expected:
+        assert out["Error"].startswith(expected["Error"])
+    else:
+        assert out == expected
+
+
+def test_http_edges(served: tuple[Extender, Client]) -> None:
+    ext, client = served
+    assert client.raw("GET", "/healthz") == (200, b"ok\n")
+    assert client.raw("GET", "/readyz") == (200, b"ok\n")
+    ext.ready.clear()
+    assert client.raw("GET", "/readyz") == (503, b"not ready\n")
+    out = client.post("/filter", so.args_names(so.rdma_pod("p", [(1, 0)]), ["a"]))
+    assert out["Error"] == "rdma-cni: the extender's node cache is not synced yet"
+    out = client.post("/bind", {"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "a"})
+    assert out["Error"].startswith("rdma-cni: the extender is not ready")
+    assert client.raw("GET", "/nope")[0] == 404
+    assert client.raw("POST", "/nope", b"{}")[0] == 404
+    client = Client(client.conn.port)
+    status, _ = client.raw("POST", "/filter", b"{}", {"Content-Length": str(2**40)})
+    assert status == 413
+
+
+def test_internal_error_still_answers_in_the_verbs_format(
+    served: tuple[Extender, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ext, client = served
+    monkeypatch.setattr(ext.demands, "of_pod", lambda pod: 1 / 0)
+    out = client.post("/filter", so.args_names(so.pod("p"), ["a"]))
+    assert out["Error"] == "rdma-cni: internal error: ZeroDivisionError: division by zero"
+
+
+def test_preempt_full_victims(served: tuple[Extender, Client]) -> None:
+    _, client = served
+    nodes = [so.node("n1", enc(PFS, [("v1", [("ens1f0", 20_000, 0)]), ("v2", [("ens1f1", 20_000, 0)])]))]
+    # Full-Node requests feed the views preempt and bind fall back to.
+    client.post("/filter", so.args_nodes(so.rdma_pod("x", [(1, 0)]), nodes))
+    pod = so.rdma_pod("big", [(15_000, 0), (15_000, 0)])
+    doc = {
+        "Pod": pod,
+        "NodeNameToVictims": {
+            "n1": {"Pods": [so.pod("a", uid="v1")], "NumPDBViolations": 0},
+            "gone": {"Pods": [], "NumPDBViolations": 0},
+        },
+        "NodeNameToMetaVictims": None,
+    }
+    assert client.post("/preempt", doc) == {"NodeNameToMetaVictims": {}}
+    doc["NodeNameToVictims"]["n1"]["Pods"].append(so.pod("b", uid="v2"))
+    doc["NodeNameToVictims"]["n1"]["NumPDBViolations"] = 1
+    assert client.post("/preempt", doc) == {
+        "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "v1"}, {"UID": "v2"}], "NumPDBViolations": 1}}
+    }
+    # A pod that is not an RDMA pod: kube-scheduler's choice stands.
+    doc["Pod"] = so.pod("web")
+    assert list(client.post("/preempt", doc)["NodeNameToMetaVictims"]) == ["n1", "gone"]
