@@ -9,18 +9,23 @@ ADD order per VF, and why:
    often refused (shared mode, drivers without disassociate support), and
    doing it before the netdev means a pod never sees a netdev without its
    RDMA device.
-3. The netdev into the pod: first marked with the alias ``rdma-cni:<pci>``
-   (which lets DEL find it again in any namespace under any name), then moved
-   and renamed in one RTM_NEWLINK. The kernel only renames on the way in when
-   the current name is taken in the pod, so the pod-side name never collides
-   with a host interface and the host name never collides inside the pod.
+3. The netdev into the pod: the one proven to be the VF by its kernel
+   identity (:mod:`rdma_cni.identity`), moved, renamed and labelled with the
+   alias ``rdma-cni:<pci>`` (for operators only: a pod can rewrite it, so
+   nothing trusts it) in one RTM_NEWLINK. The kernel only renames on the way
+   in when the current name is taken in the pod, so the pod-side name never
+   collides with a host interface and the host name never collides inside
+   the pod.
 4. MAC, up; IPAM; addresses and routes.
 
 :func:`release` undoes these in reverse and is idempotent: it is DEL, GC and
 ADD's rollback all at once. Given ``progress`` (ADD's in-memory account of
 which steps ran) it undoes exactly those; without it (a record left by a
 crash) it undoes everything that can still be undone, tolerating steps that
-never happened.
+never happened. A netdev goes back to the host only when its kernel identity
+proves it is the VF, wherever it sits and whatever it is called. An IPAM DEL
+that fails does not keep the VF: release reports it apart
+(:class:`Released`), and the caller remembers it (:mod:`rdma_cni.ipam_pending`).
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rdma_cni.errors import CniError, KernelError
+from rdma_cni.identity import VfFinder
 from rdma_cni.ipam import Ipam
 from rdma_cni.netlink import Link, Rtnl
-from rdma_cni.nlsock import NetlinkError, host_netns_fd
+from rdma_cni.netns import Netns, host_netns_fd
+from rdma_cni.nlsock import NetlinkError
 from rdma_cni.record import VfRecord
 from rdma_cni.vfcontrol import VfControl
 
@@ -72,36 +79,6 @@ class Progress:
         return step in self.done.get(pci, set())
 
 
-class Netns:
-    """A pod's network namespace, opened once: an fd for moves and an Rtnl inside it."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            self.rtnl = Rtnl(self.fd)
-        except OSError:
-            os.close(self.fd)
-            raise
-
-    @classmethod
-    def open_optional(cls, path: str) -> Netns | None:
-        """The namespace, or None when it is gone (deleted netns, reboot)."""
-        if not path:
-            return None
-        try:
-            return cls(path)
-        except OSError as exc:
-            log.info(
-                "pod netns %s is not available (%s): treating its interfaces as gone", path, exc.strerror
-            )
-            return None
-
-    def close(self) -> None:
-        self.rtnl.close()
-        os.close(self.fd)
-
-
 def _nl(what: str, exc: NetlinkError) -> KernelError:
     return KernelError(f"{what}: {exc.strerror}", f"errno {exc.errno}")
 
@@ -114,26 +91,59 @@ def apply_pf_settings(vfctl: VfControl, vf: VfRecord) -> None:
         vfctl.apply(vf.pf, vf.vf, vf.pf_applied)
 
 
-def move_in(host: Rtnl, pod: Netns, vf: VfRecord) -> Link:
-    """Move the VF netdev into the pod under its pod-side name; return it as seen there."""
-    link = host.get_link(name=vf.host_name)
-    if link is None:
-        raise KernelError(f"VF {vf.pci} netdev {vf.host_name} is not in the host network namespace")
+def move_in(host: Rtnl, pod: Netns, vf: VfRecord, link: Link) -> Link:
+    """Move the VF netdev ``link`` (proven to be VF ``vf.pci``) into the pod under its pod-side name."""
     if pod.rtnl.get_link(name=vf.pod_name) is not None:
         raise KernelError(f"the pod already has an interface named {vf.pod_name}", f"netns {pod.path}")
     try:
-        # The kernel moves a device under its current name when that name is
-        # free in the target and renames it afterwards, so a failed rename can
-        # leave it moved but unrenamed: the alias goes on first, in the host,
-        # so that rollback finds it wherever it ended up.
-        host.set_link(link.index, alias=alias_for(vf.pci))
-        host.set_link(link.index, netns_fd=pod.fd, name=vf.pod_name, mtu=vf.mtu)
+        host.set_link(link.index, netns_fd=pod.fd, name=vf.pod_name, mtu=vf.mtu, alias=alias_for(vf.pci))
     except NetlinkError as exc:
-        raise _nl(f"cannot move {vf.host_name} ({vf.pci}) into {pod.path} as {vf.pod_name}", exc) from exc
+        raise _nl(f"cannot move {link.name} ({vf.pci}) into {pod.path} as {vf.pod_name}", exc) from exc
     moved = pod.rtnl.get_link(name=vf.pod_name)
     if moved is None:
         raise KernelError(f"{vf.pod_name} vanished from {pod.path} right after the move")
     return moved
+
+
+def move_out(host: Rtnl, finder: VfFinder, vf: VfRecord) -> None:
+    """Undo :func:`move_in`: the netdev proven to be VF ``vf.pci``, wherever it is, back home.
+
+    Never by name or alias: a pod can give anything those. A real VF whose
+    netns was deleted is back in the host under its pod-side name; identity
+    finds it there too.
+    """
+    found = finder.find(vf.pci)
+    if found is None:
+        log.warning(
+            "VF %s (%s) has no netdev proven to be it in the host%s: nothing to move back",
+            vf.pci,
+            vf.host_name,
+            " or the pod" if finder.pod else "",
+        )
+        return
+    where, link = found
+    pod = finder.pod
+    rtnl = pod.rtnl if where == "pod" and pod else host
+    hostfd = host_netns_fd() if where == "pod" else None
+    try:
+        with contextlib.suppress(NetlinkError):
+            rtnl.set_link(link.index, up=False)
+        mac = vf.host_mac if vf.mac and vf.host_mac else None
+        mtu = vf.host_mtu if vf.mtu and vf.host_mtu else None
+        name = vf.host_name if link.name != vf.host_name or where == "pod" else None
+        try:
+            rtnl.set_link(link.index, netns_fd=hostfd, name=name, mac=mac, mtu=mtu, alias="")
+        except NetlinkError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+            spare = fallback_name(vf.pci)
+            log.warning("host name %s of VF %s is taken; naming it %s", vf.host_name, vf.pci, spare)
+            rtnl.set_link(link.index, netns_fd=hostfd, name=spare, mac=mac, mtu=mtu, alias="")
+    except NetlinkError as exc:
+        raise _nl(f"cannot return VF {vf.pci} ({link.name}) to the host as {vf.host_name}", exc) from exc
+    finally:
+        if hostfd is not None:
+            os.close(hostfd)
 
 
 def bring_up(pod: Netns, link: Link, vf: VfRecord) -> None:
@@ -168,73 +178,32 @@ def apply_addresses(pod: Netns, link: Link, ipam_result: dict[str, Any]) -> None
 # -- release (DEL, GC, rollback) ------------------------------------------
 
 
-def find_netdev(host: Rtnl, pod: Netns | None, vf: VfRecord) -> tuple[str, Link] | None:
-    """Where the VF's netdev is now: ("host"|"pod", link), or None if it is nowhere to be seen."""
-    from rdma_cni import sysfs
+@dataclass
+class Released:
+    """What :func:`release` could not undo.
 
-    marker = alias_for(vf.pci)
-    for name in sysfs.pci_netdevs(vf.pci):
-        link = host.get_link(name=name)
-        if link is not None and (link.alias in ("", marker)):
-            return "host", link
-    if pod is not None:
-        for link in pod.rtnl.links():
-            if link.alias == marker:
-                return "pod", link
-    # A VF whose netns was deleted comes back to the host still named as in
-    # the pod; sysfs finds it on real hardware, the alias finds it anywhere.
-    for link in host.links():
-        if link.alias == marker:
-            return "host", link
-    return None
+    ``errors``: kernel-side steps that failed (the VFs concerned may not be
+    home: the record must stay). ``ipam_failed``: pod-side names whose IPAM
+    DEL failed, with ``ipam_errors`` saying why; these hold no VF.
+    """
 
-
-def _restore_netdev(host: Rtnl, pod: Netns | None, vf: VfRecord) -> None:
-    found = find_netdev(host, pod, vf)
-    if found is None:
-        log.warning(
-            "VF %s (%s) has no netdev in the host%s: nothing to move back",
-            vf.pci,
-            vf.host_name,
-            " or the pod" if pod else "",
-        )
-        return
-    where, link = found
-    rtnl = pod.rtnl if where == "pod" and pod else host
-    hostfd = host_netns_fd() if where == "pod" else None
-    try:
-        with contextlib.suppress(NetlinkError):
-            rtnl.set_link(link.index, up=False)
-        mac = vf.host_mac if vf.mac and vf.host_mac else None
-        mtu = vf.host_mtu if vf.mtu and vf.host_mtu else None
-        name = vf.host_name if link.name != vf.host_name or where == "pod" else None
-        try:
-            rtnl.set_link(link.index, netns_fd=hostfd, name=name, mac=mac, mtu=mtu, alias="")
-        except NetlinkError as exc:
-            if exc.errno != errno.EEXIST:
-                raise
-            spare = fallback_name(vf.pci)
-            log.warning("host name %s of VF %s is taken; naming it %s", vf.host_name, vf.pci, spare)
-            rtnl.set_link(link.index, netns_fd=hostfd, name=spare, mac=mac, mtu=mtu, alias="")
-    except NetlinkError as exc:
-        raise _nl(f"cannot return VF {vf.pci} ({link.name}) to the host as {vf.host_name}", exc) from exc
-    finally:
-        if hostfd is not None:
-            os.close(hostfd)
+    errors: list[str] = field(default_factory=list)
+    ipam_failed: list[str] = field(default_factory=list)
+    ipam_errors: list[str] = field(default_factory=list)
 
 
 def release(
     vfs: list[VfRecord],
     *,
     host: Rtnl,
-    pod: Netns | None,
+    finder: VfFinder,
     vfctl: VfControl,
     ipam: Ipam | None,
     progress: Progress | None,
     rdma: RdmaIsolation | None = None,
-) -> list[str]:
-    """Undo ADD for ``vfs``, last VF first; returns the errors (it keeps going past them)."""
-    errors: list[str] = []
+) -> Released:
+    """Undo ADD for ``vfs``, last VF first; keeps going past failures and reports them."""
+    out = Released()
 
     def attempt(what: str, fn: Any, *args: Any) -> None:
         try:
@@ -242,18 +211,23 @@ def release(
         except (CniError, OSError) as exc:
             text = exc.msg if isinstance(exc, CniError) else str(exc)
             log.error("%s: %s", what, text)
-            errors.append(f"{what}: {text}")
+            out.errors.append(f"{what}: {text}")
 
     def ran(pci: str, step: str) -> bool:
         return progress is None or progress.ran(pci, step)
 
     for vf in reversed(vfs):
         if ipam is not None and ran(vf.pci, "ipam"):
-            attempt(f"IPAM DEL for {vf.pod_name}", ipam.delete, vf.pod_name)
+            try:
+                ipam.delete(vf.pod_name)
+            except CniError as exc:
+                log.error("IPAM DEL for %s: %s", vf.pod_name, exc.msg)
+                out.ipam_failed.append(vf.pod_name)
+                out.ipam_errors.append(f"IPAM DEL for {vf.pod_name}: {exc.msg}")
         if ran(vf.pci, "move"):
-            attempt(f"returning VF {vf.pci}", _restore_netdev, host, pod, vf)
+            attempt(f"returning VF {vf.pci}", move_out, host, finder, vf)
         if rdma is not None and vf.rdma_action == "moved" and ran(vf.pci, "rdma"):
-            attempt(f"returning RDMA device {vf.rdma_device}", rdma.move_out, vf.rdma_device, pod)
+            attempt(f"returning RDMA device {vf.rdma_device}", rdma.move_out, vf.rdma_device, finder.pod)
         if vf.pf_applied and ran(vf.pci, "pf"):
             attempt(f"restoring PF {vf.pf} VF {vf.vf} settings", vfctl.apply, vf.pf, vf.vf, vf.pf_original)
-    return errors
+    return out

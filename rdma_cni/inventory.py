@@ -8,12 +8,12 @@ allocation record, passed in by the caller so the data path and the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni import nodestate, sysfs
-from rdma_cni.netlink import VfInfo
+from rdma_cni.netlink import Link, VfInfo
 from rdma_cni.placement import PfState
 from rdma_cni.record import Attachment
 from rdma_cni.vfcontrol import VfControl
@@ -141,8 +141,15 @@ def scan(
     capacity: Mapping[str, int],
     attachments: Iterable[Attachment],
     vfctl: VfControl | None,
+    home: Callable[[str], Link | None] | None = None,
 ) -> Node:
-    """Read the node. ``pfs`` limits the PFs considered (None: every SR-IOV PF)."""
+    """Read the node. ``pfs`` limits the PFs considered (None: every SR-IOV PF).
+
+    ``home`` (ADD) gives a VF's netdev when the kernel proves it is in the
+    host (:meth:`rdma_cni.identity.VfFinder.in_host`): a VF no record holds
+    is then free only if it is home, so a VF left in a pod by a lost or
+    set-aside record is never handed out again.
+    """
     owners = owners_by_pci(attachments)
     software_rdma = _software_rdma_by_netdev()
     names = pfs if pfs is not None else sysfs.net_devices()
@@ -171,8 +178,13 @@ def scan(
             pci = sysfs.vf_pci(name, i)
             if not pci:
                 continue
-            netdevs = sysfs.pci_netdevs(pci)
-            netdev = netdevs[0] if netdevs else None
+            owner = owners.get(pci)
+            if home is not None and owner is None:
+                link = home(pci)
+                netdev = link.name if link is not None else None
+            else:
+                netdevs = sysfs.pci_netdevs(pci)
+                netdev = netdevs[0] if netdevs else None
             rdma = sysfs.pci_rdma_devices(pci) + (software_rdma.get(netdev, []) if netdev else [])
             pf.vfs.append(
                 Vf(
@@ -183,7 +195,7 @@ def scan(
                     driver=sysfs.pci_driver(pci),
                     rdma_devices=rdma,
                     settings=(table or {}).get(i),
-                    owner=owners.get(pci),
+                    owner=owner,
                 )
             )
             seen.add(pci)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from rdma_cni.errors import RdmaError
 
 if TYPE_CHECKING:
-    from rdma_cni.attach import Netns
+    from rdma_cni.netns import Netns
 
 log = logging.getLogger("rdma_cni.isolation")
 
@@ -106,7 +106,9 @@ class RdmaIsolation:
                 with rdma.RdmaClient(pod.path) as client:
                     dev = client.find_by_name(device)
                     if dev is not None:
-                        hostfd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+                        from rdma_cni.netns import host_netns_fd
+
+                        hostfd = host_netns_fd()
                         try:
                             client.move_to_netns(dev.index, hostfd)
                         finally:

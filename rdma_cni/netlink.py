@@ -28,6 +28,7 @@ RTM_NEWADDR = 20
 RTM_GETADDR = 22
 RTM_NEWROUTE = 24
 RTM_GETROUTE = 26
+RTM_GETNSID = 90
 IFF_UP = 0x1
 RTEXT_FILTER_VF = 1
 LINK_STATES = {"auto": 0, "enable": 1, "disable": 2}
@@ -42,6 +43,7 @@ def _cls(name: str) -> Any:
         _msgs["ifinfmsg"] = pyroute2_module("pyroute2.netlink.rtnl.ifinfmsg").ifinfmsg
         _msgs["ifaddrmsg"] = pyroute2_module("pyroute2.netlink.rtnl.ifaddrmsg").ifaddrmsg
         _msgs["rtmsg"] = pyroute2_module("pyroute2.netlink.rtnl.rtmsg").rtmsg
+        _msgs["nsidmsg"] = pyroute2_module("pyroute2.netlink.rtnl.nsidmsg").nsidmsg
     return _msgs[name]
 
 
@@ -83,7 +85,10 @@ class Link:
     mtu: int
     up: bool
     alias: str = ""
-    parent_dev: str = ""
+    parent_dev: str = ""  # the device under the netdev (a VF's PCI address), as the kernel reports it
+    parent_bus: str = ""  # that device's bus ("pci")
+    link_index: int = 0  # IFLA_LINK: a veth's peer, a VLAN's lower device (0: none)
+    link_netnsid: int | None = None  # IFLA_LINK_NETNSID: the namespace of link_index, when not this one
     vfs: tuple[VfInfo, ...] | None = field(default=None, compare=False)
 
 
@@ -126,6 +131,9 @@ def _to_link(msg: Any) -> Link:
         up=bool(msg["flags"] & IFF_UP),
         alias=msg.get("IFLA_IFALIAS") or "",
         parent_dev=msg.get("IFLA_PARENT_DEV_NAME") or "",
+        parent_bus=msg.get("IFLA_PARENT_DEV_BUS_NAME") or "",
+        link_index=msg.get("IFLA_LINK") or 0,
+        link_netnsid=msg.get("IFLA_LINK_NETNSID"),
         vfs=_decode_vfs(msg),
     )
 
@@ -174,6 +182,15 @@ class Rtnl:
         msg = _cls("ifinfmsg")()
         msg["family"] = socket.AF_UNSPEC
         return [_to_link(m) for m in self._nl.request(msg, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP)]
+
+    def nsid_of(self, netns_fd: int) -> int | None:
+        """The id this namespace gives the namespace ``netns_fd`` (None when it has none)."""
+        msg = _cls("nsidmsg")()
+        msg["attrs"] = [("NETNSA_FD", netns_fd)]
+        replies = self._nl.request(msg, RTM_GETNSID, NLM_F_REQUEST)
+        nsid = replies[0].get("NETNSA_NSID") if replies else None
+        # The kernel answers NETNSA_NSID_NOT_ASSIGNED (-1, as u32) for "no id yet".
+        return None if nsid is None or nsid == 0xFFFFFFFF else int(nsid)
 
     def set_link(
         self,

@@ -6,9 +6,16 @@ the name is unambiguous). Files are 0600 and replaced atomically: write a
 temporary file, fsync, rename, fsync the directory. A VF is reserved exactly
 while some record lists its PCI address, so the record is written *before*
 the first kernel change of an ADD (state ``adding``) and removed only after
-DEL has undone everything. Every record is read strictly: a file that cannot
-be parsed is an error naming it (code 5), never skipped, because skipping it
-would hand its VFs to another pod.
+DEL has undone everything. Every record is read strictly. A file that cannot
+be parsed is set aside into ``<stateDir>/quarantine/`` (kept for the
+operator, logged) by the verbs that hold the node lock, so one bad file does
+not stop the node; its VFs are then judged from the kernel's view (a VF that
+is not proven home in the host is not free, see :mod:`rdma_cni.identity`),
+so setting it aside never hands its VFs to another pod.
+
+A writer killed between creating its temporary file and renaming it leaves
+``.tmp-<pid>-...`` behind; :func:`remove_orphaned_temporaries` (run by GC,
+under the node lock every writer holds) removes them.
 """
 
 from __future__ import annotations
@@ -144,15 +151,40 @@ class RecordStore:
                 str(exc),
             ) from exc
 
-    def get(self, container_id: str, ifname: str) -> Attachment | None:
-        """The record of one attachment, or None."""
+    def get(self, container_id: str, ifname: str, *, set_aside: bool = False) -> Attachment | None:
+        """The record of one attachment, or None.
+
+        A corrupt record raises (code 5), or with ``set_aside`` (node lock
+        held) is quarantined and reads as None.
+        """
         path = self.path(container_id, ifname)
         if not os.path.exists(path):
             return None
-        return self._read(path)
+        try:
+            return self._read(path)
+        except IOFailure as exc:
+            if not set_aside:
+                raise
+            self._set_aside(path, exc)
+            return None
 
-    def all(self, errors: list[str] | None = None) -> list[Attachment]:
-        """Every record. A corrupt one raises (code 5), or, when ``errors`` is given, is reported there."""
+    def _set_aside(self, path: str, exc: IOFailure) -> str:
+        target = self.quarantine(path)
+        log.error(
+            "allocation record %s is corrupt (%s); set aside as %s. Its VFs count as held until the "
+            "kernel shows them home in the host",
+            path,
+            exc.details or exc.msg,
+            target,
+        )
+        return target
+
+    def all(self, errors: list[str] | None = None, *, set_aside: bool = False) -> list[Attachment]:
+        """Every record.
+
+        A corrupt one raises (code 5); with ``errors`` it is reported there
+        instead; with ``set_aside`` (node lock held) it is also quarantined.
+        """
         try:
             names = sorted(os.listdir(self.dir))
         except FileNotFoundError:
@@ -161,34 +193,35 @@ class RecordStore:
             raise IOFailure(f"cannot list state directory {self.dir}: {exc.strerror}") from exc
         out = []
         for name in names:
-            if not name.endswith(_SUFFIX) or "@" not in name:
-                continue
+            if not name.endswith(_SUFFIX) or "@" not in name or name.startswith("."):
+                continue  # temporary files start with a dot
+            path = os.path.join(self.dir, name)
             try:
-                out.append(self._read(os.path.join(self.dir, name)))
+                out.append(self._read(path))
             except IOFailure as exc:
+                if set_aside:
+                    target = self._set_aside(path, exc)
+                    if errors is not None:
+                        errors.append(f"{exc.msg}; set aside as {target}")
+                    continue
                 if errors is None:
                     raise
                 errors.append(exc.msg)
         return out
 
+    def quarantined(self) -> list[str]:
+        """Names of the records set aside so far."""
+        try:
+            return sorted(os.listdir(os.path.join(os.path.dirname(self.dir), QUARANTINE)))
+        except OSError:
+            return []
+
     def write(self, att: Attachment) -> None:
         """Atomically replace the record of ``att`` (0600, fsynced)."""
         self.ensure()
-        path = self.path(att.container_id, att.ifname)
-        tmp = os.path.join(self.dir, f".tmp-{os.getpid()}-{att.container_id}@{att.ifname}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-            try:
-                os.write(fd, att.to_json().encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, path)
-            self._sync_dir()
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise IOFailure(f"cannot write allocation record {path}: {exc.strerror}") from exc
+        write_atomic(
+            self.dir, f"{att.container_id}@{att.ifname}{_SUFFIX}", att.to_json(), "allocation record"
+        )
 
     def delete(self, container_id: str, ifname: str) -> None:
         """Remove a record (missing is fine)."""
@@ -202,11 +235,109 @@ class RecordStore:
         self._sync_dir()
 
     def _sync_dir(self) -> None:
-        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        _sync_dir(self.dir)
+
+    def quarantine(self, path: str) -> str:
+        """Move a corrupt record into ``<stateDir>/quarantine/`` (kept for the operator); its new path."""
+        return quarantine(path, os.path.join(os.path.dirname(self.dir), QUARANTINE))
+
+
+QUARANTINE = "quarantine"
+TMP_PREFIX = ".tmp-"
+ORPHAN_AGE_SECONDS = 60
+
+
+def _sync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(directory: str, name: str, text: str, what: str) -> None:
+    """Replace ``directory/name`` with ``text``: a 0600 temporary file, fsync, rename, fsync the directory.
+
+    The temporary file is ``.tmp-<pid>-<name>``, so an orphan names its writer.
+    """
+    path = os.path.join(directory, name)
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{name}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
+            os.write(fd, text.encode())
             os.fsync(fd)
         finally:
             os.close(fd)
+        os.rename(tmp, path)
+        _sync_dir(directory)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise IOFailure(f"cannot write {what} {path}: {exc.strerror}") from exc
+
+
+def quarantine(path: str, directory: str) -> str:
+    """Move ``path`` into ``directory`` under a new, unique name; returns it."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        target = os.path.join(directory, f"{os.path.basename(path)}.{time.time_ns()}")
+        os.rename(path, target)
+        _sync_dir(os.path.dirname(path))
+    except OSError as exc:
+        raise IOFailure(f"cannot set corrupt record {path} aside into {directory}: {exc.strerror}") from exc
+    return target
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_orphaned_temporaries(directory: str, now: float | None = None) -> list[str]:
+    """Remove ``.tmp-<pid>-*`` files whose writer is gone or that are older than a minute.
+
+    Call it under the node lock: every writer holds it, so a temporary file
+    found then belongs to no write in progress; the pid and age tests keep a
+    file safe should a writer ever run without the lock.
+    """
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise IOFailure(f"cannot list {directory}: {exc.strerror}") from exc
+    for name in names:
+        if not name.startswith(TMP_PREFIX):
+            continue
+        path = os.path.join(directory, name)
+        pid_text = name[len(TMP_PREFIX) :].split("-", 1)[0]
+        try:
+            age = now - os.lstat(path).st_mtime
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise IOFailure(f"cannot inspect {path}: {exc.strerror}") from exc
+        writer_gone = not pid_text.isdigit() or not _pid_alive(int(pid_text))
+        if writer_gone or age > ORPHAN_AGE_SECONDS:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise IOFailure(f"cannot remove orphaned temporary file {path}: {exc.strerror}") from exc
+            log.info(
+                "removed orphaned temporary file %s (%s)", path, "writer gone" if writer_gone else "stale"
+            )
+            removed.append(path)
+    return removed
 
 
 @contextlib.contextmanager

@@ -6,14 +6,15 @@ as ADD reads it: the allocation records, then :func:`rdma_cni.inventory.scan`,
 under the node lock so the records and the kernel are seen at one instant.
 Per PF:
 
-- ``used_vfs`` / ``used_tx_rate``: VFs some record holds and the sum of their
+- ``used_vfs`` / ``used_tx_rate``: VFs some readable record holds and the sum of their
   ``min_tx_rate`` (what ADD counts as reserved);
 - ``capacity_vfs``: ``used_vfs`` plus the VFs ADD could hand out now under the
   network's ``rdmaIsolation`` (:meth:`rdma_cni.inventory.Vf.available`, the
   very method ADD's choice calls), so
-  ``capacity_vfs - used_vfs`` is exactly ADD's pool. A VF in neither set (no
-  netdev, a userspace driver, no RDMA device under ``required``) counts in
-  neither.
+  ``capacity_vfs - used_vfs`` is exactly ADD's pool. A VF in neither set
+  counts in neither: no netdev, a userspace driver, no RDMA device under
+  ``required``, or, held by no readable record, not proven home in the host
+  (a corrupt record's VF still in a pod).
 
 Several networks on one node share the one annotation. A PF named by several
 networks is published once, with the most cautious of their views (smallest
@@ -176,10 +177,11 @@ def allocations(attachments: Sequence[Any]) -> list[nodestate.Allocation]:
 def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
     """Read the node for every network and return its state (generation 0, ``updated`` empty).
 
-    Raises TryAgainLater when a node lock is busy, IOFailure for an
-    unreadable record (ADD refuses every pod then, and so must the state:
-    see :func:`unusable`), and other CniErrors or OSErrors from the scan.
+    Raises TryAgainLater when a node lock is busy, IOFailure when the
+    records cannot be listed (ADD refuses every pod then, and so must the
+    state: see :func:`unusable`), and other CniErrors or OSErrors from the scan.
     """
+    from rdma_cni.identity import VfFinder
     from rdma_cni.inventory import scan
     from rdma_cni.netlink import Rtnl
     from rdma_cni.record import RecordStore, node_lock
@@ -191,15 +193,22 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
         vfctl = vf_control(host)
         for view in views:
             store = RecordStore(view.state_dir)
+            unreadable: list[str] = []
             # Held only while reading: the API call happens after, lock-free.
             with node_lock(view.lock_file, LOCK_TIMEOUT):
-                records = store.all()
+                # As ADD reads the node: a corrupt record holds nothing (ADD sets
+                # it aside; the agent, which only reads, leaves it), and a VF no
+                # record holds is free only when the kernel shows it home.
+                records = store.all(unreadable)
                 node = scan(
                     pfs=list(view.pfs) if view.pfs is not None else None,
                     capacity=view.capacity,
                     attachments=records,
                     vfctl=vfctl,
+                    home=VfFinder(host).in_host,
                 )
+            for problem in unreadable:
+                log.warning("node state: %s; its VFs count as free only once back in the host", problem)
             for pv in pf_views(node, view.isolation):
                 if pv.name in pfs:
                     pfs[pv.name].merge(pv)
@@ -227,5 +236,5 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
 
 
 def unusable() -> nodestate.NodeState:
-    """The state of a node whose ADD refuses every pod (an unreadable record): no PFs, nothing fits."""
+    """The state of a node whose ADD refuses every pod (its records cannot be listed): no PFs, nothing fits."""
     return nodestate.NodeState(version=nodestate.VERSION, generation=0, updated="", pfs=(), allocations=())

@@ -4,8 +4,15 @@ Flow: the pod's request is fetched before the node lock (network I/O must
 not hold other pods up); under the lock the record and the node are read,
 the placement is decided, and the intent record is written before the
 first kernel change. Any failure releases exactly the steps that ran, in
-reverse, and drops the record; if that release itself fails the record
-stays, so the runtime's DEL finishes the job and no VF is lost.
+reverse, and drops the record; if a kernel-side step of that release fails
+the record stays, so the runtime's DEL finishes the job and no VF is lost.
+An IPAM DEL that fails during the rollback does not keep the VFs: they go
+home, the record goes, and the IPAM release is remembered apart
+(:mod:`rdma_cni.ipam_pending`). The error reported is always ADD's own.
+
+A VF is free only when no record lists it and its netdev is proven, by
+kernel identity, to be home in the host (:mod:`rdma_cni.identity`): a VF
+still in the pod of a lost or set-aside record is never handed out again.
 """
 
 from __future__ import annotations
@@ -16,20 +23,22 @@ from typing import Any
 
 from rdma_cni import placement
 from rdma_cni.attach import (
-    Netns,
     Progress,
     apply_addresses,
     apply_pf_settings,
     bring_up,
     move_in,
 )
-from rdma_cni.commands.common import ipam_for, release_vfs
+from rdma_cni.commands.common import ipam_for, release_vfs, settle
 from rdma_cni.config import NetConf
-from rdma_cni.errors import KernelError, NoCapacity, StateError, UnknownContainer
+from rdma_cni.errors import KernelError, NoCapacity, StateError
+from rdma_cni.identity import VfFinder
 from rdma_cni.inventory import Node, Vf, scan
 from rdma_cni.ipam import Ipam
+from rdma_cni.ipam_pending import PendingStore, retry
 from rdma_cni.isolation import RdmaIsolation
 from rdma_cni.netlink import Rtnl
+from rdma_cni.netns import Netns
 from rdma_cni.podmeta import pod_side_names, resolve_request
 from rdma_cni.podrequest import InterfaceRequest
 from rdma_cni.protocol import CniEnv, Interface, Result, Route
@@ -60,44 +69,49 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
     request, source = resolve_request(env, conf)
     names = pod_side_names(env.ifname, list(request.interfaces), source)
     ipam = ipam_for(conf, doc, env)
-    try:
-        pod = Netns(env.netns)
-    except OSError as exc:
-        raise UnknownContainer(f"cannot open CNI_NETNS {env.netns}: {exc.strerror}") from exc
+    pod = Netns(env.netns)
     store = RecordStore(conf.stateDir)
+    pendings = PendingStore(conf.stateDir)
     isolation = RdmaIsolation(conf.rdmaIsolation)
     try:
         with node_lock(conf.lockFile, conf.lockTimeoutSeconds), Rtnl() as host:
-            if store.get(env.container_id, env.ifname) is not None:
+            if store.get(env.container_id, env.ifname, set_aside=True) is not None:
                 raise StateError(
                     f"{env.container_id}/{env.ifname} is already attached: DEL it before adding it again"
                 )
+            if pendings.exists(env.container_id, env.ifname):
+                # An older IPAM release of this very attachment must finish first,
+                # or its late retry would release the lease this ADD is about to get.
+                item = pendings.get(env.container_id, env.ifname)
+                if item is not None:
+                    retry(pendings, item, doc, env, conf.stateDir)
             vfctl = vf_control(host)
-            node = scan(pfs=conf.pfs, capacity=conf.capacityMbps, attachments=store.all(), vfctl=vfctl)
+            finder = VfFinder(host, pod)
+            node = scan(
+                pfs=conf.pfs,
+                capacity=conf.capacityMbps,
+                attachments=store.all(set_aside=True),
+                vfctl=vfctl,
+                home=finder.in_host,
+            )
             chosen = choose(node, list(request.interfaces), isolation, source)
-            att = plan(env, conf, host, chosen, names, list(request.interfaces), isolation)
+            att = plan(env, conf, finder, chosen, names, list(request.interfaces), isolation)
             store.write(att)
             progress = Progress()
             try:
-                result = perform(att, env, host, pod, vfctl, ipam, isolation, progress)
+                result = perform(att, env, host, finder, vfctl, ipam, isolation, progress)
                 result.dns = merged_dns(conf, att)
                 att.state = "ready"
                 att.result = result.to_dict(att.cni_version)
                 store.write(att)
             except BaseException:
-                errors = release_vfs(
-                    att.vfs,
-                    netns_path=env.netns,
-                    host=host,
-                    vfctl=vfctl,
-                    ipam=ipam,
-                    conf=conf,
-                    progress=progress,
+                finder.forget()
+                released = release_vfs(
+                    att.vfs, host=host, finder=finder, vfctl=vfctl, ipam=ipam, conf=conf, progress=progress
                 )
-                if errors:
-                    log.error("rollback incomplete, keeping the record for DEL: %s", "; ".join(errors))
-                else:
-                    store.delete(att.container_id, att.ifname)
+                problem = settle(store, pendings, att, released, doc)
+                if problem is not None:
+                    log.error("rollback of %s/%s: %s", att.container_id, att.ifname, problem.msg)
                 raise
             return att.result
     finally:
@@ -151,7 +165,7 @@ def choose(node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation
 def plan(
     env: CniEnv,
     conf: NetConf,
-    host: Rtnl,
+    finder: VfFinder,
     chosen: list[Vf],
     names: list[str],
     requests: list[InterfaceRequest],
@@ -173,11 +187,9 @@ def plan(
     for i, (vf, name, req) in enumerate(zip(chosen, names, requests, strict=True)):
         assert vf.netdev is not None  # guaranteed by Vf.free
         pf_name = vf.pf
-        link = host.get_link(name=vf.netdev)
-        if link is None:
-            raise KernelError(
-                f"VF {vf.pci} netdev {vf.netdev} is listed in sysfs but not in the host namespace"
-            )
+        link = finder.in_host(vf.pci)
+        if link is None:  # scan() counts a VF free only when it is proven home
+            raise KernelError(f"VF {vf.pci} netdev {vf.netdev} is not proven to be in the host namespace")
         current = vf.settings.settings() if vf.settings else {}
         applied: dict[str, Any] = {}
         if req.min_tx_rate or req.max_tx_rate or any(current.get("rate", [0, 0])):
@@ -215,7 +227,7 @@ def perform(
     att: Attachment,
     env: CniEnv,
     host: Rtnl,
-    pod: Netns,
+    finder: VfFinder,
     vfctl: VfControl,
     ipam: Ipam | None,
     isolation: RdmaIsolation,
@@ -223,6 +235,8 @@ def perform(
 ) -> Result:
     """Run every ADD step for every VF, marking each before it runs (so rollback covers a half-done step)."""
     result = Result()
+    pod = finder.pod
+    assert pod is not None
     for rec in att.vfs:
         progress.mark(rec.pci, "pf")
         apply_pf_settings(vfctl, rec)
@@ -230,7 +244,10 @@ def perform(
             progress.mark(rec.pci, "rdma")
             isolation.move_in(rec.rdma_device, pod)
         progress.mark(rec.pci, "move")
-        link = move_in(host, pod, rec)
+        home = finder.in_host(rec.pci)
+        if home is None:
+            raise KernelError(f"VF {rec.pci} is no longer proven to be in the host namespace")
+        link = move_in(host, pod, rec, home)
         progress.mark(rec.pci, "up")
         bring_up(pod, link, rec)
         index = len(result.interfaces)

@@ -1,15 +1,20 @@
-"""CHECK: is everything ADD made still there, as ADD made it?"""
+"""CHECK: is everything ADD made still there, as ADD made it?
+
+Each pod-side interface must be the VF the record names by kernel identity
+(:mod:`rdma_cni.identity`), not by name or alias, which the pod controls.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rdma_cni.attach import Netns, alias_for
 from rdma_cni.commands.common import ipam_for
 from rdma_cni.config import NetConf
-from rdma_cni.errors import CheckFailed, InvalidConfig, UnknownContainer
+from rdma_cni.errors import CheckFailed, InvalidConfig
+from rdma_cni.identity import VfFinder
 from rdma_cni.isolation import RdmaIsolation
 from rdma_cni.netlink import Rtnl
+from rdma_cni.netns import Netns
 from rdma_cni.protocol import CniEnv, Result
 from rdma_cni.record import RecordStore, node_lock
 from rdma_cni.vfcontrol import vf_control
@@ -28,23 +33,24 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
         raise CheckFailed(f"no rdma-cni attachment is recorded for {where}")
     if att.state != "ready":
         raise CheckFailed(f"the ADD of {where} did not finish (record state {att.state})")
-    try:
-        pod = Netns(env.netns)
-    except OSError as exc:
-        raise UnknownContainer(f"cannot open CNI_NETNS {env.netns}: {exc.strerror}") from exc
+    pod = Netns(env.netns)
     ipam = ipam_for(conf, doc, env)
     isolation = RdmaIsolation(conf.rdmaIsolation)
     prev_by_name = {i.name: (n, i) for n, i in enumerate(prev.interfaces)}
     try:
         with Rtnl() as host:
             vfctl = vf_control(host)
+            finder = VfFinder(host, pod)
             tables: dict[str, Any] = {}
             for rec in att.vfs:
                 link = pod.rtnl.get_link(name=rec.pod_name)
                 if link is None:
                     raise CheckFailed(f"interface {rec.pod_name} (VF {rec.pci}) is missing from {env.netns}")
-                if link.alias != alias_for(rec.pci):
-                    raise CheckFailed(f"interface {rec.pod_name} in {env.netns} is not VF {rec.pci}")
+                if not finder.check(link, rec.pci):
+                    raise CheckFailed(
+                        f"interface {rec.pod_name} in {env.netns} is not VF {rec.pci} (the kernel does "
+                        "not report it as that VF's netdev, whatever its name or alias say)"
+                    )
                 if rec.pod_name not in prev_by_name:
                     raise CheckFailed(f"prevResult does not list interface {rec.pod_name}")
                 index, itf = prev_by_name[rec.pod_name]

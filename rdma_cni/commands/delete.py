@@ -1,47 +1,100 @@
 """DEL: give back every VF of the attachment, from whatever state the node is in.
 
 Works without the pod's netns (deleted, rebooted), after a crashed ADD (a
-record in state ``adding``), and with no record at all (nothing to do). If
-some step fails the record stays and DEL reports the error, so the runtime's
-retry can finish the job: a VF is never forgotten while still configured.
+record in state ``adding``), and without a usable record: when the record is
+missing, corrupt (set aside), lists no VFs or the wrong ones, the VFs of the
+configured PFs proven by kernel identity to sit in the pod's namespace, and
+held by no other record, are returned too, and IPAM is released for the
+pod-side names found (or ``CNI_IFNAME``). If a kernel-side step fails the
+record stays and DEL reports it (103), so the runtime's retry can finish the
+job. An IPAM DEL that fails does not hold the VFs: they go home, the record
+goes, the IPAM release is remembered apart and retried by the next DEL of
+this attachment and by GC, and DEL reports 104.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
-from rdma_cni.commands.common import ipam_for, release_attachment
+from rdma_cni.attach import Released
+from rdma_cni.commands.common import ipam_for, release_vfs, settle, stray_vfs
 from rdma_cni.config import NetConf
-from rdma_cni.errors import KernelError
+from rdma_cni.errors import CniError
+from rdma_cni.identity import VfFinder
+from rdma_cni.ipam_pending import PendingStore, retry
 from rdma_cni.netlink import Rtnl
+from rdma_cni.netns import Netns
 from rdma_cni.protocol import CniEnv
-from rdma_cni.record import RecordStore, node_lock
+from rdma_cni.record import Attachment, RecordStore, node_lock
 from rdma_cni.vfcontrol import vf_control
 
 log = logging.getLogger("rdma_cni.delete")
 
 
+@contextlib.contextmanager
+def _optional_netns(path: str) -> Iterator[Netns | None]:
+    pod = Netns.open_optional(path)
+    try:
+        yield pod
+    finally:
+        if pod is not None:
+            pod.close()
+
+
 def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
     """The DEL verb."""
     store = RecordStore(conf.stateDir)
+    pendings = PendingStore(conf.stateDir)
     with node_lock(conf.lockFile, conf.lockTimeoutSeconds):
-        att = store.get(env.container_id, env.ifname)
-        if att is None:
-            log.info("nothing recorded for %s/%s: already deleted", env.container_id, env.ifname)
-            return None
-        if env.netns and env.netns != att.netns:
+        att = store.get(env.container_id, env.ifname, set_aside=True)
+        if att is not None and env.netns and env.netns != att.netns:
             log.info("CNI_NETNS %s differs from the recorded %s; using CNI_NETNS", env.netns, att.netns)
             att.netns = env.netns
-        with Rtnl() as host:
-            errors = release_attachment(
-                att, host=host, vfctl=vf_control(host), ipam=ipam_for(conf, doc, env), conf=conf
+        # A record listing no VFs is no usable account of the attachment.
+        unusable = att is not None and not att.vfs
+        netns = env.netns or (att.netns if att else "")
+        ipam = ipam_for(conf, doc, env)
+        with Rtnl() as host, _optional_netns(netns) as pod:
+            finder = VfFinder(host, pod)
+            strays = stray_vfs(finder, conf, store, att)
+            if att is None and not strays and pod is None:
+                log.info("nothing recorded for %s/%s and no pod namespace", env.container_id, env.ifname)
+            vfs = (att.vfs if att else []) + strays
+            released = release_vfs(
+                vfs, host=host, finder=finder, vfctl=vf_control(host), ipam=ipam, conf=conf
             )
-        if errors:
-            raise KernelError(
-                f"DEL could not release everything for {env.container_id}/{env.ifname}; the record "
-                "is kept so a retry can finish",
-                "; ".join(errors),
-            )
-        store.delete(env.container_id, env.ifname)
+            if (unusable or strays) and ipam is not None and env.ifname not in {v.pod_name for v in strays}:
+                # Without a usable record, the first interface is the one name known for sure.
+                # (No record and nothing found: an earlier DEL released it all; IPAM is not asked again.)
+                _ipam_del(ipam, env.ifname, released)
+        pending_error: CniError | None = None
+        if pendings.exists(env.container_id, env.ifname):
+            item = pendings.get(env.container_id, env.ifname)
+            if item is not None:
+                try:
+                    retry(pendings, item, doc, env, conf.stateDir)
+                except CniError as exc:
+                    pending_error = exc
+        subject = att or Attachment(
+            container_id=env.container_id,
+            ifname=env.ifname,
+            network=conf.name,
+            netns=netns,
+            cni_version=conf.cniVersion,
+        )
+        error = settle(store, pendings, subject, released, doc) or pending_error
+    if error is not None:
+        raise error
     return None
+
+
+def _ipam_del(ipam: Any, name: str, released: Released) -> None:
+    try:
+        ipam.delete(name)
+    except CniError as exc:
+        log.error("IPAM DEL for %s: %s", name, exc.msg)
+        released.ipam_failed.append(name)
+        released.ipam_errors.append(f"IPAM DEL for {name}: {exc.msg}")

@@ -1,16 +1,27 @@
-"""GC: release every attachment of this network that the runtime no longer knows."""
+"""GC: release every attachment of this network that the runtime no longer knows.
+
+Also, under the node lock: sets corrupt records aside (logged; not a GC
+failure, the node keeps serving), retries this network's pending IPAM
+releases (:mod:`rdma_cni.ipam_pending`), and removes temporary files that a
+killed writer left in the state directories. A release whose IPAM DEL fails
+still returns the VFs and drops the record; the IPAM release becomes pending
+and GC reports it (108).
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from rdma_cni.commands.common import ipam_for, release_attachment
+from rdma_cni.commands.common import describe, ipam_for, release_vfs, settle
 from rdma_cni.config import NetConf
 from rdma_cni.errors import CniError, GarbageCollectionFailed, InvalidConfig
+from rdma_cni.identity import VfFinder
+from rdma_cni.ipam_pending import PendingStore, retry
 from rdma_cni.netlink import Rtnl
+from rdma_cni.netns import Netns
 from rdma_cni.protocol import CniEnv
-from rdma_cni.record import RecordStore, node_lock
+from rdma_cni.record import RecordStore, node_lock, remove_orphaned_temporaries
 from rdma_cni.vfcontrol import vf_control
 
 log = logging.getLogger("rdma_cni.gc")
@@ -38,28 +49,51 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
     """The GC verb: keeps going past individual failures and reports them all."""
     valid = valid_attachments(doc)
     store = RecordStore(conf.stateDir)
+    pendings = PendingStore(conf.stateDir)
     failures: list[str] = []
     released = 0
     with node_lock(conf.lockFile, conf.lockTimeoutSeconds), Rtnl() as host:
-        vfctl = vf_control(host)
-        for att in store.all(failures):
-            if att.network != conf.name or att.key in valid:
+        for directory in (store.dir, pendings.dir):
+            try:
+                remove_orphaned_temporaries(directory)
+            except CniError as exc:
+                failures.append(exc.msg)
+        pending_errors: list[str] = []
+        for item in pendings.all(pending_errors):
+            if item.network != conf.name:
                 continue
             try:
-                errors = release_attachment(
-                    att,
+                retry(pendings, item, doc, env, conf.stateDir)
+            except CniError as exc:
+                failures.append(exc.msg)
+        failures.extend(pending_errors)
+        set_aside: list[str] = []
+        vfctl = vf_control(host)
+        for att in store.all(set_aside, set_aside=True):
+            if att.network != conf.name or att.key in valid:
+                continue
+            log.info("releasing %s", describe(att))
+            pod = Netns.open_optional(att.netns)
+            outcome = None
+            try:
+                outcome = release_vfs(
+                    att.vfs,
                     host=host,
+                    finder=VfFinder(host, pod),
                     vfctl=vfctl,
                     conf=conf,
                     ipam=ipam_for(conf, doc, env, att.container_id, att.netns),
                 )
+                problem = settle(store, pendings, att, outcome, doc)
             except CniError as exc:
-                errors = [exc.msg]
-            if errors:
-                failures.append(f"{att.container_id}/{att.ifname}: " + "; ".join(errors))
-                continue
-            store.delete(att.container_id, att.ifname)
-            released += 1
+                problem = exc
+            finally:
+                if pod is not None:
+                    pod.close()
+            if problem is not None:
+                failures.append(f"{att.container_id}/{att.ifname}: {problem.msg}")
+            if outcome is not None and not outcome.errors:
+                released += 1
         ipam = ipam_for(conf, doc, env)
         if ipam is not None:
             try:
@@ -67,6 +101,8 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
                     log.info("IPAM plugin %s does not support GC; not forwarded", ipam.type)
             except CniError as exc:
                 failures.append(f"IPAM GC: {exc.msg}")
+    if set_aside:
+        log.error("GC set %d corrupt record(s) aside: %s", len(set_aside), " | ".join(set_aside))
     log.info("GC released %d attachment(s)", released)
     if failures:
         raise GarbageCollectionFailed(f"GC could not release {len(failures)} item(s)", " | ".join(failures))

@@ -6,7 +6,11 @@ plugin reads (``class/net/<pf>/device -> bus/pci/devices/<pci>``,
 ``numa_node``, ``infiniband/``), and PF-side VF settings live in the JSON file
 the plugin's ``RDMA_CNI_FAKE_VF_CONTROL`` seam reads. Each VF netdev is one
 end of a real veth pair (the other end stays in the host as its "wire"), so
-netns moves, renames, addresses and routes are real kernel operations.
+netns moves, renames, addresses and routes are real kernel operations. The
+wire is the VF's identity: ``bus/pci/devices/<pci>/rdma_cni_sim_wire`` names
+it, and the plugin (with ``RDMA_CNI_FAKE_VF_IDENTITY`` set) takes a netdev
+for that VF only when the kernel reports the wire as its peer, which a pod
+cannot forge (see rdma_cni.identity).
 
 Test code may use ``ip`` freely; only the plugin is held to netlink.
 
@@ -60,7 +64,11 @@ class SimNode:
 
     def env(self) -> dict[str, str]:
         """Environment the plugin needs to see this node."""
-        return {"RDMA_CNI_SYSFS_ROOT": self.sysfs, "RDMA_CNI_FAKE_VF_CONTROL": self.vfcontrol}
+        return {
+            "RDMA_CNI_SYSFS_ROOT": self.sysfs,
+            "RDMA_CNI_FAKE_VF_CONTROL": self.vfcontrol,
+            "RDMA_CNI_FAKE_VF_IDENTITY": "veth-peer",
+        }
 
     def pf_pci(self, k: int) -> str:
         return f"0000:{0x5E + k:02x}:00.0"
@@ -103,6 +111,7 @@ class SimNode:
             for i in range(pf.num_vfs):
                 vf_dir = os.path.join(pci_root, self.vf_pci(k, i))
                 os.makedirs(os.path.join(vf_dir, "net", self.vf_netdev(k, i)))
+                self._write(vf_dir, "rdma_cni_sim_wire", self.vf_wire(k, i))
                 os.symlink(vf_dir, os.path.join(pf_dir, f"virtfn{i}"))
                 os.symlink(pf_dir, os.path.join(vf_dir, "physfn"))
                 os.symlink(os.path.join(drivers, "simvf"), os.path.join(vf_dir, "driver"))
