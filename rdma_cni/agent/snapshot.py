@@ -236,5 +236,5 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
 
 
 def unusable() -> nodestate.NodeState:
-    """The state of a node whose ADD refuses every pod (its records cannot be listed): no PFs, nothing fits."""
+    """The state of a node whose ADD refuses every pod (records cannot be listed): nothing fits."""
     return nodestate.NodeState(version=nodestate.VERSION, generation=0, updated="", pfs=(), allocations=())
