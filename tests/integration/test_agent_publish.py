@@ -215,13 +215,13 @@ def test_heartbeat_rewrites_an_unchanged_state(cluster: Cluster) -> None:
     assert 3 <= agent.publisher.writes <= 6
 
 
-def test_corrupt_record_publishes_that_nothing_fits_until_fixed(cluster: Cluster) -> None:
+def test_unlistable_records_publish_that_nothing_fits_until_fixed(cluster: Cluster) -> None:
     name = node_name()
     cluster.api.add_node(name)
-    bad = os.path.join(cluster.state_dir, "attachments", "bad@net1.json")
-    os.makedirs(os.path.dirname(bad))
+    os.makedirs(cluster.state_dir)
+    bad = os.path.join(cluster.state_dir, "attachments")
     with open(bad, "w") as f:
-        f.write("{")
+        f.write("not a directory")
     agent = make_agent(cluster, name)
     with running(agent):
         state = wait_for(lambda: published(cluster, name), 10, "the first publish")

@@ -108,12 +108,30 @@ def test_a_vf_held_by_a_record_of_another_network_is_used(cluster: Cluster) -> N
     assert cluster.run("DEL", pod, cluster.conf(name="other-net", pfs=["simpf1"])).ok
 
 
-def test_corrupt_record_raises_like_add(cluster: Cluster) -> None:
-    os.makedirs(os.path.join(cluster.state_dir, "attachments"))
-    with open(os.path.join(cluster.state_dir, "attachments", "bad@net1.json"), "w") as f:
+def test_a_corrupt_records_vf_stays_out_of_the_pool_while_in_the_pod(cluster: Cluster) -> None:
+    conf = cluster.conf()
+    view = view_of(cluster)
+    pod = cluster.pod([{"min_tx_rate": 1000}])
+    assert cluster.run("ADD", pod, conf).ok
+    (name,) = cluster.records
+    with open(os.path.join(cluster.state_dir, "attachments", name), "w") as f:
         f.write("{")
-    with pytest.raises(IOFailure, match=r"bad@net1\.json"):
+    state = snapshot.snapshot([view])
+    # Nobody's (the record is unreadable) and not free (its netdev is in the pod): in neither count.
+    assert sum(p.used_vfs for p in state.pfs) == 0 and state.allocations == ()
+    assert sorted(p.capacity_vfs for p in state.pfs) == [3, 4]
+    # The agent only reads: the file is still there for ADD to set aside.
+    assert cluster.records == [name]
+
+
+def test_unlistable_records_raise_like_add(cluster: Cluster) -> None:
+    os.makedirs(cluster.state_dir)
+    with open(os.path.join(cluster.state_dir, "attachments"), "w") as f:
+        f.write("not a directory")
+    with pytest.raises(IOFailure, match="cannot list state directory"):
         snapshot.snapshot([view_of(cluster)])
+    pod = cluster.pod([{}])
+    assert cluster.run("ADD", pod, cluster.conf()).doc["code"] == 5
 
 
 def test_busy_node_lock_is_try_again(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,9 @@ from hypothesis import strategies as st
 
 from rdma_cni import nodestate
 from rdma_cni.agent import snapshot
+from rdma_cni.extender.decide import Decider, Verdict
+from rdma_cni.extender.demand import Demand
+from rdma_cni.podrequest import parse_request
 from tests.integration.conftest import Cluster, assert_node_pristine
 from tests.support.simnode import SimPf
 
@@ -56,19 +59,16 @@ CAPACITY = st.fixed_dictionaries(
 )
 
 
-def extender_verdict(state: nodestate.NodeState, request: list[dict[str, int]]) -> bool:
-    """Whether the extender's filter passes the node for this request (its own view: the annotation)."""
-    from rdma_cni import placement
+DECIDER = Decider()
 
-    published = nodestate.decode(
-        nodestate.encode(dataclasses.replace(state, generation=1, updated="2026-01-01T00:00:00Z"))
-    )
-    requests = [placement.Request(r.get("min_tx_rate", 0), r.get("max_tx_rate", 0)) for r in request]
-    try:
-        placement.place(requests, nodestate.pf_states(published))
-    except placement.NoFit:
-        return False
-    return True
+
+def extender_verdict(state: nodestate.NodeState, request: list[dict[str, int]]) -> Verdict:
+    """The extender's filter verdict for the node, from the annotation as the agent publishes it."""
+    text = nodestate.encode(dataclasses.replace(state, generation=1, updated="2026-01-01T00:00:00Z"))
+    view = DECIDER.view(text)
+    assert DECIDER.unusable(view, DECIDER.now()) == ""
+    demand = Demand.of(parse_request(json.dumps(request), "probe"), "probe")
+    return DECIDER.verdict(demand, view)
 
 
 @pytest.mark.node(LAYOUT)
@@ -104,7 +104,9 @@ def test_extender_verdict_equals_add_outcome(
             if outcome.ok:
                 added.append(pod)
         state = snapshot.snapshot([view])
-        fits = extender_verdict(state, probe)
+        verdict = extender_verdict(state, probe)
+        assert not verdict.exhausted  # such small nodes never exhaust the search budget
+        fits = verdict.fits
         pod = cluster.pod(probe)
         outcome = cluster.run_inproc("ADD", pod, conf)
         if outcome.ok:
