@@ -80,6 +80,10 @@ class ClusterCredentials:
         found: list[str] = []
         if self.token:
             found.append(self.token)
+        userinfo = urllib.parse.urlsplit(self.server).netloc.rpartition("@")[0]
+        if userinfo:
+            # user:password in the server URL is a credential too.
+            found.append(userinfo)
         if self.client_key_data:
             text = self.client_key_data.decode("ascii", "replace")
             found.append(text)
@@ -549,3 +553,11 @@ def _redact(text: str, creds: ClusterCredentials) -> str:
         if secret:
             text = text.replace(secret, "<redacted>")
     return text
+
+
+# Shared with rdma_cni.kubeapi, the long-running components' client, so that
+# both clients materialise TLS files and redact secrets the same way.
+tls_files = _tls_files
+redact = _redact
+snippet = _snippet
+describe = _describe

@@ -215,6 +215,7 @@ class SeenRequest:
     accept: str | None
     content_type: str | None = None
     body: bytes = b""
+    client_port: int = 0  # the client's TCP port: one per connection
 
 
 class _HttpsServer(ThreadingHTTPServer):
@@ -1177,6 +1178,7 @@ class ApiServer:
                     accept=handler.headers.get("Accept"),
                     content_type=handler.headers.get("Content-Type"),
                     body=body or b"",
+                    client_port=int(handler.client_address[1]),
                 )
             )
             hang = self._hang

@@ -1,0 +1,486 @@
+"""rdma_cni.kubeapi against the real HTTPS API stand-in: verbs, watches, every error type, redaction."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rdma_cni import __version__, k8s, kubeapi
+from rdma_cni.errors import InvalidConfig
+from rdma_cni.kubeapi import ApiClient, ApiError, Conflict, Gone, Invalid, NotFound, Unavailable
+
+_ROOT = Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from tests.support.apiserver import ApiServer, make_ca  # noqa: E402
+
+STATE = "rdma-cni.io/node-state"
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[ApiServer]:
+    with ApiServer() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _clean_server(api: ApiServer) -> Iterator[None]:
+    api.reset()
+    api.bookmark_interval = 60.0
+    yield
+    api.drop_watches()
+    api.reset()
+
+
+@pytest.fixture
+def client(api: ApiServer, tmp_path: Path) -> Iterator[ApiClient]:
+    with ApiClient.from_kubeconfig(api.write_kubeconfig(tmp_path / "kubeconfig"), timeout=3.0) as c:
+        yield c
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _collect(
+    events: Iterator[dict[str, Any]], into: list[dict[str, Any]], errors: list[BaseException]
+) -> None:
+    try:
+        for event in events:
+            into.append(event)
+    except ApiError as exc:
+        errors.append(exc)
+
+
+def _wait(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert predicate()
+
+
+# -- verbs
+
+
+def test_get_sends_token_and_user_agent(api: ApiServer, client: ApiClient) -> None:
+    api.add_node("node-a", images=3)
+    node = client.get("/api/v1/nodes/node-a")
+    assert node["metadata"]["name"] == "node-a" and len(node["status"]["images"]) == 3
+    seen = api.requests_seen[-1]
+    assert seen.authorization == f"Bearer {api.token}"
+    assert seen.user_agent == f"rdma-cni/{__version__}"
+    assert seen.accept == "application/json"
+
+
+def test_one_keep_alive_connection_for_many_requests(api: ApiServer, client: ApiClient) -> None:
+    api.add_node("node-a")
+    api.reset()
+    for _ in range(5):
+        client.get("/api/v1/nodes/node-a")
+    assert len({seen.client_port for seen in api.requests_seen}) == 1
+
+
+def test_list_full_and_metadata_only(api: ApiServer, client: ApiClient) -> None:
+    api.add_node("node-a", annotations={STATE: "{}"}, images=2)
+    api.add_node("node-b")
+    full = client.list("/api/v1/nodes")
+    assert full["kind"] == "NodeList" and len(full["items"]) == 2
+    meta = client.list("/api/v1/nodes", metadata_only=True)
+    assert api.requests_seen[-1].accept == kubeapi.METADATA_LIST_ACCEPT
+    assert meta["kind"] == "PartialObjectMetadataList"
+    assert meta["items"][0]["metadata"]["annotations"][STATE] == "{}"
+    assert meta["metadata"]["resourceVersion"] == str(api.resource_version)
+    page = client.list("/api/v1/nodes", {"limit": 1}, metadata_only=True)
+    assert len(page["items"]) == 1 and page["metadata"]["continue"]
+
+
+def test_patch_merge_and_post_binding(api: ApiServer, client: ApiClient) -> None:
+    api.add_node("node-a")
+    node = client.patch_merge("/api/v1/nodes/node-a", {"metadata": {"annotations": {STATE: '{"v":1}'}}})
+    assert node["metadata"]["annotations"][STATE] == '{"v":1}'
+    assert api.requests_seen[-1].content_type == "application/merge-patch+json"
+    pod = api.add_pod("ns", "p", node_name=None)
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "p", "uid": pod["metadata"]["uid"]},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"},
+    }
+    status = client.post("/api/v1/namespaces/ns/pods/p/binding", binding)
+    assert status["status"] == "Success" and status["code"] == 201
+    assert api.get_pod("ns", "p")["spec"]["nodeName"] == "node-a"
+
+
+def test_client_certificate_data_files_live_until_close(api: ApiServer, tmp_path: Path) -> None:
+    api.add_node("node-a")
+    client = ApiClient.from_kubeconfig(
+        api.write_kubeconfig(tmp_path / "kc", mode="client-cert-data", ca="data")
+    )
+    client.get("/api/v1/nodes/node-a")
+    assert api.requests_seen[-1].client_cert_cn == "rdma-cni-test-client"
+    verify = client._open().verify
+    assert os.path.isfile(verify) and (os.stat(verify).st_mode & 0o777) == 0o600
+    client.close()
+    assert not os.path.exists(verify)
+    # A closed client reopens on use.
+    assert client.get("/api/v1/nodes/node-a")["metadata"]["name"] == "node-a"
+    client.close()
+
+
+def test_in_cluster_service_account(api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text(api.token + "\n")
+    (sa / "ca.crt").write_bytes(Path(api.ca_path).read_bytes())
+    monkeypatch.setenv(k8s.SERVICEACCOUNT_DIR_ENV, str(sa))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(api.port))
+    api.add_node("node-a")
+    with ApiClient.from_kubeconfig(None) as c:
+        assert c.get("/api/v1/nodes/node-a")["metadata"]["name"] == "node-a"
+
+
+def test_bad_kubeconfig_is_invalid_config(tmp_path: Path) -> None:
+    (tmp_path / "kc").write_text("{}")
+    with pytest.raises(InvalidConfig, match="current-context"):
+        ApiClient.from_kubeconfig(str(tmp_path / "kc"))
+
+
+def test_concurrent_use_from_threads(api: ApiServer, client: ApiClient) -> None:
+    for i in range(8):
+        api.add_node(f"node-{i}")
+    results: list[str] = []
+    failures: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(10):
+                results.append(client.get(f"/api/v1/nodes/node-{i}")["metadata"]["name"])
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    assert sorted(results) == sorted(f"node-{i}" for i in range(8) for _ in range(10))
+
+
+def test_path_must_be_absolute(client: ApiClient) -> None:
+    with pytest.raises(ValueError, match="must start with '/'"):
+        client.get("api/v1/nodes")
+
+
+# -- errors, typed by status
+
+
+def test_not_found(client: ApiClient) -> None:
+    with pytest.raises(NotFound) as info:
+        client.get("/api/v1/nodes/missing")
+    assert info.value.status == 404 and info.value.reason == "NotFound"
+    assert info.value.message == 'GET /api/v1/nodes/missing: HTTP 404 NotFound: nodes "missing" not found'
+
+
+def test_conflict_on_stale_resource_version(api: ApiServer, client: ApiClient) -> None:
+    rv = api.add_node("node-a")["metadata"]["resourceVersion"]
+    api.set_node_annotations("node-a", {"other": "writer"})
+    with pytest.raises(Conflict) as info:
+        client.patch_merge(
+            "/api/v1/nodes/node-a", {"metadata": {"resourceVersion": rv, "annotations": {"a": "b"}}}
+        )
+    assert info.value.status == 409 and "the object has been modified" in info.value.message
+
+
+def test_invalid_patch_is_invalid(api: ApiServer, client: ApiClient) -> None:
+    api.add_node("node-a")
+    with pytest.raises(Invalid) as info:
+        client.patch_merge("/api/v1/nodes/node-a", {"metadata": {"annotations": {STATE: "x" * 300_000}}})
+    assert info.value.status == 422 and "Too long" in info.value.message
+
+
+def test_gone_on_expired_continue_token(api: ApiServer, client: ApiClient) -> None:
+    api.add_node("node-a")
+    api.add_node("node-b")
+    token = client.list("/api/v1/nodes", {"limit": 1})["metadata"]["continue"]
+    api.add_node("node-c")
+    api.compact()
+    with pytest.raises(Gone) as info:
+        client.list("/api/v1/nodes", {"limit": 1, "continue": token})
+    assert info.value.status == 410 and info.value.reason == "Expired"
+
+
+@pytest.mark.parametrize("status", [429, 500, 503, 504])
+def test_overload_and_server_errors_are_unavailable(api: ApiServer, client: ApiClient, status: int) -> None:
+    api.fail_next(1, status=status)
+    with pytest.raises(Unavailable) as info:
+        client.list("/api/v1/nodes")
+    assert info.value.status == status
+    assert client.list("/api/v1/nodes")["kind"] == "NodeList"  # no retry inside: the next call works
+
+
+def test_connection_refused_is_unavailable_with_status_0(tmp_path: Path) -> None:
+    creds = k8s.ClusterCredentials(server=f"https://127.0.0.1:{_closed_port()}", source="test", token="t")
+    with ApiClient(creds, timeout=1.0) as c, pytest.raises(Unavailable) as info:
+        c.get("/api/v1/nodes")
+    assert info.value.status == 0 and info.value.reason == "NoAnswer"
+
+
+def test_hanging_server_times_out_as_unavailable(api: ApiServer, tmp_path: Path) -> None:
+    api.add_node("node-a")
+    api.hang(10)
+    with ApiClient.from_kubeconfig(api.write_kubeconfig(tmp_path / "kc"), timeout=0.5) as c:
+        start = time.monotonic()
+        with pytest.raises(Unavailable) as info:
+            c.get("/api/v1/nodes/node-a")
+        assert time.monotonic() - start < 3
+    assert info.value.status == 0
+
+
+@pytest.mark.parametrize(
+    ("action", "status", "reason"),
+    [
+        ("bad-selector", 400, "BadRequest"),
+        ("wrong-token", 401, "Unauthorized"),
+        ("forbidden", 403, "Forbidden"),
+        ("method", 405, "MethodNotAllowed"),
+    ],
+)
+def test_other_refusals_are_plain_api_errors(
+    api: ApiServer, tmp_path: Path, action: str, status: int, reason: str
+) -> None:
+    token = "wrong-token-value" if action == "wrong-token" else None
+    kubeconfig = api.write_kubeconfig(tmp_path / "kc", token=token)
+    with ApiClient.from_kubeconfig(kubeconfig) as c, pytest.raises(ApiError) as info:
+        if action == "bad-selector":
+            c.list("/api/v1/pods", {"fieldSelector": "spec.bogus=1"})
+        elif action == "forbidden":
+            api.forbid_namespace("locked")
+            c.list("/api/v1/namespaces/locked/pods")
+        elif action == "method":
+            c.post("/api/v1/nodes/node-a", {})
+        else:
+            c.list("/api/v1/nodes")
+    assert type(info.value) is ApiError
+    assert info.value.status == status and info.value.reason == reason
+    assert "wrong-token-value" not in str(info.value)
+
+
+def test_tls_failure_is_not_unavailable(api: ApiServer, tmp_path: Path) -> None:
+    other_ca, _ = make_ca(str(tmp_path / "other"))
+    creds = k8s.ClusterCredentials(server=api.url, source="test creds", ca_file=other_ca, token=api.token)
+    with ApiClient(creds) as c, pytest.raises(ApiError) as info:
+        c.get("/api/v1/nodes")
+    assert type(info.value) is ApiError and info.value.reason == "TLSError" and info.value.status == 0
+    assert "test creds" in info.value.message
+
+
+def test_answer_that_is_not_json(api: ApiServer, client: ApiClient) -> None:
+    api.add_pod("ns", "p")
+    api.malform_next(1)
+    with pytest.raises(ApiError) as info:
+        client.get("/api/v1/namespaces/ns/pods/p")
+    assert info.value.reason == "InvalidResponse" and "502 Bad Gateway" in info.value.message
+
+
+def test_secrets_are_redacted_from_messages(api: ApiServer, client: ApiClient) -> None:
+    # The server quotes the (secret-bearing) name back in its 404 message.
+    with pytest.raises(NotFound) as info:
+        client.get(f"/api/v1/nodes/{api.token}")
+    assert api.token not in str(info.value) and "<redacted>" in str(info.value)
+
+
+def test_url_userinfo_is_never_sent_nor_shown(api: ApiServer, tmp_path: Path) -> None:
+    api.add_node("node-a")
+    server = api.url.replace("https://", "https://admin:hunter2pass@")
+    creds = k8s.ClusterCredentials(server=server, source="test", ca_file=api.ca_path, token=api.token)
+    with ApiClient(creds) as c:
+        assert c.server == api.url
+        c.get("/api/v1/nodes/node-a")
+        assert api.requests_seen[-1].authorization == f"Bearer {api.token}"
+        with pytest.raises(NotFound) as info:
+            c.get("/api/v1/nodes/admin:hunter2pass")
+    assert "hunter2pass" not in str(info.value)
+
+
+def test_importing_kubeapi_does_not_import_requests() -> None:
+    code = "import sys, rdma_cni.kubeapi; print('requests' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=_ROOT)
+    assert out.stdout.strip() == "False"
+
+
+# -- watch
+
+
+def test_watch_streams_events_and_bookmarks(api: ApiServer, client: ApiClient) -> None:
+    api.add_node("node-a")
+    since = client.list("/api/v1/nodes", metadata_only=True)["metadata"]["resourceVersion"]
+    events: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+    stream = client.watch("/api/v1/nodes", {"resourceVersion": since}, metadata_only=True, timeout_seconds=30)
+    reader = threading.Thread(target=_collect, args=(stream, events, errors), daemon=True)
+    reader.start()
+    _wait(lambda: api.watch_count == 1)
+    seen = api.requests_seen[-1]
+    assert seen.accept == kubeapi.METADATA_ACCEPT
+    assert "allowWatchBookmarks=true" in seen.path and "timeoutSeconds=30" in seen.path
+    api.set_node_annotations("node-a", {STATE: "1"})
+    api.add_node("node-watch-new")
+    api.send_bookmarks()
+    _wait(lambda: len(events) >= 3)
+    assert [e["type"] for e in events] == ["MODIFIED", "ADDED", "BOOKMARK"]
+    assert events[0]["object"]["metadata"]["annotations"][STATE] == "1"
+    assert events[2]["object"]["metadata"]["resourceVersion"] == str(api.resource_version)
+    api.drop_watches()
+    reader.join(5)
+    assert isinstance(errors[0], Unavailable)
+
+
+def test_watch_ends_when_the_server_ends_it(api: ApiServer, client: ApiClient) -> None:
+    events = list(
+        client.watch("/api/v1/nodes", {"resourceVersion": str(api.resource_version)}, timeout_seconds=1)
+    )
+    assert events == []
+
+
+def test_watch_from_a_compacted_version_raises_gone(api: ApiServer, client: ApiClient) -> None:
+    api.add_node("node-a")
+    old = api.resource_version
+    api.add_node("node-b")
+    api.compact()
+    with pytest.raises(Gone) as info:
+        list(client.watch("/api/v1/nodes", {"resourceVersion": str(old)}))
+    assert info.value.status == 410 and "too old resource version" in info.value.message
+
+
+def test_dropped_watch_is_unavailable(api: ApiServer, client: ApiClient) -> None:
+    events: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+    stream = client.watch("/api/v1/nodes", {"resourceVersion": str(api.resource_version)})
+    reader = threading.Thread(target=_collect, args=(stream, events, errors), daemon=True)
+    reader.start()
+    _wait(lambda: api.watch_count == 1)
+    api.drop_watches()
+    reader.join(5)
+    assert not reader.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], Unavailable)
+    assert errors[0].reason == "WatchInterrupted"
+
+
+def test_silent_watch_hits_the_read_timeout(api: ApiServer, tmp_path: Path) -> None:
+    api.hang(10)  # headers never come
+    with ApiClient.from_kubeconfig(api.write_kubeconfig(tmp_path / "kc"), timeout=0.3) as c:
+        start = time.monotonic()
+        with pytest.raises(Unavailable):
+            list(c.watch("/api/v1/nodes", timeout_seconds=1))
+        assert time.monotonic() - start < 5
+
+
+def test_watch_refused_before_streaming_is_typed(api: ApiServer, client: ApiClient) -> None:
+    api.fail_next(1, status=503)
+    with pytest.raises(Unavailable):
+        list(client.watch("/api/v1/nodes"))
+    with pytest.raises(ApiError) as info:
+        list(client.watch("/api/v1/nodes", {"resourceVersion": "x"}))
+    assert info.value.status == 400
+
+
+class _Scripted(BaseHTTPRequestHandler):
+    """Plain-HTTP server answering every GET with one scripted status and body."""
+
+    protocol_version = "HTTP/1.1"
+    status = 200
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def scripted(body: bytes, status: int = 200) -> Iterator[ApiClient]:
+    """A client of a server that answers ``status`` and ``body`` to everything."""
+    handler = type("Scripted", (_Scripted,), {"body": body, "status": status})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        creds = k8s.ClusterCredentials(
+            server=f"http://127.0.0.1:{server.server_address[1]}", source="t", token="scripted-token-0123"
+        )
+        with ApiClient(creds) as c:
+            yield c
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "status"),
+    [
+        (b"this is not json\n", ApiError, 0),
+        (b'{"type": "ADDED"}\n', ApiError, 0),
+        (b'{"type": "ADDED", "object": {}}' + b" " * (17 * 1024 * 1024) + b"\n", ApiError, 0),
+        (
+            json.dumps({"type": "ERROR", "object": {"kind": "Status", "code": 500, "message": "x"}}).encode(),
+            Unavailable,
+            500,
+        ),
+        (
+            json.dumps(
+                {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Gone"}}
+            ).encode(),
+            Gone,
+            410,
+        ),
+    ],
+)
+def test_malformed_and_error_watch_events(body: bytes, error: type[ApiError], status: int) -> None:
+    with scripted(body) as c, pytest.raises(error) as info:
+        list(c.watch("/api/v1/nodes"))
+    assert info.value.status == status
+    assert len(info.value.message) < 1000
+
+
+def test_answer_that_is_json_but_not_an_object() -> None:
+    with scripted(b"[1, 2]") as c, pytest.raises(ApiError) as info:
+        c.get("/api/v1/nodes/x")
+    assert info.value.reason == "InvalidResponse" and info.value.status == 200
+
+
+def test_error_answer_without_a_status_body() -> None:
+    with scripted(b"<html>bad gateway</html>", status=502) as c, pytest.raises(Unavailable) as info:
+        c.get("/api/v1/nodes/x")
+    assert info.value.status == 502 and "bad gateway" in info.value.message
+    with scripted(b"nope", status=418) as c, pytest.raises(ApiError) as info:
+        c.get("/api/v1/nodes/x")
+    assert type(info.value) is ApiError and info.value.status == 418
+
+
+def test_request_that_cannot_be_made() -> None:
+    creds = k8s.ClusterCredentials(server="https://127.0.0.1:99999", source="t", token="scripted-token-0123")
+    with ApiClient(creds) as c, pytest.raises(ApiError) as info:
+        c.get("/api/v1/nodes")
+    assert type(info.value) is ApiError and info.value.reason == "RequestFailed"
