@@ -92,6 +92,11 @@ class Reservations:
         """Whether any reservation is on ``node`` (the fast path of filter)."""
         return node in self._by_node
 
+    def nodes(self) -> frozenset[str]:
+        """The nodes holding reservations now (filter takes this once per request)."""
+        with self._lock:
+            return frozenset(self._by_node)
+
     def extra(self, node: str, without: Iterable[str] = ()) -> dict[str, tuple[int, int]]:
         """Per PF of ``node``: (VFs, min rate sum) reserved, leaving out the pods ``without``."""
         skip = set(without)

@@ -163,9 +163,9 @@ def test_cache_follows_the_watch_through_drops_and_410(harness: Harness, api: Ap
     assert service.cache.relists == relists
     # History compacted while disconnected: 410 Gone, then a relist.
     wait_for("a new watch", lambda: api.watch_count > 0)
-    api.compact()
-    api.drop_watches()
+    api.drop_watches()  # the extender reconnects after its backoff (50 ms here) ...
     harness.publish("n1", so.state(PFS, generation=4))
+    api.compact()  # ... by when the change it missed is out of the history
     wait_for("the relist after 410 Gone", lambda: service.cache.relists > relists)
     wait_for("the freed node after the relist", passes)
     assert service.cache.reconnects >= reconnects
@@ -354,3 +354,88 @@ def test_concurrent_filter_then_bind_never_overcommits(harness: Harness, api: Ap
         placement.place(requests, nodestate.pf_states(state), max_steps=None)
         held = [r for r in service.reservations.all() if r.node == node]
         assert len(held) == len(on_node)
+
+
+def test_bind_edges(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
+    harness.add_node("n2", so.state([("ens1f0", 25_000, 4)]))
+    service, sched = harness.start()
+    a = harness.add_pod("a", [(1_000, 0)])
+    assert sched.bind(a, "n1") == ""
+    # A retried bind whose first attempt reached the API (409): fine on the same node, refused elsewhere.
+    assert sched.bind(a, "n1") == ""
+    assert service.reservations.get(a["metadata"]["uid"]).node == "n1"  # type: ignore[union-attr]
+    assert sched.bind(a, "n2").startswith("rdma-cni: binding pod team-a/a to n2 failed")
+    assert service.reservations.get(a["metadata"]["uid"]) is None
+    # The pod the scheduler means was replaced (same name, new uid).
+    b = harness.add_pod("b", [(1_000, 0)])
+    stale = json.loads(json.dumps(b))
+    stale["metadata"]["uid"] = "old-uid"
+    assert sched.bind(stale, "n1").startswith(
+        "rdma-cni: cannot read pod team-a/b to check it against node n1"
+    )
+    # A malformed annotation read at bind time answers the parser's message.
+    api.add_pod("team-a", "bad", {ANNOTATION: "[{"}, node_name=None)
+    bad = api.get_pod("team-a", "bad")
+    assert sched.bind(bad, "n1").startswith(  # type: ignore[arg-type]
+        "rdma-cni: pod team-a/bad annotation rdma_interfaces_required: not valid JSON"
+    )
+    # Already published on the node (the agent was faster than the bind): nothing to reserve.
+    c = harness.add_pod("c", [(1_000, 0)])
+    harness.publish("n2", so.state([("ens1f0", 25_000, 4)], [(c["metadata"]["uid"], [("ens1f0", 1_000, 0)])]))
+    wait_for("n2's new state", lambda: c["metadata"]["uid"] in service.cache.views["n2"].uids)
+    assert sched.bind(c, "n2") == ""
+    assert service.reservations.get(c["metadata"]["uid"]) is None
+
+
+def test_pods_replaced_or_finished_end_their_reservations(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 8)]))
+    service, sched = harness.start(pod_check_interval=3600)
+    pods = [harness.add_pod(name, [(1_000, 0)]) for name in ("replaced", "finished", "alive", "unreadable")]
+    for pod in pods:
+        assert sched.bind(pod, "n1") == ""
+    api.remove_pod("team-a", "replaced")
+    harness.add_pod("replaced", [(1_000, 0)], node="n1")
+    api.add_pod(
+        "team-a",
+        "finished",
+        {ANNOTATION: "[{}]"},
+        uid=pods[1]["metadata"]["uid"],
+        node_name="n1",
+        phase="Succeeded",
+    )
+    api.forbid_namespace("team-a")  # every pod read now answers 403: reservations stay
+    service.check_pods()
+    assert len(service.reservations) == 4
+    api.reset()
+    api.remove_pod("team-a", "unreadable")
+    api.add_pod("team-a", "unreadable", {ANNOTATION: "[{}]"}, uid=pods[3]["metadata"]["uid"], node_name="n1")
+    service.check_pods()
+    assert sorted(r.name for r in service.reservations.all()) == ["alive", "unreadable"]
+
+
+def test_rebuild_skips_what_holds_nothing_and_retries_api_failures(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 2)]))
+    harness.add_pod("fits", [(20_000, 0)], node="n1")
+    harness.add_pod("too-big", [(20_000, 0)], node="n1")  # fits alone, not beside "fits"
+    harness.add_pod("elsewhere", [(1, 0)], node="unknown-node")
+    api.add_pod("team-a", "done", {ANNOTATION: "[{}]"}, node_name="n1", phase="Succeeded")
+    api.add_pod("team-a", "malformed", {ANNOTATION: "nope"}, node_name="n1")
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 2)]))
+    client = kubeapi.ApiClient.from_kubeconfig(harness.kubeconfig)
+    real_list = client.list
+    failures = []
+
+    def flaky_list(path: str, params: Any = None, **kw: Any) -> Any:
+        if path == "/api/v1/pods" and not failures:
+            failures.append(path)
+            raise kubeapi.Unavailable(503, "ServiceUnavailable", "try later")
+        return real_list(path, params, **kw)
+
+    client.list = flaky_list  # type: ignore[method-assign]
+    service = Service(client, listen=("127.0.0.1", 0), backoff=(0.05, 0.1), sweep_interval=0.05).start()
+    harness.services.append(service)
+    wait_for("readiness after a failed rebuild", service.extender.ready.is_set)
+    assert failures == ["/api/v1/pods"]
+    names = sorted(r.name for r in service.reservations.all())
+    assert len(names) == 1 and names[0] in ("fits", "too-big")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -146,6 +147,11 @@ def test_malformed_annotation_fails_every_node_with_the_parsers_message(
         ),
         ("/preempt", b"{}", {"NodeNameToMetaVictims": {}}),
         ("/prioritize", b"{", []),
+        (
+            "/filter",
+            b'{"Pod": {"metadata": []}, "NodeNames": []}',
+            {"Error": "rdma-cni: bad ExtenderArgs: Pod.metadata"},
+        ),
     ],
 )
 def test_bad_input_is_an_answer_never_a_500(
@@ -176,6 +182,10 @@ def test_http_edges(served: tuple[Extender, Client]) -> None:
     client = Client(client.conn.port)
     status, _ = client.raw("POST", "/filter", b"{}", {"Content-Length": str(2**40)})
     assert status == 413
+    raw = socket.create_connection(("127.0.0.1", client.conn.port), timeout=10)
+    raw.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert raw.recv(100).startswith(b"HTTP/1.1 411 ")
+    raw.close()
 
 
 def test_internal_error_still_answers_in_the_verbs_format(

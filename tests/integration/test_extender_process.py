@@ -1,0 +1,183 @@
+"""``rdma-cni scheduler-extender`` as a real process (the built binary when RDMA_CNI_BINARY is set).
+
+The API stand-in serves Nodes and Pods over HTTPS; these tests play
+kube-scheduler over HTTP(S) and check what the process does at start-up
+(rebuilt reservations before ready), for binds, on TLS, on bad options and on
+SIGTERM.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rdma_cni import nodestate
+from tests.integration.conftest import plugin_command
+from tests.support import sched_objects as so
+from tests.support.apiserver import ApiServer
+
+ANNOTATION = "rdma_interfaces_required"
+
+
+def _request(
+    api: ApiServer, name: str, rates: list[tuple[int, int]], node: str | None = None
+) -> dict[str, Any]:
+    value = json.dumps([{"min_tx_rate": lo, "max_tx_rate": hi} for lo, hi in rates])
+    return api.add_pod("team-a", name, {ANNOTATION: value}, node_name=node)
+
+
+class Extender:
+    def __init__(self, proc: subprocess.Popen[str], port: int, tls: ssl.SSLContext | None) -> None:
+        self.proc, self.port, self.tls = proc, port, tls
+
+    def conn(self) -> http.client.HTTPConnection:
+        if self.tls is not None:
+            return http.client.HTTPSConnection("127.0.0.1", self.port, timeout=20, context=self.tls)
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=20)
+
+    def call(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
+        conn = self.conn()
+        body = None if doc is None else json.dumps(doc)
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        conn.close()
+        return resp.status, (json.loads(raw) if method == "POST" else raw)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.call("GET", "/readyz")[0] == 200:
+                return
+            time.sleep(0.05)
+        raise AssertionError("extender never became ready")
+
+
+def start(tmp: Path, api: ApiServer, *extra: str, tls: bool = False) -> Extender:
+    kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
+    cmd = [
+        *plugin_command(),
+        "scheduler-extender",
+        "--listen",
+        "127.0.0.1:0",
+        "--kubeconfig",
+        kubeconfig,
+        *extra,
+    ]
+    context = None
+    if tls:
+        key = os.path.join(api.directory, "server.key")
+        cmd += ["--tls-cert", api.server_cert_path, "--tls-key", key]
+        context = ssl.create_default_context(cafile=api.ca_path)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(10)
+        raise AssertionError(f"extender did not start: {proc.stderr.read() if proc.stderr else ''}")
+    announced = json.loads(line)
+    assert announced["tls"] is tls
+    return Extender(proc, int(announced["listening"].rsplit(":", 1)[1]), context)
+
+
+@pytest.fixture
+def api() -> Iterator[ApiServer]:
+    with ApiServer() as server:
+        yield server
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Extender]]:
+    started: list[Extender] = []
+    yield started
+    for ext in started:
+        if ext.proc.poll() is None:
+            ext.proc.kill()
+            ext.proc.wait(10)
+
+
+def test_process_rebuilds_reservations_then_filters_and_binds(
+    tmp_path: Path, api: ApiServer, procs: list[Extender]
+) -> None:
+    api.add_node(
+        "n1",
+        annotations={nodestate.ANNOTATION: nodestate.encode(so.state([("ens1f0", 25_000, 4)]))},
+        images=40,
+    )
+    _request(api, "bound-earlier", [(15_000, 0)], node="n1")  # bound before a restart, not yet published
+    ext = start(tmp_path, api, "--max-state-age", "600", "--networks", "rdma-net")
+    procs.append(ext)
+    ext.wait_ready()
+    pod = _request(api, "next", [(15_000, 0)])
+    status, out = ext.call("POST", "/filter", so.args_names(pod, ["n1"]))
+    assert (
+        status == 200 and out["NodeNames"] == [] and "10000 of 25000 Mbit/s free" in out["FailedNodes"]["n1"]
+    )
+    small = _request(api, "small", [(5_000, 0)])
+    assert ext.call("POST", "/filter", so.args_names(small, ["n1"]))[1]["NodeNames"] == ["n1"]
+    meta = small["metadata"]
+    bind = {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": "n1"}
+    assert ext.call("POST", "/bind", bind)[1] == {"Error": ""}
+    assert api.get_pod("team-a", "small")["spec"]["nodeName"] == "n1"  # type: ignore[index]
+    # A pod selecting the network without the annotation gets the default request: one plain VF.
+    plain = api.add_pod("team-a", "plain", {"k8s.v1.cni.cncf.io/networks": "rdma-net"}, node_name=None)
+    assert ext.call("POST", "/filter", so.args_names(plain, ["n1"]))[1]["NodeNames"] == ["n1"]
+    ext.proc.send_signal(signal.SIGTERM)
+    assert ext.proc.wait(15) == 0
+
+
+def test_process_serves_https(tmp_path: Path, api: ApiServer, procs: list[Extender]) -> None:
+    api.add_node(
+        "n1", annotations={nodestate.ANNOTATION: nodestate.encode(so.state([("ens1f0", 25_000, 4)]))}
+    )
+    ext = start(tmp_path, api, tls=True)
+    procs.append(ext)
+    ext.wait_ready()
+    pod = _request(api, "p", [(1_000, 0)])
+    assert ext.call("POST", "/filter", so.args_names(pod, ["n1"]))[1]["NodeNames"] == ["n1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--listen", "nowhere"], "expected ADDR:PORT"),
+        (["--listen", "127.0.0.1:0", "--tls-cert", "/x"], "--tls-cert and --tls-key go together"),
+        (
+            ["--listen", "127.0.0.1:0", "--default-request", '[{"min_tx_rate": -1}]'],
+            "--default-request: entry 0.min_tx_rate",
+        ),
+        (["--listen", "127.0.0.1:0", "--max-state-age", "0"], "'0' is not a positive number of seconds"),
+        (["--listen", "127.0.0.1:0", "--annotation", "bad key!"], "is not a valid Kubernetes annotation key"),
+        (["--listen", "127.0.0.1:0", "--policy", "random"], "invalid choice: 'random'"),
+        (["--listen", "127.0.0.1:0", "--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig"),
+        (
+            ["--listen", "127.0.0.1:0", "--tls-cert", "/nonexistent.crt", "--tls-key", "/k"],
+            "cannot load --tls-cert",
+        ),
+    ],
+)
+def test_bad_options_are_refused_by_name(args: list[str], message: str) -> None:
+    proc = subprocess.run(
+        [*plugin_command(), "scheduler-extender", *args], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode in (1, 2)
+    assert message in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_address_that_cannot_be_served_is_refused(tmp_path: Path, api: ApiServer) -> None:
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    cmd = [*plugin_command(), "scheduler-extender", "--listen", "203.0.113.1:1", "--kubeconfig", kubeconfig]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "cannot listen on 203.0.113.1:1" in proc.stderr
