@@ -39,7 +39,12 @@ def conf_file(cluster: Cluster, **overrides: Any) -> str:
 def published(cluster: Cluster, name: str) -> nodestate.NodeState | None:
     node = cluster.api.get_node(name) or {}
     text = (node.get("metadata", {}).get("annotations") or {}).get(nodestate.ANNOTATION)
-    return nodestate.decode(text) if text else None
+    if not text:
+        return None
+    try:
+        return nodestate.decode(text)
+    except nodestate.NodeStateError:
+        return None  # not (yet) the agent's
 
 
 def patches(cluster: Cluster, name: str) -> int:
