@@ -94,8 +94,12 @@ def rdma_pod(
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """A pod in the API (for the scheduler) with its netns (for ADD)."""
     env = cluster.pod(request, name=name)
-    pod = cluster.api.get_pod("default", name)
-    assert pod is not None
+    made = cluster.api.get_pod("default", name)
+    assert made is not None
+    # Not scheduled yet: the extender binds it.
+    pod = cluster.api.add_pod(
+        "default", name, made["metadata"]["annotations"], uid=made["metadata"]["uid"], node_name=None
+    )
     return pod, env
 
 
