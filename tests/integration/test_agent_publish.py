@@ -358,3 +358,28 @@ def test_install_refuses_a_bad_agent_setup(
     )
     assert proc.returncode in (1, 2), proc.stderr
     assert message in proc.stderr
+
+
+def test_the_node_lock_is_never_held_across_an_api_call(cluster: Cluster) -> None:
+    name = node_name()
+    cluster.api.add_node(name)
+    agent = make_agent(cluster, name)
+    # Pods without Kubernetes arguments: ADD itself then never waits for the (hanging) API.
+    conf = cluster.conf(ipam=None)
+    first, second = ({**cluster.pod(None), "CNI_ARGS": "IgnoreUnknown=true"} for _ in range(2))
+    with running(agent):
+        wait_for(lambda: published(cluster, name), 10, "the first publish")
+        before = patches(cluster, name)
+        cluster.api.hang(4.0)
+        try:
+            assert cluster.run_inproc("ADD", first, conf).ok
+            # The agent notices, reads the node and sends its PATCH, which now hangs.
+            wait_for(lambda: patches(cluster, name) > before, 5, "the agent's PATCH to arrive")
+            started = time.monotonic()
+            assert cluster.run_inproc("ADD", second, conf).ok
+            took = time.monotonic() - started
+        finally:
+            cluster.api.hang(0)
+        assert took < 2.0, f"ADD waited {took:.1f} s for the node lock while the agent talked to the API"
+        for pod in (first, second):
+            assert cluster.run_inproc("DEL", pod, conf).ok
