@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +17,7 @@ import pytest
 
 from rdma_cni import nodestate
 from rdma_cni.agent import loop, publish, snapshot
-from tests.integration.conftest import REPO, Cluster
+from tests.integration.conftest import REPO, Cluster, plugin_command
 
 _names = itertools.count()
 
@@ -267,9 +266,7 @@ def test_install_watch_node_state_publishes_and_stops_on_sigterm(cluster: Cluste
     }
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "rdma_cni",
+            *plugin_command(),
             "install",
             "--watch",
             "--node-state",
@@ -332,9 +329,7 @@ def test_install_refuses_a_bad_agent_setup(
     source.write_bytes(b"x")
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "rdma_cni",
+            *plugin_command(),
             "install",
             *args,
             f"--source={source}",

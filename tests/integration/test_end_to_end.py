@@ -14,13 +14,12 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO, Cluster
+from tests.integration.conftest import REPO, Cluster, plugin_command
 from tests.integration.test_agent_publish import make_agent, node_name, published, running, wait_for
 from tests.support import sched_objects as so
 
@@ -39,9 +38,7 @@ class Extender:
         self.log = open(os.path.join(cluster.tmp, "extender.log"), "w+")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "rdma_cni",
+                *plugin_command(),
                 "scheduler-extender",
                 f"--listen=127.0.0.1:{self.port}",
                 f"--kubeconfig={os.path.join(cluster.tmp, 'kubeconfig')}",
