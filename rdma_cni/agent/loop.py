@@ -20,9 +20,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from rdma_cni import nodestate
 from rdma_cni.agent.publish import Publisher
 from rdma_cni.agent.snapshot import NetworkView, snapshot, unusable
 from rdma_cni.errors import CniError, IOFailure, TryAgainLater
@@ -64,8 +63,6 @@ class Agent:
         debounce: float = DEFAULT_DEBOUNCE,
         max_delay: float = DEFAULT_MAX_DELAY,
         period: float = DEFAULT_PERIOD,
-        take_snapshot: Callable[[Sequence[NetworkView]], nodestate.NodeState] = snapshot,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.views = list(views)
         self.publisher = publisher
@@ -73,8 +70,6 @@ class Agent:
         self.debounce = debounce
         self.max_delay = max_delay
         self.period = period
-        self._take_snapshot = take_snapshot
-        self._clock = clock
         self.directories = sorted({os.path.join(v.state_dir, "attachments") for v in self.views})
         self.snapshots = 0
         self.snapshot_errors = 0
@@ -82,7 +77,7 @@ class Agent:
     def refresh(self) -> bool:
         """Take a snapshot and hand it to the publisher; False when it must be retried soon."""
         try:
-            state = self._take_snapshot(self.views)
+            state = snapshot(self.views)
         except TryAgainLater as exc:
             log.info("node state: %s; retrying", exc.msg)
             self.snapshot_errors += 1
@@ -106,9 +101,9 @@ class Agent:
         seen = fingerprint(self.directories)
         changed_at: float | None = None  # when an unhandled change was first seen
         quiet_since = 0.0
-        next_scan = self._clock()  # at once: publish on start
+        next_scan = time.monotonic()  # at once: publish on start
         while not stop.is_set():
-            now = self._clock()
+            now = time.monotonic()
             current = fingerprint(self.directories)
             if current != seen:
                 seen = current
@@ -124,7 +119,7 @@ class Agent:
                 # Read the fingerprint before the scan: a change during it is seen on the next tick.
                 seen = fingerprint(self.directories)
                 ok = self.refresh()
-                next_scan = self._clock() + (self.period if ok else RESCAN_DELAY)
+                next_scan = time.monotonic() + (self.period if ok else RESCAN_DELAY)
             self.publisher.step()
             stop.wait(self.poll)
 

@@ -23,9 +23,12 @@ import random
 import re
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rdma_cni import nodestate
+
+if TYPE_CHECKING:
+    from rdma_cni.kubeapi import ApiClient
 
 log = logging.getLogger("rdma_cni.agent")
 
@@ -82,14 +85,11 @@ class Publisher:
 
     def __init__(
         self,
-        client: Any,
+        client: ApiClient,
         node_name: str,
         *,
         heartbeat: float = DEFAULT_HEARTBEAT,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-        jitter: Callable[[], float] = random.random,
-        reconnect: Callable[[], Any] | None = None,
+        reconnect: Callable[[], ApiClient] | None = None,
         min_backoff: float = MIN_BACKOFF,
         max_backoff: float = MAX_BACKOFF,
     ) -> None:
@@ -100,9 +100,6 @@ class Publisher:
         self.node = check_node_name(node_name)
         self.path = f"/api/v1/nodes/{self.node}"
         self.heartbeat = heartbeat
-        self._clock = clock
-        self._wall = wall
-        self._jitter = jitter
         self.published: nodestate.NodeState | None = None  # what the Node holds, as far as we know
         self._known = False  # whether `published` was read from (or written to) the Node
         self._written_at: float | None = None
@@ -113,22 +110,17 @@ class Publisher:
         self.failures = 0
         self.last_error = ""
 
-    @property
-    def pending(self) -> bool:
-        """Whether a state waits to be written (a change, or a retry after a failure)."""
-        return self._pending is not None
-
     def offer(self, state: nodestate.NodeState) -> None:
         """A freshly computed state; written by the next :meth:`step` if it differs from the Node's."""
         self._pending = state
 
     def heartbeat_due(self) -> bool:
         """Whether the last write is older than ``heartbeat`` (or there was none)."""
-        return self._written_at is None or self._clock() - self._written_at >= self.heartbeat
+        return self._written_at is None or time.monotonic() - self._written_at >= self.heartbeat
 
     def step(self) -> bool:
         """Try to write the pending state if its time has come; True when the Node was patched."""
-        if self._pending is None or self._clock() < self._next_attempt:
+        if self._pending is None or time.monotonic() < self._next_attempt:
             return False
         from rdma_cni import kubeapi
 
@@ -149,7 +141,7 @@ class Publisher:
             self._failed(exc)
             return False
         self.published = written
-        self._written_at = self._clock()
+        self._written_at = time.monotonic()
         self._pending = None
         self._backoff = 0.0
         self.writes += 1
@@ -178,7 +170,7 @@ class Publisher:
 
     def _write(self, state: nodestate.NodeState) -> nodestate.NodeState:
         generation = (self.published.generation if self.published else 0) + 1
-        full = dataclasses.replace(state, generation=generation, updated=rfc3339(self._wall()))
+        full = dataclasses.replace(state, generation=generation, updated=rfc3339(time.time()))
         text = nodestate.encode(full)
         body = {"metadata": {"annotations": {nodestate.ANNOTATION: text}}}
         self.client.patch_merge(self.path, body)
@@ -203,8 +195,8 @@ class Publisher:
             # The token was rotated under us: take the current credentials.
             self._reconnect_client()
         self._backoff = min(self.max_backoff, max(self.min_backoff, self._backoff * 2))
-        delay = self._backoff * (0.5 + self._jitter() / 2)
-        self._next_attempt = self._clock() + delay
+        delay = self._backoff * (0.5 + random.random() / 2)
+        self._next_attempt = time.monotonic() + delay
         message = f"{type(exc).__name__}: {exc}"
         if message != self.last_error:
             log.warning(
@@ -226,11 +218,4 @@ class Publisher:
 
     def close(self) -> None:
         """Close the API client's connections."""
-        close = getattr(self.client, "close", None)
-        if close is not None:
-            close()
-
-    @property
-    def retry_in(self) -> float:
-        """Seconds until the next attempt is allowed (0 when allowed now)."""
-        return max(0.0, self._next_attempt - self._clock())
+        self.client.close()

@@ -31,10 +31,14 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdma_cni import nodestate
 from rdma_cni.errors import InvalidConfig
+
+if TYPE_CHECKING:
+    from rdma_cni.inventory import Node
+    from rdma_cni.record import Attachment
 
 log = logging.getLogger("rdma_cni.agent")
 
@@ -136,7 +140,7 @@ class _PfView:
         self.capacity_vfs = max(self.used_vfs, min(self.capacity_vfs, other.capacity_vfs))
 
 
-def pf_views(node: Any, isolation: str) -> list[_PfView]:
+def pf_views(node: Node, isolation: str) -> list[_PfView]:
     """Per PF of a scanned node: capacity and use as ADD under ``isolation`` would count them."""
     out = []
     for pf in node.pfs:
@@ -155,7 +159,7 @@ def pf_views(node: Any, isolation: str) -> list[_PfView]:
     return out
 
 
-def allocations(attachments: Sequence[Any]) -> list[nodestate.Allocation]:
+def allocations(attachments: Sequence[Attachment]) -> list[nodestate.Allocation]:
     """One entry per pod (by uid) holding VFs, its interfaces in record order.
 
     Records without a pod (cnitool, manual runs) hold VFs, which the PF
@@ -188,7 +192,7 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
     from rdma_cni.vfcontrol import vf_control
 
     pfs: dict[str, _PfView] = {}
-    seen: dict[tuple[str, str, str], Any] = {}
+    seen: dict[tuple[str, str, str], Attachment] = {}
     with Rtnl() as host:
         vfctl = vf_control(host)
         for view in views:
