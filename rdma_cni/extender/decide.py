@@ -81,7 +81,8 @@ class Decider:
         self._lock = threading.Lock()
         self._ids: dict[_Fingerprint, int] = {}
         self._next_id = 1
-        self._verdicts: dict[tuple[tuple[tuple[int, int], ...], int], Verdict] = {}
+        self._tables: dict[tuple[tuple[int, int], ...], dict[int, Verdict]] = {}
+        self._entries = 0
         self._views: dict[str | None, NodeView] = {}
 
     # -- views -------------------------------------------------------------
@@ -145,20 +146,22 @@ class Decider:
             )
         return ""
 
+    def table(self, demand: Demand) -> dict[int, Verdict]:
+        """Final verdicts for ``demand`` by state id: filter's per-node lookup (one dict get, no hashing
+        of the request). Missing entries are filled by :meth:`verdict`."""
+        table = self._tables.get(demand.key)
+        if table is None:
+            with self._lock:
+                table = self._tables.setdefault(demand.key, {})
+        return table
+
     def verdict(self, demand: Demand, view: NodeView, extra: Extra | None = None) -> Verdict:
         """The verdict for a demand on a usable view, with reservations ``extra`` applied."""
         assert view.state is not None
         if extra:
             pfs = tuple(nodestate.pf_states(view.state, extra))
-            got = self._cached(demand, pfs, self._intern((pfs, view.capacity_vfs)), view.capacity_vfs)
-        else:
-            got = self._cached(demand, view.pfs, view.fp, view.capacity_vfs)
-        if got.fits:
-            return got
-        empty = self._cached(demand, self._empty(view.state), view.empty_fp, view.capacity_vfs)
-        # A search that ran out of steps proved nothing: preemption may still help.
-        unresolvable = not empty.fits and not empty.exhausted
-        return Verdict(False, unresolvable, got.reason, 0, exhausted=got.exhausted)
+            return self._final(demand, pfs, self._intern((pfs, view.capacity_vfs)), view)
+        return self._final(demand, view.pfs, view.fp, view)
 
     @staticmethod
     def _empty(state: nodestate.NodeState) -> tuple[placement.PfState, ...]:
@@ -167,17 +170,28 @@ class Decider:
             for pf in state.pfs
         )
 
-    def _cached(
-        self, demand: Demand, pfs: tuple[placement.PfState, ...], fp: int, capacity_vfs: int
-    ) -> Verdict:
-        key = (demand.key, fp)
-        got = self._verdicts.get(key)
-        if got is None:
-            got = self._compute(demand, pfs, capacity_vfs)
-            with self._lock:
-                if len(self._verdicts) >= _VERDICT_LIMIT:
-                    self._verdicts.clear()
-                self._verdicts[key] = got
+    def _final(self, demand: Demand, pfs: tuple[placement.PfState, ...], fp: int, view: NodeView) -> Verdict:
+        table = self.table(demand)
+        got = table.get(fp)
+        if got is not None:
+            return got
+        got = self._compute(demand, pfs, view.capacity_vfs)
+        if not got.fits:
+            if fp == view.empty_fp:
+                empty = got
+            else:
+                assert view.state is not None
+                empty = self._final(demand, self._empty(view.state), view.empty_fp, view)
+            # A search that ran out of steps proved nothing: preemption may still help.
+            unresolvable = not empty.fits and not empty.exhausted
+            got = Verdict(False, unresolvable, got.reason, 0, exhausted=got.exhausted)
+        with self._lock:
+            self._entries += 1
+            if self._entries > _VERDICT_LIMIT:
+                # Tables handed out keep working; they are just no longer shared.
+                self._tables.clear()
+                self._entries = 0
+            table[fp] = got
         return got
 
     def _compute(self, demand: Demand, pfs: tuple[placement.PfState, ...], capacity_vfs: int) -> Verdict:

@@ -15,6 +15,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -73,7 +74,7 @@ class Extender:
     def _views(self, args: wire.FilterArgs) -> tuple[list[str], list[NodeView | None]]:
         if args.node_names is not None:
             views = self._cache_views()
-            return args.node_names, [views.get(n) for n in args.node_names]
+            return args.node_names, list(map(views.get, args.node_names))
         names, out = [], []
         for node in args.nodes or ():
             name = wire.node_name(node)
@@ -95,7 +96,7 @@ class Extender:
         max_age = decider.max_state_age
         reservations = self.reservations
         reserved = reservations.nodes()
-        local: dict[int, Any] = {}
+        table = decider.table(demand)
         passing: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -107,9 +108,9 @@ class Extender:
             if name in reserved:
                 verdict = decider.verdict(demand, view, reservations.extra(name))
             else:
-                verdict = local.get(view.fp)
+                verdict = table.get(view.fp)
                 if verdict is None:
-                    verdict = local[view.fp] = decider.verdict(demand, view)
+                    verdict = decider.verdict(demand, view)
             if verdict.fits:
                 passing.append(name)
                 scores[name] = verdict.score
@@ -148,19 +149,19 @@ class Extender:
         passing, failed, unresolvable, _ = self._decide(demand, names, views)
         return wire.filter_result(args, passing, failed, unresolvable)
 
-    def prioritize(self, doc: Any) -> list[dict[str, Any]]:
-        """ExtenderArgs -> HostPriorityList (0 for nodes that do not fit, and for non-RDMA pods)."""
+    def prioritize(self, doc: Any) -> bytes:
+        """ExtenderArgs -> HostPriorityList, encoded (0 for nodes that do not fit, and for non-RDMA pods)."""
         try:
             args = wire.parse_filter(doc)
             demand = self._demand(args.pod)
         except (wire.WireError, InvalidPodRequest):
             # Prioritize has no error field; filter already failed such a pod.
-            return []
+            return b"[]"
         if demand is None:
-            return wire.priority_list((n, 0) for n in args.names)
+            return wire.priority_json((n, 0) for n in args.names)
         names, views = self._views(args)
         _, _, _, scores = self._decide(demand, names, views)
-        return wire.priority_list((n, scores.get(n, 0)) for n in names)
+        return wire.priority_json((n, scores.get(n, 0)) for n in names)
 
     def preempt(self, doc: Any) -> dict[str, Any]:
         """ExtenderPreemptionArgs -> ExtenderPreemptionResult (only nodes where eviction helps)."""
@@ -226,6 +227,7 @@ class _Handler(BaseHTTPRequestHandler):
                 411 if length is None else 413, b"a Content-Length up to 128 MiB is required\n", "text/plain"
             )
             return
+        started = time.perf_counter()
         raw = self.rfile.read(int(length))
         try:
             doc = json.loads(raw)
@@ -239,7 +241,15 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bug: still answer in the verb's format
             log.exception("%s failed", self.path)
             answer = self.server.bad_json(self.path, f"rdma-cni: internal error: {type(exc).__name__}: {exc}")
-        self._send(200, json.dumps(answer, separators=(",", ":")).encode())
+        body = answer if isinstance(answer, bytes) else json.dumps(answer, separators=(",", ":")).encode()
+        self._send(200, body)
+        log.debug(
+            "%s: %d bytes in, %d out, %.2f ms",
+            self.path,
+            len(raw),
+            len(body),
+            (time.perf_counter() - started) * 1e3,
+        )
 
 
 class ExtenderServer(ThreadingHTTPServer):
@@ -273,7 +283,7 @@ class ExtenderServer(ThreadingHTTPServer):
         """The error answer in the format of the verb at ``path``."""
         verb = path.split("?", 1)[0].rstrip("/")
         if verb == "/prioritize":
-            return []
+            return b"[]"
         if verb == "/preempt":
             return wire.preempt_result({}, {})
         if verb == "/bind":

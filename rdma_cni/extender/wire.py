@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "parse_filter",
     "parse_preempt",
     "preempt_result",
+    "priority_json",
     "priority_list",
 ]
 
@@ -121,7 +123,12 @@ def parse_filter(doc: Any) -> FilterArgs:
     nodes: list[dict[str, Any]] | None = None
     names: list[str] | None = None
     if names_doc is not None:
-        if not isinstance(names_doc, list) or not all(isinstance(n, str) and n for n in names_doc):
+        # set(map(type, ...)) and `in` run in C: this check is per node, per request.
+        if (
+            not isinstance(names_doc, list)
+            or (names_doc and set(map(type, names_doc)) != {str})
+            or "" in names_doc
+        ):
             raise WireError("NodeNames: expected a list of node names")
         names = names_doc
     elif nodes_doc is not None:
@@ -182,6 +189,14 @@ def filter_error(error: str) -> dict[str, Any]:
 def priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
     """HostPriorityList: ``[{"Host": name, "Score": 0..10}]``."""
     return [{"Host": host, "Score": score} for host, score in scores]
+
+
+def priority_json(scores: Iterable[tuple[str, int]]) -> bytes:
+    """:func:`priority_list` already encoded (thousands of small dicts through json.dumps cost ms)."""
+    quote = encode_basestring_ascii
+    return (
+        "[" + ",".join(f'{{"Host":{quote(host)},"Score":{int(score)}}}' for host, score in scores) + "]"
+    ).encode()
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,10 @@ EXPECTED_FILES = {
     "rdma-cni.conflist",
     "kubeconfig.template.json",
     "Containerfile",
+    # Checked in test_conf_scheduler.py:
+    "scheduler-extender.yaml",
+    "kube-scheduler-rdma-profile.yaml",
+    "kube-scheduler-default.yaml",
 }
 
 NAD_API_VERSION = "k8s.cni.cncf.io/v1"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -72,10 +73,10 @@ def test_filter_result_answers_in_the_form_asked() -> None:
 
 
 def test_priority_list_shape() -> None:
-    assert wire.priority_list([("a", 3), ("b", 10)]) == [
-        {"Host": "a", "Score": 3},
-        {"Host": "b", "Score": 10},
-    ]
+    expected = [{"Host": "a", "Score": 3}, {"Host": 'b"\u00e9', "Score": 10}]
+    assert wire.priority_list([("a", 3), ('b"\u00e9', 10)]) == expected
+    assert json.loads(wire.priority_json([("a", 3), ('b"\u00e9', 10)])) == expected
+    assert wire.priority_json([]) == b"[]"
 
 
 def test_preempt_args_meta_victims_and_full_victims() -> None:
