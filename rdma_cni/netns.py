@@ -56,6 +56,12 @@ class Netns:
             log.info("pod netns is not available (%s): treating its interfaces as gone", exc.msg)
             return None
 
+    def is_host(self) -> bool:
+        """Is this the host's own namespace (a path naming it, such as /proc/self/ns/net)?"""
+        mine = os.fstat(self.fd)
+        host = os.stat(HOST_NETNS_PATH)
+        return (mine.st_dev, mine.st_ino) == (host.st_dev, host.st_ino)
+
     def host_nsid(self) -> int | None:
         """The id this namespace gives the host's (how its links name a peer in the host)."""
         if not self._host_nsid_known:

@@ -37,6 +37,11 @@ log = logging.getLogger("rdma_cni.delete")
 @contextlib.contextmanager
 def _optional_netns(path: str) -> Iterator[Netns | None]:
     pod = Netns.open_optional(path)
+    if pod is not None and pod.is_host():
+        # Every VF at home would look "in the pod": the host is nobody's pod.
+        log.warning("CNI_NETNS %s is the host's own network namespace: not looking for VFs in it", path)
+        pod.close()
+        pod = None
     try:
         yield pod
     finally:

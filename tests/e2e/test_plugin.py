@@ -1,4 +1,4 @@
-"""The plugin on a real (emulated) SR-IOV NIC: the six scenarios of the e2e issue.
+"""The plugin on a real (emulated) SR-IOV NIC: the e2e issue's six scenarios and a decoy swap.
 
 One guest boot runs every scenario (``scenarios/plugin.sh``; a boot costs ~20 s of
 both host cores); each test here asserts on one scenario's files. The plugin is the
@@ -52,6 +52,7 @@ PODS: dict[str, list[dict[str, int]]] = {
     "rxe-auto": [{"max_tx_rate": 100}],
     # Also scenario 6's allocated state: a rate the inventory must show.
     "rxe-shared": [{"max_tx_rate": 300}],
+    "decoy": [{"max_tx_rate": 100}],
 }
 
 PARALLEL_PODS = [f"par{i}" for i in range(5)]
@@ -65,6 +66,7 @@ SCENARIO_NAMES = [
     "s3_netns_gone",
     "s4_parallel",
     "s5_rdma_shared",
+    "s7_decoy",
 ]
 
 
@@ -650,3 +652,28 @@ def test_s6_inventory_matches_kernel_allocated(
     # The record names the rxe device the kernel destroyed: the inventory says it is absent.
     assert held["rdma"] == [{"device": held["owner"]["rdma_device"], "netns": "absent"}]
     assert all(not v["allocated"] for other, v in by_pci.items() if other != pci)
+
+
+def test_s7_decoy_in_the_pod_is_ignored_and_the_real_vf_comes_home(
+    plugin_run: GuestRun, original_names: dict[str, str], baseline: Dump
+) -> None:
+    """A pod-side veth named and aliased like the VF is not the VF: the parent device decides."""
+    s = _scenario(plugin_run, "s7_decoy")
+    during, swapped, after = s.dump("after-add"), s.dump("swapped"), s.dump("after-del")
+    assert s.rc("add") == 0, s.call("add")
+    (pci,) = _pod_vfs(during, "decoy", ["net1"]).values()
+
+    # The swap as the kernel sees it: the real VF is hidden0; net1 is a veth carrying the VF's alias.
+    links = swapped.pod_links("decoy")
+    assert links["hidden0"]["parentdev"] == pci
+    assert links["net1"].get("ifalias") == f"rdma-cni:{pci}" and "parentdev" not in links["net1"]
+
+    assert s.rc("check") == 1 and s.cni("check")["code"] == 106, s.call("check")
+    assert "is not VF" in s.cni("check")["msg"], s.call("check")
+
+    assert s.rc("del") == 0, s.call("del")
+    # The decoy stays with its pod; the real VF is home under its name, rate reset, lease gone.
+    left = after.pod_links("decoy")
+    assert sorted(left) == ["decoyp", "lo", "net1"]
+    assert "parentdev" not in left["net1"]
+    assert_node_restored(baseline, after, original_names)

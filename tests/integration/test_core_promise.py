@@ -341,3 +341,20 @@ def _which_vf(cluster: Cluster, ns: str) -> tuple[int, int]:
         if _host_index(cluster.node.vf_wire(k, i)) == peer:
             return k, i
     raise AssertionError(f"net1 in {ns} is no VF of this node")
+
+
+def test_del_naming_the_host_namespace_takes_nothing_from_the_host(cluster: Cluster) -> None:
+    """Without a record, DEL looks for VFs in CNI_NETNS: never when that is the host's own namespace."""
+    conf = cluster.conf()
+    held = cluster.pod([{}])
+    assert cluster.run("ADD", held, conf).ok
+    before = SimNode.host_links()
+    calls = len(cluster.node.vf_state()["calls"])
+    hostile = {**cluster.pod([{}]), "CNI_NETNS": "/proc/self/ns/net"}
+    out = cluster.run("DEL", hostile, conf)
+    assert out.ok, out.doc
+    assert "host's own network namespace" in out.stderr
+    assert SimNode.host_links() == before
+    assert len(cluster.node.vf_state()["calls"]) == calls
+    assert cluster.run("DEL", held, conf).ok
+    assert_node_pristine(cluster)

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# One boot for the six plugin scenarios of test_plugin.py (a boot plus e2e_setup costs
+# One boot for the seven plugin scenarios of test_plugin.py (a boot plus e2e_setup costs
 # ~20 s of both host cores, and every plugin run several seconds under TCG, so they
 # share one boot and as few runs as they can). Order matters:
 #
@@ -24,6 +24,7 @@ source "$scenarios/s3_netns_gone.sh"
 source "$scenarios/s4_parallel.sh"
 source "$scenarios/s5_rdma.sh"
 source "$scenarios/s6_inventory.sh"
+source "$scenarios/s7_decoy.sh"
 
 rc_install
 rc_start_api
@@ -58,6 +59,7 @@ rc_run s2_min_rate scenario_min_rate
 rc_run s3_netns_gone scenario_netns_gone
 rc_run s4_parallel scenario_parallel
 rc_run s5_rdma_shared scenario_rdma_shared
+rc_run s7_decoy scenario_decoy
 
 rc_stop_api
 e2e_log "plugin scenarios done"

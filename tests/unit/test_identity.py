@@ -1,0 +1,66 @@
+"""VF identity on real hardware (parent device) and the finder's rules, without a kernel.
+
+The integration tier runs the same finder with the veth-peer identity on real
+namespaces; the QEMU tier runs the parent-device identity on igb VFs. These
+pin the rules both rely on: a stacked device is not its VF, and two links
+claiming one VF prove nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rdma_cni.identity import FAKE_ENV, ParentDevice, VfFinder
+from rdma_cni.netlink import Link
+
+PCI = "0000:3b:02.1"
+
+
+def link(index: int, name: str, **kw: object) -> Link:
+    return Link(index=index, name=name, mac="", mtu=1500, up=True, **kw)  # type: ignore[arg-type]
+
+
+class FakeHost:
+    def __init__(self, links: list[Link]) -> None:
+        self._links = links
+        self.dumps = 0
+
+    def links(self) -> list[Link]:
+        self.dumps += 1
+        return list(self._links)
+
+
+@pytest.fixture(autouse=True)
+def real_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(FAKE_ENV, raising=False)
+
+
+def test_parent_device_is_the_identity() -> None:
+    ident = ParentDevice()
+    vf = link(7, "ens1f0v1", parent_dev=PCI, parent_bus="pci")
+    assert ident.of(vf, None) == ident.expected(PCI)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        link(8, "ens1f0v1.10", parent_dev=PCI, parent_bus="pci", link_index=7),  # VLAN / IPoIB child
+        link(9, "net1", parent_dev=PCI, parent_bus="usb"),
+        link(10, "net1", alias="rdma-cni:" + PCI),  # a decoy with the alias and no parent
+    ],
+    ids=["stacked", "other-bus", "alias-only"],
+)
+def test_look_alikes_are_not_the_vf(other: Link) -> None:
+    assert ParentDevice().of(other, None) != ParentDevice().expected(PCI)
+
+
+def test_finder_one_dump_and_no_trust_in_two_claimants() -> None:
+    vf = link(7, "ens1f0v1", parent_dev=PCI, parent_bus="pci")
+    host = FakeHost([vf, link(3, "eth0", parent_dev="0000:3b:00.0", parent_bus="pci")])
+    finder = VfFinder(host)  # type: ignore[arg-type]
+    assert finder.in_host(PCI) == vf
+    assert finder.find(PCI) == ("host", vf)
+    assert finder.in_host("0000:3b:02.2") is None
+    assert host.dumps == 1
+    twin = link(12, "twin", parent_dev=PCI, parent_bus="pci")
+    assert VfFinder(FakeHost([vf, twin])).in_host(PCI) is None  # type: ignore[arg-type]
