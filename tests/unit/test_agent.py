@@ -238,3 +238,26 @@ def test_a_state_over_budget_is_published_without_allocations() -> None:
 
 def test_rfc3339() -> None:
     assert publish.rfc3339(0) == "1970-01-01T00:00:00Z"
+
+
+def test_the_shipped_daemonset_needs_no_network_config_for_the_shipped_network(tmp_path: Any) -> None:
+    # conf/daemonset.yaml runs the agent without --network-config: the plugin's
+    # defaults must then describe the sample network exactly (its name aside).
+    import yaml
+
+    conf = os.path.join(os.path.dirname(__file__), "..", "..", "conf")
+    with open(os.path.join(conf, "network-attachment-definition.yaml")) as f:
+        nad = next(d for d in yaml.safe_load_all(f) if d and d.get("kind") == "NetworkAttachmentDefinition")
+    view = snapshot.load_view(write(tmp_path, "nad.conf", nad["spec"]["config"]))
+    default = snapshot.default_view()
+    assert (view.pfs, dict(view.capacity), view.isolation, view.state_dir, view.lock_file) == (
+        default.pfs,
+        dict(default.capacity),
+        default.isolation,
+        default.state_dir,
+        default.lock_file,
+    )
+    with open(os.path.join(conf, "daemonset.yaml")) as f:
+        ds = next(d for d in yaml.safe_load_all(f) if d and d.get("kind") == "DaemonSet")
+    command = ds["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--node-state" in command and not any(a.startswith("--network-config") for a in command)
