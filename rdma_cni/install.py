@@ -11,10 +11,14 @@ the plugin credentials to read pods:
   inside this container and not on the host where the plugin runs;
 - optionally drops a network configuration into the CNI conf directory;
 - with ``--watch``, keeps the kubeconfig in step with the token file, which
-  kubelet rotates, until SIGTERM.
+  kubelet rotates, until SIGTERM;
+- with ``--watch --node-state``, also runs the node agent
+  (:mod:`rdma_cni.agent`) in a thread: it publishes this node's RDMA state
+  on its Node object for the scheduler extender.
 
-Standard library only: the installer must not pay for pydantic or requests,
-and it never starts another process.
+Standard library only: the installer must not pay for pydantic or requests
+(the node agent imports them when it is switched on), and it never starts
+another process.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import logging
 import os
 import re
 import signal
@@ -545,6 +550,39 @@ def _parser() -> argparse.ArgumentParser:
         "--ready-file", metavar="PATH", help="create this file once installed (for a readiness probe)"
     )
     parser.add_argument("--max-iterations", type=int, help=argparse.SUPPRESS)  # tests only
+    agent = parser.add_argument_group("node agent (with --watch)")
+    agent.add_argument(
+        "--node-state",
+        action="store_true",
+        help="also publish this node's RDMA state on its Node (NODE_NAME names it)",
+    )
+    agent.add_argument(
+        "--network-config",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="the plugin's network configuration (conflist or entry) whose pfs, capacityMbps, "
+        "rdmaIsolation, stateDir and lockFile to use; repeat for several networks "
+        "(default: the plugin's defaults)",
+    )
+    agent.add_argument(
+        "--api-kubeconfig",
+        metavar="FILE",
+        help="credentials for publishing (default: the kubeconfig this installer writes)",
+    )
+    agent.add_argument(
+        "--node-state-period",
+        type=float,
+        default=30.0,
+        help="also re-read the node this often, in seconds (default: %(default)s)",
+    )
+    agent.add_argument(
+        "--node-state-heartbeat",
+        type=float,
+        default=300.0,
+        help="rewrite an unchanged state this often, in seconds, so that readers can tell "
+        "it is fresh (default: %(default)s)",
+    )
     return parser
 
 
@@ -557,6 +595,12 @@ def main(argv: list[str], out: TextIO, err: TextIO | None = None) -> int:
         parser.error("--conf-source needs --write-conf")
     if not args.interval > 0:
         parser.error("--interval must be positive")
+    if args.node_state and not args.watch:
+        parser.error("--node-state needs --watch")
+    if (args.network_config or args.api_kubeconfig) and not args.node_state:
+        parser.error("--network-config and --api-kubeconfig need --node-state")
+    if not (args.node_state_period > 0 and args.node_state_heartbeat > 0):
+        parser.error("--node-state-period and --node-state-heartbeat must be positive")
     if not args.name or "/" in args.name or args.name.startswith("."):
         # A hidden name would collide with the marker and temporary files.
         parser.error("--name must be a plain file name, not starting with '.'")
@@ -590,10 +634,47 @@ def main(argv: list[str], out: TextIO, err: TextIO | None = None) -> int:
             err.write(f"rdma-cni install: error: {exc}\n")
             err.flush()
             return 1
+        agent = None
+        if args.node_state:
+            try:
+                agent = _start_agent(args, opts, stop, out)
+            except InstallError as exc:
+                err.write(f"rdma-cni install: error: {exc}\n")
+                err.flush()
+                return 1
         _set_ready(opts.ready_file, True)
         if not args.watch or stop.is_set():
             return 0
         _say(out, f"watching {opts.serviceaccount_dir} every {opts.interval:g}s")
         watch(opts, stop, out, max_iterations=args.max_iterations)
+        stop.set()
+        if agent is not None:
+            agent.join(timeout=10)
     _say(out, "stopping")
     return 0
+
+
+def _start_agent(
+    args: argparse.Namespace, opts: Options, stop: threading.Event, out: TextIO
+) -> threading.Thread:
+    """Start the node agent thread; InstallError for what the operator must fix (nothing is started then)."""
+    from rdma_cni.agent.loop import run_agent, setup_agent
+
+    node_name = opts.environ.get("NODE_NAME", "")
+    try:
+        agent = setup_agent(
+            node_name=node_name,
+            network_configs=args.network_config,
+            kubeconfig=args.api_kubeconfig or opts.kubeconfig_path,
+            period=args.node_state_period,
+            heartbeat=args.node_state_heartbeat,
+        )
+    except ValueError as exc:
+        raise InstallError(f"node agent: {exc}") from None
+    # The agent reports through logging; the container's log should show its progress, not only errors.
+    for handler in logging.getLogger("rdma_cni").handlers:
+        handler.setLevel(logging.INFO)
+    thread = threading.Thread(target=run_agent, args=(agent, stop), name="node-agent", daemon=True)
+    thread.start()
+    _say(out, f"publishing node state on node {node_name} ({len(agent.views)} network(s))")
+    return thread

@@ -8,12 +8,12 @@ allocation record, passed in by the caller so the data path and the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni import nodestate, sysfs
-from rdma_cni.netlink import VfInfo
+from rdma_cni.netlink import Link, VfInfo
 from rdma_cni.placement import PfState
 from rdma_cni.record import Attachment
 from rdma_cni.vfcontrol import VfControl
@@ -52,6 +52,18 @@ class Vf:
     def free(self) -> bool:
         """Can be given to a pod: nobody holds it and it has a host netdev."""
         return self.owner is None and bool(self.netdev) and self.driver not in USERSPACE_DRIVERS
+
+    def available(self, isolation: str) -> bool:
+        """ADD may hand it out under the ``rdmaIsolation`` policy: nobody holds it and it is eligible.
+
+        The one rule shared by ADD's choice and the node agent's ``capacity_vfs``.
+        """
+        return self.owner is None and nodestate.eligible_vf(
+            has_netdev=bool(self.netdev),
+            userspace_driver=self.driver in USERSPACE_DRIVERS,
+            has_rdma_device=bool(self.rdma_devices),
+            isolation=isolation,
+        )
 
 
 @dataclass
@@ -129,8 +141,16 @@ def scan(
     capacity: Mapping[str, int],
     attachments: Iterable[Attachment],
     vfctl: VfControl | None,
+    home: Callable[[str], Link | None] | None = None,
 ) -> Node:
-    """Read the node. ``pfs`` limits the PFs considered (None: every SR-IOV PF)."""
+    """Read the node. ``pfs`` limits the PFs considered (None: every SR-IOV PF).
+
+    ``home`` (the node agent) gives a VF's netdev when the kernel proves it is
+    in the host (:meth:`rdma_cni.identity.VfFinder.in_host`): a VF no record
+    holds then counts as free only if it is home, as ADD's choice of VFs
+    judges it (:func:`rdma_cni.commands.add.choose_proven`, which proves only
+    the VFs it picks).
+    """
     owners = owners_by_pci(attachments)
     software_rdma = _software_rdma_by_netdev()
     names = pfs if pfs is not None else sysfs.net_devices()
@@ -159,8 +179,13 @@ def scan(
             pci = sysfs.vf_pci(name, i)
             if not pci:
                 continue
-            netdevs = sysfs.pci_netdevs(pci)
-            netdev = netdevs[0] if netdevs else None
+            owner = owners.get(pci)
+            if home is not None and owner is None:
+                link = home(pci)
+                netdev = link.name if link is not None else None
+            else:
+                netdevs = sysfs.pci_netdevs(pci)
+                netdev = netdevs[0] if netdevs else None
             rdma = sysfs.pci_rdma_devices(pci) + (software_rdma.get(netdev, []) if netdev else [])
             pf.vfs.append(
                 Vf(

@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Any
 
-from rdma_cni import nodestate, placement
+from rdma_cni import placement
 from rdma_cni.attach import (
     Progress,
     apply_addresses,
@@ -146,13 +146,8 @@ def choose(node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation
     """Place the request and pick concrete VFs (lowest free index on each chosen PF)."""
 
     def eligible(vf: Vf) -> bool:
-        # The node agent counts capacity_vfs with the same rule (nodestate.eligible_vf).
-        return vf.owner is None and nodestate.eligible_vf(
-            has_netdev=bool(vf.netdev),
-            userspace_driver=vf.driver in nodestate.USERSPACE_DRIVERS,
-            has_rdma_device=bool(vf.rdma_devices),
-            isolation=isolation.mode,
-        )
+        # The node agent counts capacity_vfs with the same method (rdma_cni.agent.snapshot).
+        return vf.available(isolation.mode)
 
     pools = {pf.name: [v for v in pf.vfs if eligible(v)] for pf in node.pfs}
     states = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
 import string
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +16,9 @@ import pytest
 import yaml
 
 from rdma_cni import install, k8s
-from rdma_cni.config import load_netconf
+from rdma_cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, load_netconf
 from rdma_cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
+from rdma_cni.nodestate import ANNOTATION
 from rdma_cni.podrequest import parse_request
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -233,7 +235,9 @@ def test_daemonset_installs_with_least_privilege() -> None:
     assert spec["serviceAccountName"] == sa["metadata"]["name"]
     assert ds["metadata"]["namespace"] == sa["metadata"]["namespace"]
     assert {"operator": "Exists"} in spec["tolerations"]
-    assert not spec.get("hostNetwork") and not spec.get("hostPID")
+    # The node agent reads the host's PFs (sysfs net class, netlink): host network, nothing more.
+    assert spec.get("hostNetwork") is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert not spec.get("hostPID") and not spec.get("hostIPC")
     (container,) = spec["containers"]
     assert container["command"][:3] == ["/usr/local/bin/rdma-cni", "install", "--watch"]
     assert container["securityContext"].get("privileged") is False
@@ -245,9 +249,24 @@ def test_daemonset_installs_with_least_privilege() -> None:
     # defaults are the host paths the plugin and the runtime use.
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert sorted(host_paths.values()) == sorted([install.DEFAULT_CNI_BIN_DIR, install.DEFAULT_CNI_CONF_DIR])
+    assert sorted(host_paths.values()) == sorted(
+        [
+            install.DEFAULT_CNI_BIN_DIR,
+            install.DEFAULT_CNI_CONF_DIR,
+            DEFAULT_STATE_DIR,
+            os.path.dirname(DEFAULT_LOCK_FILE),
+        ]
+    )
     for volume, host_path in host_paths.items():
         assert mounts[volume] == host_path
+    # The agent only reads the records; the lock directory is where it takes the node lock.
+    read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
+    assert read_only == {DEFAULT_STATE_DIR}
+
+    # The node agent is on, and names its Node from the downward API.
+    assert "--node-state" in container["command"]
+    (node_name,) = [e for e in container["env"] if e["name"] == "NODE_NAME"]
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert install.DEFAULT_KUBECONFIG_PATH.startswith(install.DEFAULT_CNI_CONF_DIR + "/")
 
     # The ready file the probe looks for is the one the installer is told to write.
@@ -255,9 +274,12 @@ def test_daemonset_installs_with_least_privilege() -> None:
     assert ready and ready[0] in container["readinessProbe"]["exec"]["command"]
 
 
-def test_rbac_only_gets_pods() -> None:
+def test_rbac_gets_pods_and_patches_nodes_only() -> None:
     role = one("rbac.yaml", "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+    ]
     binding = one("rbac.yaml", "ClusterRoleBinding")
     sa = one("rbac.yaml", "ServiceAccount")
     assert binding["roleRef"] == {
@@ -268,6 +290,23 @@ def test_rbac_only_gets_pods() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}
     ]
+
+
+def test_node_patches_are_confined_by_an_admission_policy() -> None:
+    sa = one("rbac.yaml", "ServiceAccount")
+    policy = one("rbac.yaml", "ValidatingAdmissionPolicy")
+    binding = one("rbac.yaml", "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["nodes", "nodes/status"] and rule["operations"] == ["UPDATE"]
+    user = f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+    (condition,) = spec["matchConditions"]
+    assert f"'{user}'" in condition["expression"]
+    text = " ".join(v["expression"] for v in spec["validations"] + spec["variables"])
+    assert "authentication.kubernetes.io/node-name" in text
+    assert text.count(f"'{ANNOTATION}'") == 2
 
 
 # --------------------------------------------------------------------------

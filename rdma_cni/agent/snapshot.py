@@ -1,0 +1,244 @@
+"""This node's state as the extender sees it, computed by the code ADD uses.
+
+For every network the agent is told about (its ``pfs``, ``capacityMbps``,
+``rdmaIsolation``, ``stateDir`` and ``lockFile``), the node is read exactly
+as ADD reads it: the allocation records, then :func:`rdma_cni.inventory.scan`,
+under the node lock so the records and the kernel are seen at one instant.
+Per PF:
+
+- ``used_vfs`` / ``used_tx_rate``: VFs some readable record holds and the sum of their
+  ``min_tx_rate`` (what ADD counts as reserved);
+- ``capacity_vfs``: ``used_vfs`` plus the VFs ADD could hand out now under the
+  network's ``rdmaIsolation`` (:meth:`rdma_cni.inventory.Vf.available`, the
+  very method ADD's choice calls), so
+  ``capacity_vfs - used_vfs`` is exactly ADD's pool. A VF in neither set
+  counts in neither: no netdev, a userspace driver, no RDMA device under
+  ``required``, or, held by no readable record, not proven home in the host
+  (a corrupt record's VF still in a pod).
+
+Several networks on one node share the one annotation. A PF named by several
+networks is published once, with the most cautious of their views (smallest
+capacity and pool, largest use), so the extender never sees room that one of
+them lacks. The extender does not know which network a pod will use, so the
+published PFs are the union of every network's ``pfs``; see the README
+("Node state") for what that means when networks use different PFs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rdma_cni import nodestate
+from rdma_cni.errors import InvalidConfig
+
+if TYPE_CHECKING:
+    from rdma_cni.inventory import Node
+    from rdma_cni.record import Attachment
+
+log = logging.getLogger("rdma_cni.agent")
+
+# Waiting for the node lock longer than this means an ADD or DEL is busy:
+# the agent tries again on its next pass rather than queue behind kubelet.
+LOCK_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class NetworkView:
+    """The settings of one network that decide what its ADD can hand out."""
+
+    name: str
+    pfs: tuple[str, ...] | None = None  # None: every SR-IOV PF
+    capacity: Mapping[str, int] = field(default_factory=dict)
+    isolation: str = "auto"
+    state_dir: str = "/var/lib/cni/rdma-cni"
+    lock_file: str = "/run/rdma-cni/rdma-cni.lock"
+
+
+def default_view() -> NetworkView:
+    """The plugin's defaults: every SR-IOV PF, link speed as capacity, ``auto``."""
+    from rdma_cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR
+
+    return NetworkView(name="(defaults)", state_dir=DEFAULT_STATE_DIR, lock_file=DEFAULT_LOCK_FILE)
+
+
+def load_view(path: str) -> NetworkView:
+    """A :class:`NetworkView` from a network configuration file.
+
+    Accepts a plugin entry (``.conf``/``.json``), a conflist (the ``rdma-cni``
+    entry in it, with the list's ``cniVersion`` and ``name`` as libcni passes
+    them), or a NetworkAttachmentDefinition's ``spec.config`` string already
+    saved as either. Validated by the plugin's own config model, so a value
+    ADD would refuse is refused here too (InvalidConfig naming the file).
+    """
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except OSError as exc:
+        raise InvalidConfig(f"cannot read network config {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise InvalidConfig(f"network config {path} is not JSON: {exc}") from exc
+    entry = _plugin_entry(doc, path)
+    from rdma_cni.config import load_netconf
+
+    try:
+        conf = load_netconf(entry)
+    except InvalidConfig as exc:
+        raise InvalidConfig(f"network config {path}: {exc.msg}", exc.details) from exc
+    return NetworkView(
+        name=conf.name,
+        pfs=tuple(conf.pfs) if conf.pfs is not None else None,
+        capacity=dict(conf.capacityMbps),
+        isolation=conf.rdmaIsolation,
+        state_dir=conf.stateDir,
+        lock_file=conf.lockFile,
+    )
+
+
+def _plugin_entry(doc: Any, path: str) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise InvalidConfig(f"network config {path} is not a JSON object")
+    if "plugins" not in doc:
+        if doc.get("type") != "rdma-cni":
+            raise InvalidConfig(f"network config {path}: type is {doc.get('type')!r}, not 'rdma-cni'")
+        return doc
+    plugins = doc["plugins"]
+    entries = (
+        [p for p in plugins if isinstance(p, dict) and p.get("type") == "rdma-cni"]
+        if isinstance(plugins, list)
+        else []
+    )
+    if len(entries) != 1:
+        raise InvalidConfig(
+            f"network config {path}: expected exactly one plugin of type 'rdma-cni' in 'plugins', "
+            f"found {len(entries)}"
+        )
+    return {"cniVersion": doc.get("cniVersion"), "name": doc.get("name"), **entries[0]}
+
+
+@dataclass
+class _PfView:
+    name: str
+    capacity_tx_rate: int | None
+    used_tx_rate: int
+    capacity_vfs: int
+    used_vfs: int
+    numa_node: int | None
+
+    def merge(self, other: _PfView) -> None:
+        """Keep the most cautious of two networks' views of one PF."""
+        if self.capacity_tx_rate is None or other.capacity_tx_rate is None:
+            self.capacity_tx_rate = None
+        else:
+            self.capacity_tx_rate = min(self.capacity_tx_rate, other.capacity_tx_rate)
+        self.used_tx_rate = max(self.used_tx_rate, other.used_tx_rate)
+        self.used_vfs = max(self.used_vfs, other.used_vfs)
+        self.capacity_vfs = max(self.used_vfs, min(self.capacity_vfs, other.capacity_vfs))
+
+
+def pf_views(node: Node, isolation: str) -> list[_PfView]:
+    """Per PF of a scanned node: capacity and use as ADD under ``isolation`` would count them."""
+    out = []
+    for pf in node.pfs:
+        used = sum(1 for v in pf.vfs if v.owner is not None)
+        pool = sum(1 for v in pf.vfs if v.available(isolation))
+        out.append(
+            _PfView(
+                name=pf.name,
+                capacity_tx_rate=pf.capacity_mbps,
+                used_tx_rate=pf.reserved_mbps,
+                capacity_vfs=used + pool,
+                used_vfs=used,
+                numa_node=pf.numa_node,
+            )
+        )
+    return out
+
+
+def allocations(attachments: Sequence[Attachment]) -> list[nodestate.Allocation]:
+    """One entry per pod (by uid) holding VFs, its interfaces in record order.
+
+    Records without a pod (cnitool, manual runs) hold VFs, which the PF
+    counts show, but belong to no pod the scheduler knows.
+    """
+    by_pod: dict[tuple[str, str, str], list[nodestate.InterfaceUse]] = {}
+    for att in attachments:
+        if att.pod is None or not att.vfs:
+            continue
+        key = (att.pod.namespace, att.pod.name, att.pod.uid)
+        uses = by_pod.setdefault(key, [])
+        uses.extend(nodestate.InterfaceUse(v.pf, v.min_tx_rate, v.max_tx_rate) for v in att.vfs)
+    return [
+        nodestate.Allocation(namespace=ns, name=name, uid=uid, interfaces=tuple(uses))
+        for (ns, name, uid), uses in sorted(by_pod.items())
+    ]
+
+
+def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
+    """Read the node for every network and return its state (generation 0, ``updated`` empty).
+
+    Raises TryAgainLater when a node lock is busy, IOFailure when the
+    records cannot be listed (ADD refuses every pod then, and so must the
+    state: see :func:`unusable`), and other CniErrors or OSErrors from the scan.
+    """
+    from rdma_cni.identity import VfFinder
+    from rdma_cni.inventory import scan
+    from rdma_cni.netlink import Rtnl
+    from rdma_cni.record import RecordStore, node_lock
+    from rdma_cni.vfcontrol import vf_control
+
+    pfs: dict[str, _PfView] = {}
+    seen: dict[tuple[str, str, str], Attachment] = {}
+    with Rtnl() as host:
+        vfctl = vf_control(host)
+        for view in views:
+            store = RecordStore(view.state_dir)
+            unreadable: list[str] = []
+            # Held only while reading: the API call happens after, lock-free.
+            with node_lock(view.lock_file, LOCK_TIMEOUT):
+                # As ADD reads the node: a corrupt record holds nothing (ADD sets
+                # it aside; the agent, which only reads, leaves it), and a VF no
+                # record holds is free only when the kernel shows it home.
+                records = store.all(unreadable)
+                node = scan(
+                    pfs=list(view.pfs) if view.pfs is not None else None,
+                    capacity=view.capacity,
+                    attachments=records,
+                    vfctl=vfctl,
+                    home=VfFinder(host).in_host,
+                )
+            for problem in unreadable:
+                log.warning("node state: %s; its VFs count as free only once back in the host", problem)
+            for pv in pf_views(node, view.isolation):
+                if pv.name in pfs:
+                    pfs[pv.name].merge(pv)
+                else:
+                    pfs[pv.name] = pv
+            for att in records:
+                seen[(os.path.realpath(view.state_dir), att.container_id, att.ifname)] = att
+    return nodestate.NodeState(
+        version=nodestate.VERSION,
+        generation=0,
+        updated="",
+        pfs=tuple(
+            nodestate.PfSummary(
+                name=p.name,
+                capacity_tx_rate=p.capacity_tx_rate,
+                used_tx_rate=p.used_tx_rate,
+                capacity_vfs=p.capacity_vfs,
+                used_vfs=p.used_vfs,
+                numa_node=p.numa_node,
+            )
+            for p in sorted(pfs.values(), key=lambda p: p.name)
+        ),
+        allocations=tuple(allocations([seen[k] for k in sorted(seen)])),
+    )
+
+
+def unusable() -> nodestate.NodeState:
+    """The state of a node whose ADD refuses every pod (records cannot be listed): nothing fits."""
+    return nodestate.NodeState(version=nodestate.VERSION, generation=0, updated="", pfs=(), allocations=())

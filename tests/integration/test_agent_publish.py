@@ -1,0 +1,380 @@
+"""The node agent against the HTTPS API stand-in: publish on change, never write an unchanged state, retry."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from rdma_cni import nodestate
+from rdma_cni.agent import loop, publish, snapshot
+from tests.integration.conftest import REPO, Cluster, plugin_command
+
+_names = itertools.count()
+
+
+def node_name() -> str:
+    return f"agent-node-{os.getpid()}-{next(_names)}"
+
+
+def conf_file(cluster: Cluster, **overrides: Any) -> str:
+    path = os.path.join(cluster.tmp, "agent-net.conflist")
+    entry = cluster.conf(**overrides)
+    doc = {"cniVersion": entry.pop("cniVersion"), "name": entry.pop("name"), "plugins": [entry]}
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
+def published(cluster: Cluster, name: str) -> nodestate.NodeState | None:
+    node = cluster.api.get_node(name) or {}
+    text = (node.get("metadata", {}).get("annotations") or {}).get(nodestate.ANNOTATION)
+    if not text:
+        return None
+    try:
+        return nodestate.decode(text)
+    except nodestate.NodeStateError:
+        return None  # not (yet) the agent's
+
+
+def patches(cluster: Cluster, name: str) -> int:
+    return sum(
+        1 for r in cluster.api.requests_seen if r.method == "PATCH" and r.path.endswith(f"/nodes/{name}")
+    )
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+@contextmanager
+def running(agent: loop.Agent) -> Iterator[threading.Thread]:
+    stop = threading.Event()
+    thread = threading.Thread(target=loop.run_agent, args=(agent, stop), daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+def make_agent(cluster: Cluster, name: str, kubeconfig: str | None = None, **kwargs: Any) -> loop.Agent:
+    agent = loop.setup_agent(
+        node_name=name,
+        network_configs=[conf_file(cluster)],
+        kubeconfig=kubeconfig or os.path.join(cluster.tmp, "kubeconfig"),
+        period=kwargs.pop("period", 30.0),
+        heartbeat=kwargs.pop("heartbeat", 300.0),
+    )
+    agent.publisher.max_backoff = kwargs.pop("max_backoff", publish.MAX_BACKOFF)
+    assert not kwargs
+    return agent
+
+
+def test_publishes_the_node_follows_add_and_del_and_writes_nothing_unchanged(cluster: Cluster) -> None:
+    name = node_name()
+    cluster.api.add_node(name, labels={"kubernetes.io/hostname": name}, annotations={"other": "kept"})
+    agent = make_agent(cluster, name, period=0.3)
+    conf = cluster.conf()
+    with running(agent):
+        first = wait_for(lambda: published(cluster, name), 10, "the first publish")
+        assert first.generation == 1 and first.allocations == ()
+        assert nodestate.same_content(first, snapshot.snapshot([snapshot.load_view(conf_file(cluster))]))
+        assert cluster.api.get_node(name)["metadata"]["annotations"]["other"] == "kept"
+
+        # Idle, with a periodic re-read every 0.3 s: not one more write.
+        before = patches(cluster, name)
+        time.sleep(1.5)
+        assert agent.snapshots >= 4
+        assert patches(cluster, name) == before == 1
+
+        pod = cluster.pod([{"min_tx_rate": 15000, "max_tx_rate": 20000}, {}], name=f"p{os.getpid()}")
+        assert cluster.run("ADD", pod, conf).ok
+        added = time.monotonic()
+        state = wait_for(
+            lambda: (s := published(cluster, name)) and s.allocations and s, 5, "the ADD to be published"
+        )
+        latency = time.monotonic() - added
+        assert latency < 1.0, f"ADD published after {latency:.2f} s"
+        assert state.generation == 2
+        (alloc,) = state.allocations
+        assert (alloc.namespace, alloc.name) == ("default", f"p{os.getpid()}")
+        assert [(i.min_tx_rate, i.max_tx_rate) for i in alloc.interfaces] == [(15000, 20000), (0, 0)]
+        assert sum(p.used_vfs for p in state.pfs) == 2
+
+        assert cluster.run("DEL", pod, conf).ok
+        removed = time.monotonic()
+        back = wait_for(
+            lambda: (s := published(cluster, name)) and s.generation == 3 and s, 5, "the DEL to be published"
+        )
+        assert time.monotonic() - removed < 1.0
+        assert nodestate.same_content(back, first)
+        time.sleep(0.6)
+        assert patches(cluster, name) == 3
+
+
+def test_a_burst_of_changes_is_one_write(cluster: Cluster) -> None:
+    name = node_name()
+    cluster.api.add_node(name)
+    agent = make_agent(cluster, name)
+    conf = cluster.conf(ipam=None)
+    with running(agent):
+        wait_for(lambda: published(cluster, name), 10, "the first publish")
+        pods = [cluster.pod([{}]) for _ in range(3)]
+        for pod in pods:
+            assert cluster.run_inproc("ADD", pod, conf).ok
+        wait_for(lambda: len(published(cluster, name).allocations) == 3, 5, "three pods published")
+        time.sleep(0.5)
+        # three ADDs in well under the debounce window, or nearly: at most one intermediate write
+        assert patches(cluster, name) <= 3
+        for pod in pods:
+            assert cluster.run_inproc("DEL", pod, conf).ok
+
+
+def test_5xx_and_409_are_retried_with_backoff(cluster: Cluster) -> None:
+    name = node_name()
+    cluster.api.add_node(name)
+    cluster.api.fail_next(1000, 503)
+    agent = make_agent(cluster, name, max_backoff=2.0)
+    with running(agent):
+        time.sleep(3.0)
+        tried = cluster.api.request_count
+        # Backoff 0.5, 1, 2, 2 s (each jittered down to half at most): a few tries, not one per 0.1 s tick.
+        assert 2 <= tried <= 8, tried
+        assert agent.publisher.failures == tried and published(cluster, name) is None
+        cluster.api.reset()
+        cluster.api.fail_next(1, 409)
+        state = wait_for(lambda: published(cluster, name), 10, "the publish after the API recovered")
+        assert state.generation == 1
+        assert agent.publisher.last_error == ""
+
+
+def test_api_server_unreachable_never_stops_the_loop(cluster: Cluster) -> None:
+    name = node_name()
+    bad = os.path.join(cluster.tmp, "unreachable.kubeconfig")
+    cluster.api.write_kubeconfig(bad, mode="token")
+    with open(bad) as f:
+        doc = json.load(f)
+    doc["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:1"  # nothing listens there
+    with open(bad, "w") as f:
+        json.dump(doc, f)
+    agent = make_agent(cluster, name, kubeconfig=bad, max_backoff=1.0)
+    with running(agent) as thread:
+        time.sleep(2.5)
+        assert thread.is_alive()
+        assert 2 <= agent.publisher.failures <= 10
+        assert "Unavailable" in agent.publisher.last_error
+        # The node is still read, ready for when the API comes back.
+        assert agent.snapshots >= 1
+
+
+def test_missing_node_is_retried_until_it_exists(cluster: Cluster) -> None:
+    name = node_name()
+    agent = make_agent(cluster, name, max_backoff=0.5)
+    with running(agent):
+        wait_for(lambda: agent.publisher.failures >= 1, 5, "a 404")
+        assert "NotFound" in agent.publisher.last_error
+        cluster.api.add_node(name)
+        assert wait_for(lambda: published(cluster, name), 5, "publish once the node exists").generation == 1
+
+
+def test_restart_continues_the_generation_and_replaces_garbage(cluster: Cluster) -> None:
+    name = node_name()
+    cluster.api.add_node(name, annotations={nodestate.ANNOTATION: "{not json"})
+    agent = make_agent(cluster, name)
+    with running(agent):
+        assert wait_for(lambda: published(cluster, name), 10, "publish over garbage").generation == 1
+    restarted = make_agent(cluster, name)
+    with running(restarted):
+        # A new process cannot know how old the Node's copy is: it writes once, continuing the count.
+        assert wait_for(lambda: (s := published(cluster, name)) and s.generation == 2, 10, "gen 2")
+        time.sleep(0.5)
+        assert restarted.publisher.writes == 1
+
+
+def test_heartbeat_rewrites_an_unchanged_state(cluster: Cluster) -> None:
+    name = node_name()
+    cluster.api.add_node(name)
+    agent = make_agent(cluster, name, period=0.2, heartbeat=0.5)
+    with running(agent):
+        wait_for(lambda: (s := published(cluster, name)) and s.generation >= 3, 5, "heartbeat writes")
+    assert 3 <= agent.publisher.writes <= 6
+
+
+def test_unlistable_records_publish_that_nothing_fits_until_fixed(cluster: Cluster) -> None:
+    name = node_name()
+    cluster.api.add_node(name)
+    os.makedirs(cluster.state_dir)
+    bad = os.path.join(cluster.state_dir, "attachments")
+    with open(bad, "w") as f:
+        f.write("not a directory")
+    agent = make_agent(cluster, name)
+    with running(agent):
+        state = wait_for(lambda: published(cluster, name), 10, "the first publish")
+        assert state.pfs == () and state.allocations == ()
+        os.unlink(bad)
+        fixed = wait_for(lambda: (s := published(cluster, name)) and s.pfs and s, 5, "the repaired state")
+        assert [p.name for p in fixed.pfs] == ["simpf0", "simpf1"]
+
+
+def test_rotated_token_is_picked_up_after_a_401(cluster: Cluster) -> None:
+    name = node_name()
+    cluster.api.add_node(name)
+    path = os.path.join(cluster.tmp, "rotating.kubeconfig")
+    cluster.api.write_kubeconfig(path, mode="token", token="expired-token")
+    agent = make_agent(cluster, name, kubeconfig=path, max_backoff=0.5)
+    with running(agent):
+        wait_for(lambda: agent.publisher.failures >= 1, 5, "a 401")
+        cluster.api.write_kubeconfig(path, mode="token")
+        assert wait_for(lambda: published(cluster, name), 5, "publish with the new token").generation == 1
+
+
+def test_install_watch_node_state_publishes_and_stops_on_sigterm(cluster: Cluster, tmp_path: Any) -> None:
+    name = node_name()
+    cluster.api.add_node(name)
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("installer-token")
+    with open(_ca_of(cluster)) as f:
+        (sa / "ca.crt").write_text(f.read())
+    source = tmp_path / "rdma-cni-bin"
+    source.write_bytes(b"#!/bin/sh\n")
+    env = {
+        **os.environ,
+        "NODE_NAME": name,
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(cluster.api.port),
+        "PYTHONPATH": REPO,
+    }
+    proc = subprocess.Popen(
+        [
+            *plugin_command(),
+            "install",
+            "--watch",
+            "--node-state",
+            f"--source={source}",
+            f"--cni-bin-dir={tmp_path / 'bin'}",
+            f"--kubeconfig-path={tmp_path / 'net.d' / 'rdma-cni.kubeconfig'}",
+            f"--serviceaccount-dir={sa}",
+            f"--network-config={conf_file(cluster)}",
+            f"--api-kubeconfig={os.path.join(cluster.tmp, 'kubeconfig')}",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        state = wait_for(lambda: published(cluster, name), 20, "the installer's agent to publish")
+        assert [p.name for p in state.pfs] == ["simpf0", "simpf1"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert f"publishing node state on node {name}" in out
+    assert "published node state generation 1" in err
+
+
+def _ca_of(cluster: Cluster) -> str:
+    with open(os.path.join(cluster.tmp, "kubeconfig")) as f:
+        doc = json.load(f)
+    ca = doc["clusters"][0]["cluster"]["certificate-authority"]
+    return ca if os.path.isabs(ca) else os.path.join(cluster.tmp, ca)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--node-state"], {"NODE_NAME": "n"}, "--node-state needs --watch"),
+        (["--watch", "--network-config=x"], {}, "need --node-state"),
+        (
+            ["--watch", "--node-state"],
+            {"NODE_NAME": "Bad_Name"},
+            "NODE_NAME 'Bad_Name' is not a valid node name",
+        ),
+        (["--watch", "--node-state"], {}, "NODE_NAME '' is not a valid node name"),
+        (
+            ["--watch", "--node-state", "--network-config=/nonexistent/net.conf"],
+            {"NODE_NAME": "n"},
+            "cannot read network config /nonexistent/net.conf",
+        ),
+    ],
+)
+def test_install_refuses_a_bad_agent_setup(
+    tmp_path: Any, args: list[str], env: dict[str, str], message: str
+) -> None:
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("t")
+    (sa / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")
+    source = tmp_path / "src"
+    source.write_bytes(b"x")
+    proc = subprocess.run(
+        [
+            *plugin_command(),
+            "install",
+            *args,
+            f"--source={source}",
+            f"--cni-bin-dir={tmp_path / 'bin'}",
+            f"--kubeconfig-path={tmp_path / 'kc'}",
+            f"--serviceaccount-dir={sa}",
+            "--max-iterations=1",
+            "--interval=0.1",
+        ],
+        env={
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": REPO,
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": "6443",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode in (1, 2), proc.stderr
+    assert message in proc.stderr
+
+
+def test_the_node_lock_is_never_held_across_an_api_call(cluster: Cluster) -> None:
+    name = node_name()
+    cluster.api.add_node(name)
+    agent = make_agent(cluster, name)
+    # Pods without Kubernetes arguments: ADD itself then never waits for the (hanging) API.
+    conf = cluster.conf(ipam=None)
+    first, second = ({**cluster.pod(None), "CNI_ARGS": "IgnoreUnknown=true"} for _ in range(2))
+    with running(agent):
+        wait_for(lambda: published(cluster, name), 10, "the first publish")
+        before = patches(cluster, name)
+        cluster.api.hang(4.0)
+        try:
+            assert cluster.run_inproc("ADD", first, conf).ok
+            # The agent notices, reads the node and sends its PATCH, which now hangs.
+            wait_for(lambda: patches(cluster, name) > before, 5, "the agent's PATCH to arrive")
+            started = time.monotonic()
+            assert cluster.run_inproc("ADD", second, conf).ok
+            took = time.monotonic() - started
+        finally:
+            cluster.api.hang(0)
+        assert took < 2.0, f"ADD waited {took:.1f} s for the node lock while the agent talked to the API"
+        for pod in (first, second):
+            assert cluster.run_inproc("DEL", pod, conf).ok

@@ -1,0 +1,300 @@
+"""Import rules of the package, checked on the source with ast (function-level imports included).
+
+The cluster half (the scheduler extender) must run without the kernel
+layer, the node half must not grow a dependency on the cluster half, and the
+modules both halves share must stay standard library only. Each rule is a
+row in RULES; a module is checked against the imports it can reach inside
+the package (transitively), so hiding a kernel import one module away does
+not pass either.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE = "rdma_cni"
+
+KERNEL_LAYER = (
+    "sysfs",
+    "netlink",
+    "nlsock",
+    "rdma",
+    "vfcontrol",
+    "record",
+    "attach",
+    "isolation",
+    "ipam",
+    "inventory",
+    "commands",
+)
+# The executable's entry points dispatch to every half, by design.
+ENTRY_POINTS = ("__main__", "cli", "warm", "install")
+SHARED_STDLIB_ONLY = ("placement", "nodestate")
+
+
+def module_name(path: str, root: str = ROOT) -> str:
+    """``rdma_cni/agent/loop.py`` -> ``rdma_cni.agent.loop`` (a package's ``__init__`` is the package)."""
+    rel = os.path.relpath(path, root)[: -len(".py")]
+    parts = rel.split(os.sep)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_modules(root: str = ROOT, package: str = PACKAGE) -> dict[str, str]:
+    """Every module of the package: dotted name -> file path."""
+    out = {}
+    for directory, _dirs, files in os.walk(os.path.join(root, package)):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                out[module_name(path, root)] = path
+    return out
+
+
+def imports_of(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module named by an import anywhere in ``source`` (module level, functions, branches).
+
+    ``from a import b`` yields ``a`` and ``a.b`` (``b`` may be a submodule);
+    relative imports are resolved against ``module``.
+    """
+    found: set[str] = set()
+    base = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                origin = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            found.add(origin)
+            found.update(f"{origin}.{alias.name}" for alias in node.names if alias.name != "*")
+    return found
+
+
+def _within(name: str, modules: Iterable[str]) -> str | None:
+    """The package module ``name`` refers to (itself or its closest parent), or None."""
+    known = set(modules)
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+@dataclass
+class Graph:
+    direct: dict[str, set[str]]  # module -> every import it names (package and external)
+
+    @classmethod
+    def build(cls, modules: dict[str, str]) -> Graph:
+        direct = {}
+        for name, path in modules.items():
+            with open(path, encoding="utf-8") as f:
+                direct[name] = imports_of(f.read(), name, path.endswith("__init__.py"))
+        return cls(direct)
+
+    def internal(self, module: str) -> set[str]:
+        """Package modules ``module`` imports directly (importing ``a.b`` runs ``a`` too)."""
+        out = set()
+        for name in self.direct[module]:
+            target = _within(name, self.direct)
+            while target and target != module:
+                out.add(target)
+                target = _within(target.rpartition(".")[0], self.direct)
+        return out
+
+    def reachable(self, module: str) -> dict[str, list[str]]:
+        """Package modules ``module`` can import, each with one import chain leading to it."""
+        chains: dict[str, list[str]] = {module: [module]}
+        todo = [module]
+        while todo:
+            current = todo.pop()
+            for nxt in sorted(self.internal(current)):
+                if nxt not in chains:
+                    chains[nxt] = [*chains[current], nxt]
+                    todo.append(nxt)
+        del chains[module]
+        return chains
+
+
+def _matches(module: str, prefixes: Iterable[str]) -> bool:
+    return any(module == f"{PACKAGE}.{p}" or module.startswith(f"{PACKAGE}.{p}.") for p in prefixes)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Modules matching ``applies`` (and not ``exempt``) must not reach modules matching ``forbidden``."""
+
+    name: str
+    applies: tuple[str, ...] | None  # None: every module of the package
+    forbidden: tuple[str, ...]
+    exempt: tuple[str, ...] = ()
+    allowed: tuple[str, ...] = ()  # never forbidden, even when ``forbidden`` matches everything
+
+
+RULES = [
+    Rule("the extender never imports the kernel layer", ("extender",), (*KERNEL_LAYER, "agent")),
+    Rule(
+        "node-side modules never import the agent or the extender",
+        None,
+        ("agent", "extender"),
+        exempt=(*ENTRY_POINTS, "agent", "extender"),
+    ),
+    Rule("the agent never imports the extender", ("agent",), ("extender",)),
+    # nodestate hands placement its view of a node; both stay standard library only.
+    Rule(
+        "shared modules import only each other",
+        SHARED_STDLIB_ONLY,
+        ("",),
+        allowed=SHARED_STDLIB_ONLY,
+    ),
+]
+
+
+def violations(rule: Rule, graph: Graph) -> list[str]:
+    """One line per (module, forbidden module reached), with the import chain."""
+    out = []
+    for module in sorted(graph.direct):
+        applies = _matches(module, rule.applies) if rule.applies is not None else True
+        if not applies or _matches(module, rule.exempt):
+            continue
+        for target, chain in sorted(graph.reachable(module).items()):
+            if target == PACKAGE or _matches(target, rule.allowed):
+                continue  # the package's __init__ (version string) is imported by everything
+            if rule.forbidden == ("",) or _matches(target, rule.forbidden):
+                out.append(f"{module} reaches {target} via {' -> '.join(chain)}")
+    return out
+
+
+def non_stdlib(graph: Graph, module: str) -> set[str]:
+    """Top-level packages ``module`` names that are not the standard library."""
+    # Package imports are the rules' business; this is about everything else.
+    allowed = set(sys.stdlib_module_names) | {"__future__", PACKAGE}
+    return {n.split(".")[0] for n in graph.direct[module] if n.split(".")[0] not in allowed}
+
+
+# ---------------------------------------------------------------------------
+# The package as it is
+
+
+@pytest.fixture(scope="module")
+def graph() -> Graph:
+    return Graph.build(package_modules())
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.name for r in RULES])
+def test_rule_holds(rule: Rule, graph: Graph) -> None:
+    if rule.applies is not None:
+        # A rule about modules that do not exist would pass for nothing.
+        assert any(_matches(m, rule.applies) for m in graph.direct), f"no module matches {rule.applies}"
+    assert violations(rule, graph) == []
+
+
+@pytest.mark.parametrize("name", SHARED_STDLIB_ONLY)
+def test_shared_modules_are_stdlib_only(name: str, graph: Graph) -> None:
+    module = f"{PACKAGE}.{name}"
+    assert module in graph.direct, f"{module} is missing"
+    assert non_stdlib(graph, module) == set()
+
+
+def test_every_kernel_layer_module_exists(graph: Graph) -> None:
+    # A renamed kernel module would silently fall out of the extender rule.
+    for name in KERNEL_LAYER:
+        assert _matches_any(name, graph), f"{PACKAGE}.{name} is gone: update KERNEL_LAYER"
+
+
+def _matches_any(name: str, graph: Graph) -> bool:
+    return any(_matches(m, (name,)) for m in graph.direct)
+
+
+# ---------------------------------------------------------------------------
+# The checker itself, on a made-up package: each rule must catch what it forbids
+
+
+def _fake_package(tmp_path: object, files: dict[str, str]) -> Graph:
+    root = str(tmp_path)
+    for rel, text in files.items():
+        path = os.path.join(root, PACKAGE, *rel.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    return Graph.build(package_modules(root))
+
+
+BASE = {
+    "__init__.py": "",
+    "sysfs.py": "import os\n",
+    "placement.py": "from __future__ import annotations\nimport math\n",
+    "nodestate.py": "import json\nfrom rdma_cni import placement\n",
+    "errors.py": "",
+    "config.py": "import json\n",
+    "agent/__init__.py": "",
+    "agent/loop.py": "from rdma_cni import sysfs\n",
+    "extender/__init__.py": "",
+    "extender/decide.py": "from rdma_cni import placement, nodestate\n",
+}
+
+
+def test_clean_fake_package_passes(tmp_path: object) -> None:
+    graph = _fake_package(tmp_path, BASE)
+    assert all(violations(rule, graph) == [] for rule in RULES)
+    assert non_stdlib(graph, "rdma_cni.placement") == set()
+
+
+@pytest.mark.parametrize(
+    ("changed", "rule_index", "expected"),
+    [
+        # a kernel import hidden inside a function of the extender
+        (
+            {"extender/decide.py": "def f():\n    from rdma_cni.sysfs import net_devices\n"},
+            0,
+            "rdma_cni.extender.decide reaches rdma_cni.sysfs",
+        ),
+        # ... or one module away, through a relative import
+        (
+            {"extender/decide.py": "from .. import config\n", "config.py": "from rdma_cni import sysfs\n"},
+            0,
+            "rdma_cni.extender.decide reaches rdma_cni.sysfs via rdma_cni.extender.decide -> "
+            "rdma_cni.config -> rdma_cni.sysfs",
+        ),
+        # a node-side module importing the agent lazily
+        (
+            {"config.py": "def f():\n    import rdma_cni.agent.loop\n"},
+            1,
+            "rdma_cni.config reaches rdma_cni.agent",
+        ),
+        ({"agent/loop.py": "if True:\n    from rdma_cni.extender import decide\n"}, 2, "rdma_cni.agent.loop"),
+        ({"nodestate.py": "from rdma_cni import config\n"}, 3, "rdma_cni.nodestate reaches rdma_cni.config"),
+        # allowed: nodestate -> placement; but not what placement would then reach
+        (
+            {
+                "nodestate.py": "from rdma_cni import placement\n",
+                "placement.py": "from rdma_cni import errors\n",
+            },
+            3,
+            "rdma_cni.nodestate reaches rdma_cni.errors via rdma_cni.nodestate -> rdma_cni.placement",
+        ),
+    ],
+)
+def test_each_rule_catches_its_violation(
+    tmp_path: object, changed: dict[str, str], rule_index: int, expected: str
+) -> None:
+    graph = _fake_package(tmp_path, {**BASE, **changed})
+    found = violations(RULES[rule_index], graph)
+    assert any(line.startswith(expected) for line in found), found
+
+
+def test_third_party_import_in_shared_module_is_caught(tmp_path: object) -> None:
+    graph = _fake_package(tmp_path, {**BASE, "placement.py": "def f():\n    import pydantic\n"})
+    assert non_stdlib(graph, "rdma_cni.placement") == {"pydantic"}
