@@ -86,10 +86,13 @@ class ClusterCredentials:
         found: list[str] = []
         if self.token:
             found.append(self.token)
-        if self.server_userinfo:
+        # load_credentials moves userinfo out of the server URL; credentials built
+        # by hand may still carry it there.
+        userinfo = self.server_userinfo or urllib.parse.urlsplit(self.server).netloc.rpartition("@")[0]
+        if userinfo:
             # Longest first: the whole userinfo, then the password alone, raw and decoded.
-            found.append(self.server_userinfo)
-            password = self.server_userinfo.partition(":")[2]
+            found.append(userinfo)
+            password = userinfo.partition(":")[2]
             found.extend(p for p in (password, urllib.parse.unquote(password)) if p)
         if self.client_key_data:
             text = self.client_key_data.decode("ascii", "replace")
