@@ -282,6 +282,8 @@ def test_lost_corrupt_and_foreign_records(cluster: Cluster) -> None:
         pod = cluster.pod([{"max_tx_rate": 100}, {}])
         if bench.run("ADD", pod, conf, kind).code != 0:
             bench.fail(f"records {kind}: ADD on a clean node failed")
+            bench.settle([pod], [], f"records {kind}")
+            continue
         how(_record(cluster, pod))
         # Another pod comes and goes meanwhile: it must never get the spoiled attachment's VFs.
         # (The spoiled pod's VFs now sit in it without a record, by construction: only the
