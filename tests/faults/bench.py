@@ -121,9 +121,11 @@ class Bench:
 
     def check(self, label: str, pods: list[dict[str, str]], *, settled: bool) -> None:
         """Judge the node from the kernel's view (see tests/support/invariants.py)."""
+        # This case's pods, and any namespace an earlier case had to keep (it may hold a VF).
         names = [
             os.path.basename(p["CNI_NETNS"]) for p in pods if p.get("CNI_NETNS", "").startswith("/run/netns/")
         ]
+        names += [n for n in self.cluster.netns_names if n not in names]
         for problem in violations(self.cluster, names, self.host_before, settled=settled):
             self.fail(f"{label}: {problem}")
 
