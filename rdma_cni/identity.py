@@ -6,8 +6,10 @@ names and aliases prove nothing. What it cannot change:
 
 - on real hardware, the netdev's parent device as rtnetlink reports it
   (``IFLA_PARENT_DEV_NAME`` = the VF's PCI address on bus
-  ``IFLA_PARENT_DEV_BUS_NAME`` = ``pci``); a stacked device (VLAN, IPoIB
-  child) names a lower link in ``IFLA_LINK`` and is refused;
+  ``IFLA_PARENT_DEV_BUS_NAME`` = ``pci``; kernels before 5.16 do not report
+  it, and there ethtool's driver info, bus-info, is asked instead); a stacked
+  device (VLAN, IPoIB child) names a lower link in ``IFLA_LINK`` and is
+  refused;
 - on the simulated node (tests, demo), whose VFs are veths: the kernel-reported
   peer of the pod-side end (``IFLA_LINK`` ifindex in the namespace
   ``IFLA_LINK_NETNSID``), which must be the VF's "wire" in the host. The fake
@@ -50,20 +52,73 @@ class Identity(Protocol):
         ...
 
 
+# rtnetlink reports a netdev's parent device from Linux 5.16 on; older kernels
+# answer the same question through ethtool's driver info (bus-info).
+PARENT_DEV_KERNEL = (5, 16)
+SIOCETHTOOL = 0x8946
+ETHTOOL_GDRVINFO = 0x00000003
+_DRVINFO_SIZE = 196  # struct ethtool_drvinfo
+_BUS_INFO = slice(4 + 3 * 32, 4 + 4 * 32)  # after cmd, driver, version, fw_version
+
+
+def kernel_reports_parent(release: str | None = None) -> bool:
+    """Does this kernel put IFLA_PARENT_DEV_NAME in link dumps?"""
+    parts = (release or os.uname().release).split(".")
+    try:
+        return (int(parts[0]), int(parts[1].split("-")[0])) >= PARENT_DEV_KERNEL
+    except (IndexError, ValueError):
+        return True
+
+
+def drvinfo(ifname: str, netns_fd: int | None = None) -> tuple[str, str]:
+    """(driver, bus-info) of a netdev from ethtool's GDRVINFO, in ``netns_fd`` (None: this namespace)."""
+    import array
+    import fcntl
+    import socket
+    import struct
+
+    from rdma_cni.nlsock import in_netns
+
+    buf = array.array("B", struct.pack("=I", ETHTOOL_GDRVINFO) + bytes(_DRVINFO_SIZE - 4))
+    ifreq = struct.pack("16sP", ifname.encode()[:15], buf.buffer_info()[0]).ljust(40, b"\0")
+    if netns_fd is None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    else:
+        with in_netns(netns_fd):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    with sock:
+        fcntl.ioctl(sock.fileno(), SIOCETHTOOL, ifreq)
+    raw = bytes(buf)
+
+    def text(field: bytes) -> str:
+        return field.split(b"\0")[0].decode(errors="replace")
+
+    return text(raw[4:36]), text(raw[_BUS_INFO])
+
+
 class ParentDevice:
-    """Real hardware: the netdev's parent PCI device."""
+    """Real hardware: the netdev's parent PCI device (rtnetlink; ethtool bus-info before Linux 5.16)."""
+
+    def __init__(self, from_rtnetlink: bool | None = None) -> None:
+        self.from_rtnetlink = kernel_reports_parent() if from_rtnetlink is None else from_rtnetlink
 
     def expected(self, pci: str) -> str | None:
         return "pci:" + pci
 
     def of(self, link: Link, pod: Netns | None) -> str | None:
-        if link.parent_bus != "pci" or not link.parent_dev:
-            return None
         # A VF's own netdev has no lower link; VLAN or IPoIB children of it
         # share its parent device but name it in IFLA_LINK.
         if link.link_index not in (0, link.index):
             return None
-        return "pci:" + link.parent_dev
+        if self.from_rtnetlink:
+            if link.parent_bus != "pci" or not link.parent_dev:
+                return None
+            return "pci:" + link.parent_dev
+        try:
+            _driver, bus = drvinfo(link.name, pod.fd if pod is not None else None)
+        except OSError:
+            return None  # no ethtool driver info (loopback, some virtual devices): not a VF
+        return "pci:" + bus if bus else None
 
 
 class VethPeer:

@@ -8,12 +8,12 @@ allocation record, passed in by the caller so the data path and the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni import sysfs
-from rdma_cni.netlink import Link, VfInfo
+from rdma_cni.netlink import VfInfo
 from rdma_cni.placement import PfState
 from rdma_cni.record import Attachment
 from rdma_cni.vfcontrol import VfControl
@@ -129,15 +129,8 @@ def scan(
     capacity: Mapping[str, int],
     attachments: Iterable[Attachment],
     vfctl: VfControl | None,
-    home: Callable[[str, str | None], Link | None] | None = None,
 ) -> Node:
-    """Read the node. ``pfs`` limits the PFs considered (None: every SR-IOV PF).
-
-    ``home`` (ADD) gives a VF's netdev when the kernel proves it is in the
-    host (:meth:`rdma_cni.identity.VfFinder.in_host`): a VF no record holds
-    is then free only if it is home, so a VF left in a pod by a lost or
-    set-aside record is never handed out again.
-    """
+    """Read the node. ``pfs`` limits the PFs considered (None: every SR-IOV PF)."""
     owners = owners_by_pci(attachments)
     software_rdma = _software_rdma_by_netdev()
     names = pfs if pfs is not None else sysfs.net_devices()
@@ -166,12 +159,8 @@ def scan(
             pci = sysfs.vf_pci(name, i)
             if not pci:
                 continue
-            owner = owners.get(pci)
             netdevs = sysfs.pci_netdevs(pci)
             netdev = netdevs[0] if netdevs else None
-            if home is not None and owner is None:
-                link = home(pci, netdev)
-                netdev = link.name if link is not None else None
             rdma = sysfs.pci_rdma_devices(pci) + (software_rdma.get(netdev, []) if netdev else [])
             pf.vfs.append(
                 Vf(
@@ -182,7 +171,7 @@ def scan(
                     driver=sysfs.pci_driver(pci),
                     rdma_devices=rdma,
                     settings=(table or {}).get(i),
-                    owner=owner,
+                    owner=owners.get(pci),
                 )
             )
             seen.add(pci)

@@ -23,7 +23,7 @@ from typing import Any
 from rdma_cni.errors import CniError, IOFailure, IpamError
 from rdma_cni.ipam import Ipam
 from rdma_cni.protocol import CniEnv
-from rdma_cni.record import write_atomic
+from rdma_cni.record import QUARANTINE, quarantine, write_atomic
 
 log = logging.getLogger("rdma_cni.ipam_pending")
 
@@ -79,7 +79,12 @@ class PendingStore:
         return os.path.exists(self.path(container_id, ifname))
 
     def get(self, container_id: str, ifname: str) -> PendingIpam | None:
-        """The pending release of one attachment, or None; code 5 when unreadable."""
+        """The pending release of one attachment, or None; code 5 when unreadable.
+
+        A corrupt file is set aside into ``<stateDir>/quarantine/`` (logged
+        as an error: the leases it described need an operator) and reads as
+        None, so it never blocks the verbs that find it.
+        """
         path = self.path(container_id, ifname)
         try:
             with open(path, encoding="utf-8") as f:
@@ -91,7 +96,17 @@ class PendingStore:
         try:
             return _parse(text)
         except (ValueError, TypeError) as exc:
-            raise IOFailure(f"pending IPAM release {path} is corrupt", str(exc)) from exc
+            target = quarantine(path, os.path.join(os.path.dirname(self.dir), QUARANTINE))
+            log.error(
+                "pending IPAM release %s is corrupt (%s); set aside as %s: release the IPAM leases of %s/%s "
+                "by hand",
+                path,
+                exc,
+                target,
+                container_id,
+                ifname,
+            )
+            return None
 
     def all(self, errors: list[str]) -> list[PendingIpam]:
         """Every pending release; unreadable files are reported in ``errors``."""

@@ -31,7 +31,7 @@ from rdma_cni.attach import (
 )
 from rdma_cni.commands.common import ipam_for, release_vfs, settle
 from rdma_cni.config import InterfaceRequest, NetConf
-from rdma_cni.errors import KernelError, NoCapacity, StateError
+from rdma_cni.errors import CniError, KernelError, NoCapacity, StateError
 from rdma_cni.identity import VfFinder
 from rdma_cni.inventory import Node, Vf, scan
 from rdma_cni.ipam import Ipam
@@ -87,13 +87,9 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
             vfctl = vf_control(host)
             finder = VfFinder(host, pod)
             node = scan(
-                pfs=conf.pfs,
-                capacity=conf.capacityMbps,
-                attachments=store.all(set_aside=True),
-                vfctl=vfctl,
-                home=finder.in_host,
+                pfs=conf.pfs, capacity=conf.capacityMbps, attachments=store.all(set_aside=True), vfctl=vfctl
             )
-            chosen = choose(node, list(request.interfaces), isolation, source)
+            chosen = choose_proven(node, list(request.interfaces), isolation, source, finder)
             att = plan(env, conf, finder, chosen, names, list(request.interfaces), isolation)
             store.write(att)
             progress = Progress()
@@ -108,13 +104,40 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
                 released = release_vfs(
                     att.vfs, host=host, finder=finder, vfctl=vfctl, ipam=ipam, conf=conf, progress=progress
                 )
-                problem = settle(store, pendings, att, released, doc)
+                try:
+                    problem = settle(store, pendings, att, released, doc)
+                except CniError as exc:  # ADD's own error is the one to report
+                    problem = exc
                 if problem is not None:
                     log.error("rollback of %s/%s: %s", att.container_id, att.ifname, problem.msg)
                 raise
             return att.result
     finally:
         pod.close()
+
+
+def choose_proven(
+    node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation, source: str, finder: VfFinder
+) -> list[Vf]:
+    """:func:`choose`, keeping only VFs the kernel proves to be home in the host.
+
+    A VF no record lists is free only if its netdev is in the host: one left
+    in a pod by a lost or set-aside record is not. Checking just the chosen
+    VFs (and choosing again without any that fail) costs a lookup or two per
+    interface instead of one per VF of the node.
+    """
+    while True:
+        chosen = choose(node, request, isolation, source)
+        unproven = [vf for vf in chosen if finder.in_host(vf.pci, vf.netdev) is None]
+        if not unproven:
+            return chosen
+        for vf in unproven:
+            log.warning(
+                "VF %s is listed by no record but its netdev is not proven to be in the host (still in a "
+                "pod whose record was lost or set aside?): not giving it out",
+                vf.pci,
+            )
+            vf.netdev = None  # no longer free: the next choice cannot pick it
 
 
 def choose(node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation, source: str) -> list[Vf]:
@@ -186,7 +209,7 @@ def plan(
         assert vf.netdev is not None  # guaranteed by Vf.free
         pf_name = vf.pf
         link = finder.in_host(vf.pci, vf.netdev)
-        if link is None:  # scan() counts a VF free only when it is proven home
+        if link is None:  # choose_proven() keeps only VFs proven home
             raise KernelError(f"VF {vf.pci} netdev {vf.netdev} is not proven to be in the host namespace")
         current = vf.settings.settings() if vf.settings else {}
         applied: dict[str, Any] = {}

@@ -363,3 +363,63 @@ def test_del_naming_the_host_namespace_takes_nothing_from_the_host(cluster: Clus
     assert len(cluster.node.vf_state()["calls"]) == calls
     assert cluster.run("DEL", held, conf).ok
     assert_node_pristine(cluster)
+
+
+def test_a_corrupt_pending_ipam_release_is_set_aside_not_blocking(cluster: Cluster) -> None:
+    conf = cluster.conf()
+    pod = cluster.pod([{}])
+    assert cluster.run("ADD", pod, conf).ok
+    os.makedirs(_pending_dir(cluster))
+    path = os.path.join(_pending_dir(cluster), f"{pod['CNI_CONTAINERID']}@net1.json")
+    with open(path, "w") as f:
+        f.write("{broken")
+    done = cluster.run("DEL", pod, conf)
+    assert done.ok, done.doc
+    assert "is corrupt" in done.stderr and "set aside" in done.stderr
+    assert _pending(cluster) == []
+    (kept,) = os.listdir(os.path.join(cluster.state_dir, "quarantine"))
+    assert kept.startswith(f"{pod['CNI_CONTAINERID']}@net1.json.")
+    assert_node_pristine(cluster)
+
+
+def test_ethtool_driver_info_answers_in_the_pod(cluster: Cluster) -> None:
+    """The pre-5.16 identity source, on this kernel: a veth in a pod has no PCI bus-info."""
+    from rdma_cni.identity import drvinfo
+    from rdma_cni.netns import Netns
+
+    conf = cluster.conf(ipam=None)
+    pod = cluster.pod([{}])
+    assert cluster.run("ADD", pod, conf).ok
+    ns = Netns(pod["CNI_NETNS"])
+    try:
+        assert drvinfo("net1", ns.fd) == ("veth", "")
+        with pytest.raises(OSError):
+            drvinfo(cluster.node.vf_netdev(1, 0), ns.fd)  # not in the pod
+    finally:
+        ns.close()
+    assert drvinfo(cluster.node.vf_wire(0, 0)) == ("veth", "")
+    assert cluster.run("DEL", pod, conf).ok
+    assert_node_pristine(cluster)
+
+
+def test_pending_ipam_release_falls_back_to_the_recorded_config(cluster: Cluster) -> None:
+    """The verb's own config is tried first; when it fails, the one IPAM DEL was first given."""
+    good = cluster.conf()
+    pod = cluster.pod([{}])
+    bad_args = {**pod, "CNI_ARGS": pod["CNI_ARGS"] + ";IP=not-an-address"}
+    assert cluster.run("ADD", bad_args, good).doc["code"] == 104  # type: ignore[index]
+    assert len(_pending(cluster)) == 1
+    broken = cluster.conf()
+    broken["ipam"]["ranges"] = True
+    done = cluster.run("DEL", pod, broken)
+    assert done.ok, done.doc
+    assert _pending(cluster) == []  # the current (broken) config failed; the recorded one worked
+    # A pending release of another network is not this GC's business.
+    other = cluster.pod([{}])
+    other_net = cluster.conf(name="other-net")
+    other_net["ipam"] = {**broken["ipam"], "dataDir": os.path.join(cluster.tmp, "ipam-other")}
+    assert cluster.run("ADD", other, other_net).doc["code"] == 104  # type: ignore[index]
+    gc = cluster.run("GC", {}, {**good, "cni.dev/valid-attachments": []})
+    assert gc.ok, gc.doc
+    assert _pending(cluster) == [f"{other['CNI_CONTAINERID']}@net1.json"]
+    assert_node_pristine(cluster)

@@ -17,7 +17,7 @@ import pytest
 
 from rdma_cni import rdma
 from rdma_cni.commands import add as add_cmd
-from rdma_cni.errors import KernelError
+from rdma_cni.errors import IOFailure, KernelError
 from rdma_cni.ipam import Ipam
 from rdma_cni.isolation import RdmaIsolation
 from rdma_cni.netns import Netns
@@ -259,3 +259,24 @@ def test_rdma_auto_without_rdma_stack_proceeds(cluster: Cluster) -> None:
 def test_netns_open_optional_handles_missing_path(tmp_path: Any) -> None:
     assert Netns.open_optional(str(tmp_path / "gone")) is None
     assert Netns.open_optional("") is None
+
+
+@pytest.mark.node(RDMA_NODE)
+def test_rollback_that_cannot_drop_the_record_reports_adds_own_error(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(add_cmd, "apply_addresses", _fail_on_call(add_cmd.apply_addresses, 1, True))
+
+    def no_delete(self: RecordStore, container_id: str, ifname: str) -> None:
+        raise IOFailure("cannot remove allocation record: Read-only file system")
+
+    real_delete = RecordStore.delete
+    monkeypatch.setattr(RecordStore, "delete", no_delete)
+    pod = cluster.pod([{}])
+    conf = cluster.conf(rdmaIsolation="off")
+    out = cluster.run_inproc("ADD", pod, conf)
+    assert out.doc is not None and out.doc["code"] == 103 and "injected" in out.doc["msg"], out.doc
+    assert len(cluster.records) == 1  # the record stays, listing VFs that are home: DEL drops it
+    monkeypatch.setattr(RecordStore, "delete", real_delete)
+    assert cluster.run("DEL", pod, conf).ok
+    assert_node_pristine(cluster)

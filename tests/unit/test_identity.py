@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from rdma_cni.identity import FAKE_ENV, ParentDevice, VfFinder
+from rdma_cni import identity
+from rdma_cni.identity import FAKE_ENV, ParentDevice, VfFinder, kernel_reports_parent
 from rdma_cni.netlink import Link
 
 PCI = "0000:3b:02.1"
@@ -36,7 +37,7 @@ def real_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_parent_device_is_the_identity() -> None:
-    ident = ParentDevice()
+    ident = ParentDevice(from_rtnetlink=True)
     vf = link(7, "ens1f0v1", parent_dev=PCI, parent_bus="pci")
     assert ident.of(vf, None) == ident.expected(PCI)
 
@@ -51,7 +52,8 @@ def test_parent_device_is_the_identity() -> None:
     ids=["stacked", "other-bus", "alias-only"],
 )
 def test_look_alikes_are_not_the_vf(other: Link) -> None:
-    assert ParentDevice().of(other, None) != ParentDevice().expected(PCI)
+    ident = ParentDevice(from_rtnetlink=True)
+    assert ident.of(other, None) != ident.expected(PCI)
 
 
 def test_finder_one_dump_and_no_trust_in_two_claimants() -> None:
@@ -64,3 +66,25 @@ def test_finder_one_dump_and_no_trust_in_two_claimants() -> None:
     assert host.dumps == 1
     twin = link(12, "twin", parent_dev=PCI, parent_bus="pci")
     assert VfFinder(FakeHost([vf, twin])).in_host(PCI) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("release", "reports"),
+    [
+        ("6.12.107+deb13-amd64", True),
+        ("5.16.0", True),
+        ("5.15.0-91-generic", False),
+        ("4.18.0-513.el8", False),
+    ],
+)
+def test_parent_device_comes_from_rtnetlink_from_linux_5_16(release: str, reports: bool) -> None:
+    assert kernel_reports_parent(release) is reports
+
+
+def test_before_5_16_the_identity_is_ethtool_bus_info(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = {"ens1f0v1": ("igbvf", PCI), "decoy": ("veth", "")}
+    monkeypatch.setattr(identity, "drvinfo", lambda name, fd=None: answers[name])
+    old = ParentDevice(from_rtnetlink=False)
+    assert old.of(link(7, "ens1f0v1"), None) == old.expected(PCI)
+    assert old.of(link(8, "decoy", alias="rdma-cni:" + PCI), None) is None
+    assert old.of(link(9, "ens1f0v1", link_index=7), None) is None  # a stacked device

@@ -1,0 +1,54 @@
+"""Record files: atomic writes, setting corrupt records aside, orphaned temporary files."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+from rdma_cni.record import Attachment, RecordStore, remove_orphaned_temporaries, write_atomic
+
+DEAD_PID = 2**22 + 1  # above the kernel's largest pid_max
+
+
+def test_write_atomic_is_0600_and_leaves_no_temporary(tmp_path: Path) -> None:
+    write_atomic(str(tmp_path), "a@net1.json", "{}", "test file")
+    assert os.listdir(tmp_path) == ["a@net1.json"]
+    assert stat.S_IMODE(os.stat(tmp_path / "a@net1.json").st_mode) == 0o600
+
+
+def test_corrupt_records_are_set_aside_only_when_asked(tmp_path: Path) -> None:
+    store = RecordStore(str(tmp_path))
+    store.write(Attachment(container_id="good", ifname="net1", network="n", netns="", cni_version="1.1.0"))
+    Path(store.dir, "bad@net1.json").write_text("{")
+    Path(store.dir, f".tmp-{DEAD_PID}-x@net1.json").write_text("{")  # never read as a record
+    errors: list[str] = []
+    assert [a.container_id for a in store.all(errors)] == ["good"]
+    assert len(errors) == 1 and "bad@net1.json" in errors[0]
+    assert store.quarantined() == []  # reading alone changes nothing (STATUS)
+    assert [a.container_id for a in store.all(set_aside=True)] == ["good"]
+    (kept,) = store.quarantined()
+    assert kept.startswith("bad@net1.json.")
+    Path(store.dir, "bad@net2.json").write_text("[]")
+    assert store.get("bad", "net2", set_aside=True) is None
+    assert len(store.quarantined()) == 2
+
+
+def test_orphaned_temporaries(tmp_path: Path) -> None:
+    live = os.getpid()
+    names = {
+        f".tmp-{DEAD_PID}-a@net1.json": True,  # writer gone
+        f".tmp-{live}-b@net1.json": False,  # live writer, fresh
+        f".tmp-{live}-c@net1.json": True,  # live pid but two minutes old
+        ".tmp-notapid-d": True,
+        "e@net1.json": False,  # not a temporary file
+    }
+    for name in names:
+        (tmp_path / name).write_text("{")
+    old = time.time() - 120
+    os.utime(tmp_path / f".tmp-{live}-c@net1.json", (old, old))
+    removed = remove_orphaned_temporaries(str(tmp_path))
+    assert sorted(os.path.basename(p) for p in removed) == sorted(n for n, gone in names.items() if gone)
+    assert sorted(os.listdir(tmp_path)) == sorted(n for n, gone in names.items() if not gone)
+    assert remove_orphaned_temporaries(str(tmp_path / "missing")) == []
