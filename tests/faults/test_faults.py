@@ -175,6 +175,8 @@ def test_fuzzed_environments(cluster: Cluster, rng: random.Random) -> None:
         label = f"env #{n} {json.dumps({k: v for k, v in env.items() if v != pod.get(k)})[:200]}"
         env.pop("CNI_COMMAND", None)
         bench.run(verb if verb in ("ADD", "DEL", "CHECK", "VERSION") else "ADD", env, conf, label)
+        # Accepted or refused, the node must make sense now (a VF "in the pod" the host is, say).
+        bench.check(label, [pod], settled=False)
         bench.run("DEL", env, conf, label)  # the runtime DELs with what it has
         bench.settle([pod], [], label)
     bench.verdict()
@@ -193,6 +195,7 @@ def test_fuzzed_annotations(cluster: Cluster, rng: random.Random) -> None:
         bench.stats["inputs"] += 1
         pod = cluster.pod(raw)
         bench.run("ADD", pod, conf, f"annotation #{n} {raw[:200]}")
+        bench.check(f"annotation #{n}", [pod], settled=False)
         bench.settle([pod], [], f"annotation #{n}")
     bench.verdict()
 
@@ -279,6 +282,8 @@ def test_lost_corrupt_and_foreign_records(cluster: Cluster) -> None:
         pod = cluster.pod([{"max_tx_rate": 100}, {}])
         if bench.run("ADD", pod, conf, kind).code != 0:
             bench.fail(f"records {kind}: ADD on a clean node failed")
+            bench.settle([pod], [], f"records {kind}")
+            continue
         how(_record(cluster, pod))
         # Another pod comes and goes meanwhile: it must never get the spoiled attachment's VFs.
         # (The spoiled pod's VFs now sit in it without a record, by construction: only the
