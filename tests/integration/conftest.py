@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests.support.apiserver import ApiServer
+from tests.support.processes import cache_id, warm_servers
 from tests.support.simnode import SimNode, SimPf, add_netns, del_netns, ip
 
 HOST_LOCAL_DIR = "/usr/lib/cni"
@@ -157,6 +159,65 @@ class Cluster:
         if not os.path.isdir(d):
             return []
         return sorted(n for n in os.listdir(d) if n[0].isdigit() and n != "last_reserved_ip.0")
+
+
+def use_ipam(cluster: Cluster, name: str, per_verb: dict[str, str], **conf: Any) -> dict[str, Any]:
+    """A config whose IPAM is fake plugin ``name`` (tests.support.fake_ipam), first on CNI_PATH."""
+    from tests.support.fake_ipam import write_ipam
+
+    bindir = os.path.join(cluster.tmp, "bin")
+    write_ipam(bindir, name, per_verb)
+    cluster.cni_path = f"{bindir}:{HOST_LOCAL_DIR}"
+    doc = cluster.conf(**conf)
+    doc["ipam"]["type"] = name
+    return doc
+
+
+def slow_ipam(cluster: Cluster, seconds: float = 30) -> tuple[dict[str, Any], str]:
+    """A config whose IPAM ADD touches a marker file, then waits before running host-local: a window
+    to kill ADD in. Returns the config and the marker's path."""
+    from tests.support.fake_ipam import sleeps_then_host_local
+
+    marker = os.path.join(cluster.tmp, "ipam-started")
+    return use_ipam(cluster, "slow-local", {"ADD": sleeps_then_host_local(seconds, marker)}), marker
+
+
+def start_add_until_ipam_runs(
+    cluster: Cluster, pod: dict[str, str], conf: dict[str, Any], marker: str, new_session: bool = False
+) -> subprocess.Popen[bytes]:
+    """Start an ADD with the IPAM of :func:`slow_ipam` and return once that IPAM has started."""
+    proc = subprocess.Popen(
+        plugin_command(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cluster.env("ADD", pod),
+        start_new_session=new_session,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(conf).encode())
+    proc.stdin.close()
+    deadline = time.monotonic() + 30
+    while not os.path.exists(marker):
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return proc
+
+
+def warm_server_pids() -> list[int]:
+    """The warm server of the binary under test (default cache) and its forked children, once it listens."""
+    tree = os.path.join("/var/cache/rdma-cni", cache_id(os.environ["RDMA_CNI_BINARY"]))
+    return warm_servers(tree) if os.path.exists(os.path.join(tree, "warm.sock")) else []
+
+
+def wait_warm_server(cluster: Cluster) -> None:
+    """Make sure the binary under test has a listening warm server (one verb starts it)."""
+    assert cluster.run("STATUS", {}, cluster.conf()).ok
+    deadline = time.monotonic() + 30
+    while not warm_server_pids():
+        assert time.monotonic() < deadline, "no warm server came up"
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

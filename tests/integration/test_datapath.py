@@ -6,7 +6,6 @@ import json
 import os
 import stat
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,9 +16,12 @@ from tests.integration.conftest import (
     assert_node_pristine,
     host_names,
     ns_name,
-    plugin_command,
+    slow_ipam,
+    start_add_until_ipam_runs,
+    wait_warm_server,
+    warm_server_pids,
 )
-from tests.support.processes import cache_id, children_of, pids_mentioning, wait_gone, warm_servers
+from tests.support.processes import children_of, pids_mentioning, wait_gone
 from tests.support.simnode import SimPf, del_netns, ip
 
 THREE = [{"min_tx_rate": 15000, "max_tx_rate": 20000}, {"min_tx_rate": 5000}, {}]
@@ -168,50 +170,9 @@ def test_del_without_record_succeeds(cluster: Cluster) -> None:
     assert_node_pristine(cluster)
 
 
-def _slow_ipam(cluster: Cluster, seconds: int = 30) -> tuple[dict[str, object], str]:
-    """An IPAM plugin that signals, then waits before running host-local: a window to kill ADD in."""
-    bindir = os.path.join(cluster.tmp, "bin")
-    os.makedirs(bindir, exist_ok=True)
-    marker = os.path.join(cluster.tmp, "ipam-started")
-    script = os.path.join(bindir, "slow-local")
-    with open(script, "w") as f:
-        f.write(
-            f'#!/bin/sh\nif [ "$CNI_COMMAND" = ADD ]; then touch {marker}; sleep {seconds}; fi\n'
-            "exec /usr/lib/cni/host-local\n"
-        )
-    os.chmod(script, 0o755)
-    cluster.cni_path = f"{bindir}:/usr/lib/cni"
-    conf = cluster.conf()
-    conf["ipam"]["type"] = "slow-local"
-    return conf, marker
-
-
-def _add_until_ipam_runs(
-    cluster: Cluster, pod: dict[str, str], conf: dict[str, object], marker: str, new_session: bool = False
-) -> subprocess.Popen[bytes]:
-    """Start an ADD with the slow IPAM of ``_slow_ipam`` and return once that IPAM has started."""
-    proc = subprocess.Popen(
-        plugin_command(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=cluster.env("ADD", pod),
-        start_new_session=new_session,
-    )
-    assert proc.stdin is not None
-    proc.stdin.write(json.dumps(conf).encode())
-    proc.stdin.close()
-    deadline = time.monotonic() + 30
-    while not os.path.exists(marker):
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    return proc
-
-
 def _kill_add_midway(cluster: Cluster, pod: dict[str, str], conf: dict[str, object], marker: str) -> None:
     """Kill -9 the plugin's process group while its IPAM ADD runs; IPAM is left to finish (README, "IPAM")."""
-    proc = _add_until_ipam_runs(cluster, pod, conf, marker, new_session=True)
+    proc = start_add_until_ipam_runs(cluster, pod, conf, marker, new_session=True)
     os.killpg(proc.pid, 9)  # the plugin's whole group, as a runtime's timeout would
     proc.wait()
     os.unlink(marker)
@@ -233,25 +194,20 @@ def _kill_add_midway(cluster: Cluster, pod: dict[str, str], conf: dict[str, obje
     assert holders.count(pod["CNI_CONTAINERID"]) == 1
 
 
-def _warm_server() -> list[int]:
-    """The warm server of the binary under test (default cache), once it listens."""
-    tree = os.path.join("/var/cache/rdma-cni", cache_id(os.environ["RDMA_CNI_BINARY"]))
-    return warm_servers(tree) if os.path.exists(os.path.join(tree, "warm.sock")) else []
+def _warm_add_in_ipam(cluster: Cluster) -> tuple[dict[str, str], subprocess.Popen[bytes]]:
+    """A warm ADD stopped inside its (slow) IPAM call: the moment to kill the warm server."""
+    wait_warm_server(cluster)
+    conf, marker = slow_ipam(cluster, seconds=2)
+    pod = cluster.pod([{"max_tx_rate": 1000}])
+    return pod, start_add_until_ipam_runs(cluster, pod, conf, marker)
 
 
 @pytest.mark.skipif(
     not os.environ.get("RDMA_CNI_BINARY"), reason="warm start is a feature of the built binary"
 )
 def test_warm_server_killed_mid_add_fails_the_add_and_del_cleans_up(cluster: Cluster) -> None:
-    assert cluster.run("STATUS", {}, cluster.conf()).ok  # makes sure a warm server is up
-    deadline = time.monotonic() + 30
-    while not _warm_server():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    conf, marker = _slow_ipam(cluster, seconds=2)
-    pod = cluster.pod([{"max_tx_rate": 1000}])
-    proc = _add_until_ipam_runs(cluster, pod, conf, marker)
-    for pid in _warm_server():
+    pod, proc = _warm_add_in_ipam(cluster)
+    for pid in warm_server_pids():
         os.kill(pid, 9)
     assert proc.stderr is not None
     proc.wait(timeout=60)
@@ -268,17 +224,10 @@ def test_warm_server_killed_mid_add_fails_the_add_and_del_cleans_up(cluster: Clu
     not os.environ.get("RDMA_CNI_BINARY"), reason="warm start is a feature of the built binary"
 )
 def test_warm_server_alone_killed_mid_add_leaves_the_child_to_report_its_outcome(cluster: Cluster) -> None:
-    assert cluster.run("STATUS", {}, cluster.conf()).ok  # makes sure a warm server is up
-    deadline = time.monotonic() + 30
-    while not _warm_server():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    conf, marker = _slow_ipam(cluster, seconds=2)
-    pod = cluster.pod([{"max_tx_rate": 1000}])
-    proc = _add_until_ipam_runs(cluster, pod, conf, marker)
+    pod, proc = _warm_add_in_ipam(cluster)
     # The server only: its forked children (the verb, and the verb's IPAM guard)
     # carry the same command line; the server is the one no other of them forked.
-    running = _warm_server()
+    running = warm_server_pids()
     forked = {child for pid in running for child in children_of(pid)}
     servers = [pid for pid in running if pid not in forked]
     assert len(servers) == 1 and len(running) >= 2, running
@@ -294,7 +243,7 @@ def test_warm_server_alone_killed_mid_add_leaves_the_child_to_report_its_outcome
 
 
 def test_kill_9_mid_add_then_del(cluster: Cluster) -> None:
-    conf, marker = _slow_ipam(cluster, seconds=2)
+    conf, marker = slow_ipam(cluster, seconds=2)
     pod = cluster.pod([{"max_tx_rate": 1000}])
     _kill_add_midway(cluster, pod, conf, marker)
     done = cluster.run("DEL", pod, conf)
@@ -303,7 +252,7 @@ def test_kill_9_mid_add_then_del(cluster: Cluster) -> None:
 
 
 def test_kill_9_mid_add_then_gc(cluster: Cluster) -> None:
-    conf, marker = _slow_ipam(cluster, seconds=2)
+    conf, marker = slow_ipam(cluster, seconds=2)
     keep = cluster.pod([{}])
     assert cluster.run("ADD", keep, cluster.conf()).ok
     pod = cluster.pod([{"max_tx_rate": 1000}])

@@ -4,24 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Cluster, assert_node_pristine, plugin_command
-from tests.support.fake_ipam import crashes, hangs, prints, sleeper, sleeps_then_host_local, write_ipam
-from tests.support.processes import cache_id, pids_mentioning, wait_gone, warm_servers
-
-
-def _use_ipam(cluster: Cluster, name: str, per_verb: dict[str, str], **conf: Any) -> dict[str, Any]:
-    bindir = os.path.join(cluster.tmp, "bin")
-    write_ipam(bindir, name, per_verb)
-    cluster.cni_path = f"{bindir}:/usr/lib/cni"
-    doc = cluster.conf(**conf)
-    doc["ipam"]["type"] = name
-    return doc
+from tests.integration.conftest import (
+    Cluster,
+    assert_node_pristine,
+    slow_ipam,
+    start_add_until_ipam_runs,
+    use_ipam,
+    wait_warm_server,
+)
+from tests.support.fake_ipam import crashes, hangs, prints, sleeper
+from tests.support.processes import pids_mentioning, wait_gone
 
 
 def _leases(cluster: Cluster) -> dict[str, int]:
@@ -32,41 +29,17 @@ def _leases(cluster: Cluster) -> dict[str, int]:
     return {n: os.path.getsize(os.path.join(d, n)) for n in os.listdir(d) if n[0].isdigit()}
 
 
-def _wait_warm_server(cluster: Cluster) -> None:
-    tree = os.path.join("/var/cache/rdma-cni", cache_id(os.environ["RDMA_CNI_BINARY"]))
-    assert cluster.run("STATUS", {}, cluster.conf()).ok
-    deadline = time.monotonic() + 30
-    while not (os.path.exists(os.path.join(tree, "warm.sock")) and warm_servers(tree)):
-        assert time.monotonic() < deadline, "no warm server came up"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("start", ["cold", "warm"])
 def test_kill_9_during_ipam_add_then_del_at_once_leaves_no_lease(cluster: Cluster, start: str) -> None:
     if start == "warm":
         if not os.environ.get("RDMA_CNI_BINARY"):
             pytest.skip("warm start is a feature of the built binary")
-        _wait_warm_server(cluster)
-    marker = os.path.join(cluster.tmp, "ipam-started")
-    conf = _use_ipam(cluster, "slow-local", {"ADD": sleeps_then_host_local(2, marker)})
+        wait_warm_server(cluster)
+    conf, marker = slow_ipam(cluster, seconds=2)
     pod = cluster.pod([{"max_tx_rate": 1000}])
     if start == "cold":
         pod["RDMA_CNI_WARM"] = "0"
-    proc = subprocess.Popen(
-        plugin_command(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=cluster.env("ADD", pod),
-        start_new_session=True,
-    )
-    assert proc.stdin is not None
-    proc.stdin.write(json.dumps(conf).encode())
-    proc.stdin.close()
-    deadline = time.monotonic() + 30
-    while not os.path.exists(marker):
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
+    proc = start_add_until_ipam_runs(cluster, pod, conf, marker, new_session=True)
     os.killpg(proc.pid, 9)
     proc.wait()
     ipam = pids_mentioning(os.path.join(cluster.tmp, "bin", "slow-local"))
@@ -82,7 +55,7 @@ def test_kill_9_during_ipam_add_then_del_at_once_leaves_no_lease(cluster: Cluste
 
 def test_hanging_ipam_add_is_cut_at_the_budget_with_its_grandchildren(cluster: Cluster) -> None:
     tag = sleeper(os.path.join(cluster.tmp, "bin"), f"hang{os.getpid()}add")
-    conf = _use_ipam(cluster, "hang-ipam", {"ADD": hangs(tag)}, ipamTimeoutSeconds=2)
+    conf = use_ipam(cluster, "hang-ipam", {"ADD": hangs(tag)}, ipamTimeoutSeconds=2)
     pod = cluster.pod([{}, {}])
     started = time.monotonic()
     out = cluster.run("ADD", pod, conf)
@@ -98,7 +71,7 @@ def test_hanging_ipam_add_is_cut_at_the_budget_with_its_grandchildren(cluster: C
 
 def test_hanging_ipam_del_costs_one_budget_not_one_per_interface(cluster: Cluster) -> None:
     tag = sleeper(os.path.join(cluster.tmp, "bin"), f"hang{os.getpid()}del")
-    conf = _use_ipam(cluster, "hang-ipam", {"DEL": hangs(tag)}, ipamTimeoutSeconds=3)
+    conf = use_ipam(cluster, "hang-ipam", {"DEL": hangs(tag)}, ipamTimeoutSeconds=3)
     pod = cluster.pod([{}, {}, {}])
     assert cluster.run("ADD", pod, conf).ok
     started = time.monotonic()
@@ -109,7 +82,7 @@ def test_hanging_ipam_del_costs_one_budget_not_one_per_interface(cluster: Cluste
     assert elapsed < 3 + 3.5, elapsed  # it was 3 x the timeout, one after another
     assert wait_gone(pids_mentioning(tag), timeout=3)
     # Repaired, the next DEL finishes the job.
-    _use_ipam(cluster, "hang-ipam", {})
+    use_ipam(cluster, "hang-ipam", {})
     assert cluster.run("DEL", pod, conf).ok
     assert_node_pristine(cluster)
 
@@ -152,7 +125,7 @@ def _result(**ip: Any) -> dict[str, Any]:
 def test_lying_refusing_and_crashing_ipam_fail_add_cleanly(
     cluster: Cluster, behaviour: str, code: int, needle: str
 ) -> None:
-    conf = _use_ipam(cluster, "bad-ipam", {"ADD": behaviour})
+    conf = use_ipam(cluster, "bad-ipam", {"ADD": behaviour})
     pod = cluster.pod([{"max_tx_rate": 1000}, {}])
     out = cluster.run("ADD", pod, conf)
     assert out.doc is not None and out.doc["code"] == code, out.doc
