@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.support.apiserver import ApiServer
 from tests.support.simnode import SimNode, SimPf, add_netns, del_netns, ip
 
-SPLIT: dict[str, list[tuple[float, float]]] = {"ADD": [], "DEL": []}
+SPLIT: dict[str, list[tuple[float, float, int]]] = {"ADD": [], "DEL": []}
 
 
 def run_child(
@@ -65,7 +65,7 @@ def run_child(
     wall = (time.perf_counter() - start) * 1000
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{verb} failed")
-    SPLIT[verb].append((usage.ru_utime * 1000, usage.ru_stime * 1000))
+    SPLIT[verb].append((usage.ru_utime * 1000, usage.ru_stime * 1000, usage.ru_minflt))
     return wall, (usage.ru_utime + usage.ru_stime) * 1000
 
 
@@ -156,9 +156,10 @@ def main() -> int:
     for verb in ("ADD", "DEL"):
         print(f"| {verb} | {statistics.median(wall[verb]):.1f} | {statistics.median(cpu[verb]):.1f} |")
     for verb in ("ADD", "DEL"):
-        user = statistics.median(u for u, _ in SPLIT[verb])
-        system = statistics.median(s for _, s in SPLIT[verb])
-        print(f"{verb}: user {user:.1f} ms, system {system:.1f} ms (medians)")
+        user = statistics.median(u for u, _, _ in SPLIT[verb])
+        system = statistics.median(s for _, s, _ in SPLIT[verb])
+        faults = statistics.median(f for _, _, f in SPLIT[verb])
+        print(f"{verb}: user {user:.1f} ms, system {system:.1f} ms, {faults:.0f} minor page faults (medians)")
     total = statistics.median(cpu["ADD"]) + statistics.median(cpu["DEL"])
     print(f"ADD+DEL CPU {total:.1f} ms, of which host-local ADD+DEL alone {statistics.median(hl_cpu):.1f} ms")
     print(f"over {args.runs} runs; load average {os.getloadavg()[0]:.2f}")
