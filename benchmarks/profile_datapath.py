@@ -28,7 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.support.apiserver import ApiServer
-from tests.support.simnode import SimNode, SimPf, add_netns, del_netns, ip
+from tests.support.simnode import SimNode, SimPf, add_netns, del_netns
 
 SPLIT: dict[str, list[tuple[float, float, int]]] = {"ADD": [], "DEL": []}
 
@@ -77,9 +77,12 @@ def main() -> int:
     )
     parser.add_argument("--cpu", action="store_true", help="profile CPU time (process_time), not wall time")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--pfs", type=int, default=1, help="simulated PFs (the node the verbs scan)")
+    parser.add_argument("--vfs", type=int, default=1, help="VFs per PF")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="rdma-cni-prof-")
-    node = SimNode(os.path.join(tmp, "node"), [SimPf("profpf0", 1, 25000)], prefix="pq")
+    pfs = [SimPf(f"profpf{k}", args.vfs, 25000) for k in range(args.pfs)]
+    node = SimNode(os.path.join(tmp, "node"), pfs, prefix="pq")
     node.up()
     api = ApiServer(os.path.join(tmp, "api"))
     api.start()
@@ -148,7 +151,6 @@ def main() -> int:
             hl_cpu.append((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000)
     finally:
         del_netns("rdma-prof")
-        ip("link", "del", node.vf_wire(0, 0), check=False)
         api.stop()
         node.down()
     print("| verb | wall median ms | CPU median ms (children included) |")
