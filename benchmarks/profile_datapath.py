@@ -20,6 +20,7 @@ import json
 import os
 import pstats
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -175,6 +176,7 @@ def main() -> int:
         stats.sort_stats("cumulative").print_stats(args.top)
         print(f"\n===== {verb}: by own time =====")
         stats.sort_stats("tottime").print_stats(args.top)
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
