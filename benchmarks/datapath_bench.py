@@ -19,6 +19,8 @@ import json
 import os
 import re
 import resource
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -28,7 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.support.apiserver import ApiServer
-from tests.support.processes import cache_id, warm_servers
+from tests.support.processes import cache_id, wait_gone, warm_servers
 from tests.support.simnode import SimNode, SimPf, add_netns, del_netns, ip
 
 
@@ -82,9 +84,9 @@ def memory_of(pid: int) -> dict[str, int]:
     return out
 
 
-def wait_for_warm_server(binary: str, timeout: float = 60) -> None:
-    """Wait until the binary's warm server (default cache directory) listens."""
-    sock = os.path.join("/var/cache/rdma-cni", cache_id(binary), "warm.sock")
+def wait_for_warm_server(tree: str, timeout: float = 60) -> None:
+    """Wait until the warm server of the unpacked ``tree`` listens."""
+    sock = os.path.join(tree, "warm.sock")
     deadline = time.monotonic() + timeout
     while not os.path.exists(sock):
         if time.monotonic() > deadline:
@@ -118,6 +120,11 @@ def main() -> int:
         "CNI_IFNAME": "net1",
     }
     log = os.path.join(tmp, "rdma-cni.log")
+    # A cache of the bench's own: its tree and warm server are nobody else's
+    # (other runs of the same binary on this machine share the default one,
+    # and may stop its server), and the bench stops the server at the end.
+    cache = os.path.join(tmp, "cache")
+    tree = os.path.join(cache, cache_id(os.path.abspath(args.binary)))
     ours = {
         "cniVersion": "1.0.0",
         "name": "bench",
@@ -132,6 +139,7 @@ def main() -> int:
         **base,
         **node.env(),
         "CNI_ARGS": "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench",
+        "RDMA_CNI_CACHE_DIR": cache,
     }
     theirs = {
         "cniVersion": "1.0.0",
@@ -149,13 +157,13 @@ def main() -> int:
     try:
         # The first warm-mode start is cold and launches the server: not counted.
         timed([binary], {**ours_env, "CNI_COMMAND": "VERSION"}, ours)
-        wait_for_warm_server(binary)
+        wait_for_warm_server(tree)
         # CPU time, which the load of a shared machine does not inflate: the
         # processes this script waits for (their own waited-for children,
         # such as host-local, included), and for warm starts the server's
         # children, which run the verbs.
         cpu = dict.fromkeys(results, 0.0)
-        server = warm_servers(os.path.join("/var/cache/rdma-cni", cache_id(binary)))[0]
+        server = warm_servers(tree)[0]
         served_before = children_cpu(server)
         for _ in range(args.runs):
             for mode, extra in modes.items():
@@ -178,9 +186,13 @@ def main() -> int:
             for mode, extra in modes.items():
                 rss[mode].append(peak_rss([binary], {**ours_env, **extra, "CNI_COMMAND": "ADD"}, ours))
                 timed([binary], {**ours_env, **extra, "CNI_COMMAND": "DEL"}, ours)
-        servers = warm_servers(os.path.join("/var/cache/rdma-cni", cache_id(binary)))
+        servers = warm_servers(tree)
         server_memory = memory_of(servers[0]) if servers else {}
     finally:
+        for pid in warm_servers(tree):  # the server this run started
+            os.kill(pid, signal.SIGTERM)
+            wait_gone(pid)
+        shutil.rmtree(cache, ignore_errors=True)
         del_netns("rdma-bench")
         ip("link", "del", node.vf_wire(0, 0), check=False)
         api.stop()

@@ -126,8 +126,11 @@ def move_out(host: Rtnl, finder: VfFinder, vf: VfRecord) -> None:
     rtnl = pod.rtnl if where == "pod" and pod else host
     hostfd = host_netns_fd() if where == "pod" else None
     try:
-        with contextlib.suppress(NetlinkError):
-            rtnl.set_link(link.index, up=False)
+        if where == "host":
+            # A move takes the link down itself (the kernel closes a netdev
+            # before it changes namespace); a rename in place needs it down.
+            with contextlib.suppress(NetlinkError):
+                rtnl.set_link(link.index, up=False)
         mac = vf.host_mac if vf.mac and vf.host_mac else None
         mtu = vf.host_mtu if vf.mtu and vf.host_mtu else None
         name = vf.host_name if link.name != vf.host_name or where == "pod" else None

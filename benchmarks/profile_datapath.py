@@ -1,0 +1,184 @@
+"""Where a warm ADD and DEL spend their CPU: the verbs run as a warm server's child runs them.
+
+The set-up is datapath_bench's (one simulated VF, the pod read from the HTTPS
+API stand-in, real host-local). This process imports what the warm server
+imports (:func:`rdma_cni.warm.preload`), then forks one child per verb, as
+the server does, and the child runs :func:`rdma_cni.cli.run_cni` with the
+verb's environment and config. Printed: per verb, the median wall and CPU
+time of the child (the IPAM guard and host-local, which it waits for,
+included), the CPU of host-local alone (run directly, the part nothing can
+cut), and with ``--profile`` the cProfile of all runs merged, by cumulative
+and by own time. Root needed. A diagnostic script, not a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import os
+import pstats
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.support.apiserver import ApiServer
+from tests.support.simnode import SimNode, SimPf, add_netns, del_netns
+
+SPLIT: dict[str, list[tuple[float, float, int]]] = {"ADD": [], "DEL": []}
+
+
+def run_child(
+    verb: str, env: dict[str, str], conf: dict[str, object], profile_to: str | None, cpu_timer: bool = False
+) -> tuple[float, float]:
+    """Fork a child that runs one verb in-process; its (wall ms, CPU ms, children included)."""
+    data = json.dumps(conf).encode()
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # the child: what rdma_cni.warm's child does, minus the hand-over
+        code = 1
+        try:
+            os.environ.clear()
+            os.environ.update(env)
+            os.environ["CNI_COMMAND"] = verb
+            from rdma_cni import log
+            from rdma_cni.cli import run_cni
+
+            log.start_kind = "warm"
+            if profile_to:
+                # CPU time of this process (not wall): what a loaded node pays.
+                prof = cProfile.Profile(time.process_time) if cpu_timer else cProfile.Profile()
+                code, doc = prof.runcall(run_cni, dict(os.environ), data)
+                prof.dump_stats(profile_to)
+            else:
+                code, doc = run_cni(dict(os.environ), data)
+            if code:
+                os.write(2, f"{verb} failed: {json.dumps(doc)}\n".encode())
+        finally:
+            os._exit(code)
+    _, status, usage = os.wait4(pid, 0)
+    wall = (time.perf_counter() - start) * 1000
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{verb} failed")
+    SPLIT[verb].append((usage.ru_utime * 1000, usage.ru_stime * 1000, usage.ru_minflt))
+    return wall, (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile every run and print the merged profile"
+    )
+    parser.add_argument("--cpu", action="store_true", help="profile CPU time (process_time), not wall time")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--pfs", type=int, default=1, help="simulated PFs (the node the verbs scan)")
+    parser.add_argument("--vfs", type=int, default=1, help="VFs per PF")
+    args = parser.parse_args()
+    tmp = tempfile.mkdtemp(prefix="rdma-cni-prof-")
+    pfs = [SimPf(f"profpf{k}", args.vfs, 25000) for k in range(args.pfs)]
+    node = SimNode(os.path.join(tmp, "node"), pfs, prefix="pq")
+    node.up()
+    api = ApiServer(os.path.join(tmp, "api"))
+    api.start()
+    api.add_pod("default", "prof", {"rdma_interfaces_required": '[{"max_tx_rate": 1000}]'})
+    kubeconfig = api.write_kubeconfig(os.path.join(tmp, "kubeconfig"), mode="token")
+    netns = add_netns("rdma-prof")
+    ipam = {
+        "type": "host-local",
+        "ranges": [[{"subnet": "10.89.0.0/24"}]],
+        "dataDir": os.path.join(tmp, "ipam"),
+    }
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "CNI_PATH": "/usr/lib/cni",
+        "CNI_CONTAINERID": "prof",
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": "net1",
+        "CNI_ARGS": "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=prof",
+        **node.env(),
+    }
+    conf = {
+        "cniVersion": "1.0.0",
+        "name": "prof",
+        "type": "rdma-cni",
+        "kubeconfig": kubeconfig,
+        "stateDir": os.path.join(tmp, "state"),
+        "lockFile": os.path.join(tmp, "lock"),
+        "ipam": ipam,
+        "logFile": os.path.join(tmp, "rdma-cni.log"),
+    }
+    from rdma_cni.warm import preload
+
+    preload()
+    gc.freeze()  # as the warm server does before serving
+    wall: dict[str, list[float]] = {"ADD": [], "DEL": []}
+    cpu: dict[str, list[float]] = {"ADD": [], "DEL": []}
+    profiles: dict[str, list[str]] = {"ADD": [], "DEL": []}
+    hl_cpu: list[float] = []
+    try:
+        for i in range(args.runs + 1):
+            for verb in ("ADD", "DEL"):
+                out = os.path.join(tmp, f"{verb}-{i}.prof") if args.profile else None
+                w, c = run_child(verb, env, conf, out, args.cpu)
+                if i == 0:
+                    continue  # the first ADD asks host-local VERSION and fills caches
+                wall[verb].append(w)
+                cpu[verb].append(c)
+                if out:
+                    profiles[verb].append(out)
+        # host-local alone, ADD and DEL, for the floor nothing here can cut.
+        hl_env = {**env, "CNI_IFNAME": "hl0"}
+        hl_conf = json.dumps({"cniVersion": "1.0.0", "name": "prof", "ipam": ipam}).encode()
+        import subprocess
+
+        for _ in range(args.runs):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            for verb in ("ADD", "DEL"):
+                subprocess.run(
+                    ["/usr/lib/cni/host-local"],
+                    input=hl_conf,
+                    env={**hl_env, "CNI_COMMAND": verb},
+                    capture_output=True,
+                    check=True,
+                )
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            hl_cpu.append((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000)
+    finally:
+        del_netns("rdma-prof")
+        api.stop()
+        node.down()
+    print("| verb | wall median ms | CPU median ms (children included) |")
+    print("| --- | ---: | ---: |")
+    for verb in ("ADD", "DEL"):
+        print(f"| {verb} | {statistics.median(wall[verb]):.1f} | {statistics.median(cpu[verb]):.1f} |")
+    for verb in ("ADD", "DEL"):
+        user = statistics.median(u for u, _, _ in SPLIT[verb])
+        system = statistics.median(s for _, s, _ in SPLIT[verb])
+        faults = statistics.median(f for _, _, f in SPLIT[verb])
+        print(f"{verb}: user {user:.1f} ms, system {system:.1f} ms, {faults:.0f} minor page faults (medians)")
+    total = statistics.median(cpu["ADD"]) + statistics.median(cpu["DEL"])
+    print(f"ADD+DEL CPU {total:.1f} ms, of which host-local ADD+DEL alone {statistics.median(hl_cpu):.1f} ms")
+    print(f"over {args.runs} runs; load average {os.getloadavg()[0]:.2f}")
+    for verb, files in profiles.items():
+        if not files:
+            continue
+        stats = pstats.Stats(files[0])
+        for f in files[1:]:
+            stats.add(f)
+        print(f"\n===== {verb}: cProfile of {len(files)} runs, by cumulative time =====")
+        stats.sort_stats("cumulative").print_stats(args.top)
+        print(f"\n===== {verb}: by own time =====")
+        stats.sort_stats("tottime").print_stats(args.top)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
