@@ -191,8 +191,10 @@ class Decider:
         if view.problem:
             return view.problem
         if self.max_state_age is not None and now - view.updated > self.max_state_age:
+            # No age in the text: it would differ per node and per second, so kube-scheduler's event
+            # could not group it, and a kept answer (answers.py) would go out of date by itself.
             return (
-                f"rdma-cni: node state is {now - view.updated:.0f} s old (limit {self.max_state_age:.0f} s):"
+                f"rdma-cni: node state is older than {self.max_state_age:.0f} s:"
                 " is the rdma-cni node agent running?"
             )
         return ""

@@ -240,8 +240,8 @@ def test_stale_state_fails_the_node(harness: Harness) -> None:
     pod = harness.add_pod("a", [(1, 0)])
     out = sched.post("filter", so.args_names(pod, ["old", "new"]))
     assert out["NodeNames"] == ["new"]
-    assert "node state is 90" in out["FailedAndUnresolvableNodes"]["old"]
-    assert sched.bind(pod, "old").startswith("rdma-cni: node state is 90")
+    assert "node state is older than 60 s" in out["FailedAndUnresolvableNodes"]["old"]
+    assert sched.bind(pod, "old").startswith("rdma-cni: node state is older than 60 s")
 
 
 def test_reservation_ttl_and_pod_gone(harness: Harness, api: ApiServer) -> None:
