@@ -161,11 +161,25 @@ class Extender:
                 demand, args.node_names, list(map(cached.get, args.node_names)), self.decider.now()
             )
             self._remember(uid, demand, answer.scores, answer.passing, answer.prioritize_body)
+            if answer.failed and log.isEnabledFor(logging.DEBUG):
+                self._log_detail(args.pod, answer.failed, cached)
             return answer.filter_body
         names, views = self._views(args)
         passing, failed, unresolvable, scores = self._decide(demand, names, views)
         self._remember(uid, demand, scores, None, b"")
         return wire.filter_result(args, passing, failed, unresolvable)
+
+    def _log_detail(self, pod: dict[str, Any], failed: dict[str, str], views: dict[str, NodeView]) -> None:
+        # Reasons are short and shared; what each node has free is here, for whoever debugs.
+        from rdma_cni import placement
+
+        namespace, name, _ = wire.pod_identity(pod)
+        for node, reason in failed.items():
+            view = views.get(node)
+            if view is None or view.state is None:
+                continue
+            pfs = nodestate.pf_states(view.state, self.reservations.extra(node))
+            log.debug("filter %s/%s: %s: %s (%s)", namespace, name, node, reason, placement.free_summary(pfs))
 
     def _remember(
         self, uid: str, demand: Demand, scores: dict[str, int], passing: list[str] | None, body: bytes

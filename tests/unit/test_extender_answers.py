@@ -155,3 +155,21 @@ def test_reservation_history_forgotten_means_a_full_pass(monkeypatch: pytest.Mon
     assert ext.reservations.changed_since(ext.reservations.version) == (ext.reservations.version, set())
     pod = so.rdma_pod("p", [(25_000, 0)])
     assert ask(ext, pod, ["a"]) == full_pass(ext, pod, ["a"])
+
+
+def test_each_failed_nodes_free_capacity_is_in_the_debug_log(caplog: pytest.LogCaptureFixture) -> None:
+    ext, views, _ = make()
+    views["busy"] = ext.decider.view(nodestate.encode(so.state(PFS, [("u", [("ens1f0", 5_000, 0)])])))
+    views["gone"] = ext.decider.view(None)
+    ext.reservations.add("r", "team-a", "r", "busy", (("ens1f1", 1, 20_000),))
+    pod = so.rdma_pod("p", [(24_000, 0)])
+    ask(ext, pod, ["busy", "gone"])
+    assert not [r for r in caplog.records if r.name == "rdma_cni.extender.server"]  # not at INFO
+    caplog.set_level("DEBUG", logger="rdma_cni.extender.server")
+    ask(ext, pod, ["busy", "gone"])
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "rdma_cni.extender.server"]
+    assert line.startswith("filter team-a/p: busy: rdma-cni: needs 24000 Mbit/s free on one PF")
+    # The reservation counts: ens1f1 shows 5000 free, not 25000.
+    assert line.endswith(
+        "(ens1f0: 3 VFs, 20000 of 25000 Mbit/s free; ens1f1: 3 VFs, 5000 of 25000 Mbit/s free)"
+    )
