@@ -89,7 +89,13 @@ class Answers:
         with self._lock:
             shape = self._shapes.get(demand.key)
             version, touched = self.reservations.changed_since(shape.version if shape is not None else -1)
-            if shape is None or touched is None or now >= shape.deadline or shape.names != names:
+            if (
+                shape is None
+                or touched is None
+                or now >= shape.deadline
+                or shape.names != names
+                or len(shape.name_set) != len(names)  # a repeated name: updates assume none
+            ):
                 shape = self._full(demand, names, views, version, now)
             elif touched or shape.views != views:
                 self._update(shape, demand, names, views, version, touched, now)
@@ -177,7 +183,8 @@ class Answers:
         new_scores = dict(old.scores)
         new_failed = dict(old.failed)
         new_unresolvable = dict(old.unresolvable)
-        members_changed = False
+        joined = False
+        left: list[str] = []
         for name in order:
             was_passing = new_scores.pop(name, None) is not None
             new_failed.pop(name, None)
@@ -185,17 +192,24 @@ class Answers:
             if name in scores:
                 new_scores[name] = scores[name]
                 shape.fragments[name] = _fragment(name, scores[name])
-                members_changed |= not was_passing
+                joined |= not was_passing
             else:
                 shape.fragments.pop(name, None)
-                members_changed |= was_passing
+                if was_passing:
+                    left.append(name)
                 if name in failed:
                     new_failed[name] = failed[name]
                 else:
                     new_unresolvable[name] = unresolvable[name]
         new_passing = old.passing
-        if members_changed:
-            new_passing = [name for name in names if name in new_scores]
+        if joined:
+            new_passing = [name for name in names if name in new_scores]  # in request order
+        elif left:
+            # The usual change after a bind: a node fills up. list.remove runs in C.
+            new_passing = list(old.passing)
+            for name in left:
+                new_passing.remove(name)
+        if joined or left:
             shape.names_json = _dumps(new_passing)
         if new_failed != old.failed:
             shape.failed_json = _dumps(new_failed)

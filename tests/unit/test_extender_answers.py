@@ -173,3 +173,15 @@ def test_each_failed_nodes_free_capacity_is_in_the_debug_log(caplog: pytest.LogC
     assert line.endswith(
         "(ens1f0: 3 VFs, 20000 of 25000 Mbit/s free; ens1f1: 3 VFs, 5000 of 25000 Mbit/s free)"
     )
+
+
+def test_a_repeated_node_name_is_answered_as_a_full_pass_would() -> None:
+    ext, views, _ = make()
+    views["a"] = ext.decider.view(nodestate.encode(so.state(PFS)))
+    views["b"] = ext.decider.view(nodestate.encode(so.state(PFS)))
+    names = ["a", "b", "a"]
+    pod = so.rdma_pod("p", [(20_000, 0)])
+    assert ask(ext, pod, names) == full_pass(ext, pod, names)
+    ext.reservations.add("u1", "team-a", "x", "a", (("ens1f0", 1, 20_000), ("ens1f1", 1, 20_000)))
+    out = ask(ext, pod, names)
+    assert out == full_pass(ext, pod, names) and out["filter"]["NodeNames"] == ["b"]
