@@ -24,7 +24,7 @@ log = logging.getLogger("rdma_cni.extender.reservations")
 
 Use = tuple[tuple[str, int, int], ...]
 # Nodes whose last change is remembered; a cluster's node count is far below it.
-_TOUCHED_LIMIT = 100_000
+_TOUCHED_LIMIT = 100_000  # changes remembered
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,11 @@ class Reservations:
         self._lock = threading.Lock()
         self._by_uid: dict[str, Reservation] = {}
         self._by_node: dict[str, dict[str, Reservation]] = {}
-        # Bumped by every change; _touched says when each node's reservations last changed,
+        # Bumped by every change; _touched[i] is the node of change _forgotten + i + 1,
         # so cached filter answers re-judge only those nodes (see answers.py).
         self.version = 0
         self._forgotten = 0
-        self._touched: dict[str, int] = {}
+        self._touched: list[str] = []
 
     def __len__(self) -> int:
         return len(self._by_uid)
@@ -75,7 +75,7 @@ class Reservations:
             self._touched.clear()
             self._forgotten = self.version
         self.version += 1
-        self._touched[node] = self.version
+        self._touched.append(node)
 
     def changed_since(self, version: int) -> tuple[int, set[str] | None]:
         """(current version, nodes whose reservations changed after ``version``; None: unknown, all)."""
@@ -84,7 +84,8 @@ class Reservations:
                 return version, set()
             if version < self._forgotten:
                 return self.version, None
-            return self.version, {node for node, v in self._touched.items() if v > version}
+            # Only the changes since: no scan of every node ever reserved.
+            return self.version, set(self._touched[version - self._forgotten :])
 
     def _remove(self, uid: str) -> Reservation | None:
         res = self._by_uid.pop(uid, None)
