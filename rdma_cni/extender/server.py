@@ -134,8 +134,13 @@ class Extender:
         self.memo.remember(pod, demand)
         return demand
 
-    def filter(self, doc: Any) -> dict[str, Any] | bytes:
-        """ExtenderArgs -> ExtenderFilterResult (already encoded when it came from :class:`Answers`)."""
+    def filter(self, doc: Any) -> dict[str, Any]:
+        """ExtenderArgs -> ExtenderFilterResult."""
+        answer = self.filter_encoded(doc)
+        return json.loads(answer) if isinstance(answer, bytes) else answer
+
+    def filter_encoded(self, doc: Any) -> dict[str, Any] | bytes:
+        """:meth:`filter` for the server: already encoded when it came from :class:`Answers`."""
         try:
             args = wire.parse_filter(doc)
         except wire.WireError as exc:
@@ -310,7 +315,7 @@ class ExtenderServer(ThreadingHTTPServer):
     ) -> None:
         self.extender = extender
         self.verbs = {
-            "/filter": extender.filter,
+            "/filter": extender.filter_encoded,
             "/prioritize": extender.prioritize,
             "/preempt": extender.preempt,
             "/bind": extender.bind,

@@ -73,9 +73,10 @@ def full_pass(ext: Extender, pod: dict[str, Any], names: list[str]) -> dict[str,
 
 
 def ask(ext: Extender, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    body = ext.filter(so.args_names(pod, names))
+    body = ext.filter_encoded(so.args_names(pod, names))
     assert isinstance(body, bytes)
     out = json.loads(body)
+    assert ext.filter(so.args_names(pod, names)) == out  # the decoded form, for callers in-process
     prio = json.loads(ext.prioritize(so.args_names(pod, out["NodeNames"])))
     return {"filter": out, "prioritize": prio}
 
@@ -167,7 +168,8 @@ def test_each_failed_nodes_free_capacity_is_in_the_debug_log(caplog: pytest.LogC
     assert not [r for r in caplog.records if r.name == "rdma_cni.extender.server"]  # not at INFO
     caplog.set_level("DEBUG", logger="rdma_cni.extender.server")
     ask(ext, pod, ["busy", "gone"])
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "rdma_cni.extender.server"]
+    # ask() filters twice (encoded and decoded): the same one line each time.
+    (line,) = {r.getMessage() for r in caplog.records if r.name == "rdma_cni.extender.server"}
     assert line.startswith("filter team-a/p: busy: rdma-cni: needs 24000 Mbit/s free on one PF")
     # The reservation counts: ens1f1 shows 5000 free, not 25000.
     assert line.endswith(
