@@ -19,6 +19,7 @@ encoding is not the extender's cost):
   Binding in the API stand-in) one pod after the other, as kube-scheduler's
   serial scheduling cycle does; a conservative figure, since kube-scheduler
   binds asynchronously while it filters the next pod;
+- the mean size of a filter answer (kube-scheduler parses every one);
 - the extender's resident memory once its cache holds every node.
 
 Cache mode sends ``NodeNames`` (``nodeCacheCapable: true``, the conf/
@@ -77,6 +78,7 @@ class Row:
     cpu_pods_per_s: float  # pods per second of extender CPU, filter + prioritize + bind
     passed: float  # mean share of nodes passing filter
     cold_filter: float  # mean filter latency for the first pod of a request shape
+    answer_kib: float  # mean size of a filter answer
     rss_mib: float
 
 
@@ -358,7 +360,7 @@ def run(
     bind_pods: list[dict[str, Any]],
 ) -> Row:
     full = full_nodes is not None
-    filter_times, prio_times, shares, cold = [], [], [], []
+    filter_times, prio_times, shares, cold, sizes = [], [], [], [], []
     # The first pod of each shape pays for placement on every distinct node
     # state; later pods of that shape look verdicts up. Timed apart ("cold").
     for i, rates in enumerate(SHAPES):
@@ -371,6 +373,7 @@ def run(
         pod = pod_object(spec)
         seconds, raw = procs.post("/filter", extender_args(pod, names, full_nodes))
         filter_times.append(seconds)
+        sizes.append(len(raw))
         answer = json.loads(raw)
         if answer.get("Error"):
             raise SystemExit(f"filter error: {answer['Error']}")
@@ -404,6 +407,7 @@ def run(
         cpu_pods_per_s=1 / cpu_per_bound if cpu_per_bound else float("inf"),
         passed=statistics.mean(shares),
         cold_filter=statistics.mean(cold) * 1000,
+        answer_kib=statistics.mean(sizes) / 1024,
         rss_mib=procs.rss_mib(),
     )
 
@@ -529,8 +533,8 @@ def table(rows: list[Row]) -> str:
         "| mode | nodes | filter p50 ms | filter p99 ms | prioritize p50 ms | prioritize p99 ms "
         "| pods/s (binds async) | binds refused (async) | pods/s (serial) "
         "| extender CPU ms per filter+prioritize | pods per extender CPU-second "
-        "| first filter of a shape ms | nodes passing | extender RSS MiB |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| first filter of a shape ms | nodes passing | filter answer KiB | extender RSS MiB |",
+        "| --- " + "| ---: " * 14 + "|",
     ]
     for r in rows:
         mode = "cache (NodeNames)" if r.mode == "cache" else "full Nodes"
@@ -538,7 +542,7 @@ def table(rows: list[Row]) -> str:
             f"| {mode} | {r.nodes:,} | {r.filter_p50:.1f} | {r.filter_p99:.1f} | {r.prio_p50:.1f} | "
             f"{r.prio_p99:.1f} | {r.pods_per_s:.0f} | {r.refused} | {r.pods_per_s_serial:.0f} "
             f"| {r.cpu_ms:.1f} | {r.cpu_pods_per_s:.0f} | {r.cold_filter:.0f} "
-            f"| {r.passed:.0%} | {r.rss_mib:.0f} |"
+            f"| {r.passed:.0%} | {r.answer_kib:.0f} | {r.rss_mib:.0f} |"
         )
     return "\n".join(lines)
 

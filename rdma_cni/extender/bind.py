@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from rdma_cni import placement
+from rdma_cni import nodestate, placement
 from rdma_cni.errors import InvalidPodRequest
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demand, Demands
@@ -125,8 +125,11 @@ class Binder:
         extra = self.reservations.extra(args.node, without=(args.pod_uid,))
         verdict = self.decider.verdict(demand, view, extra)
         if not verdict.fits:
-            return f"rdma-cni: pod {args.pod_namespace}/{args.pod_name} no longer fits node {args.node}: " + (
-                verdict.reason.removeprefix("rdma-cni: ")
+            # One node, one refusal: worth the free-capacity detail filter's reasons leave out.
+            free = placement.free_summary(nodestate.pf_states(view.state, extra))
+            return (
+                f"rdma-cni: pod {args.pod_namespace}/{args.pod_name} no longer fits node {args.node}: "
+                f"{verdict.reason.removeprefix('rdma-cni: ')} ({free})"
             )
         if args.pod_uid:
             try:

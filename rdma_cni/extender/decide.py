@@ -23,7 +23,7 @@ from typing import Literal, NamedTuple
 from rdma_cni import nodestate, placement
 from rdma_cni.extender.demand import Demand
 
-__all__ = ["Decider", "NodeView", "Policy", "Verdict"]
+__all__ = ["Decider", "NodeView", "Policy", "Verdict", "cannot_fit", "greedy_fits"]
 
 Policy = Literal["binpack", "spread"]
 MAX_SCORE = 10
@@ -119,6 +119,44 @@ def greedy_fits(wants: Sequence[tuple[int, int]], pfs: Sequence[placement.PfStat
     return True
 
 
+def cannot_fit(demand: Demand, pfs: Sequence[placement.PfState]) -> str:
+    """A short reason when a necessary condition of placement's rules fails, else "".
+
+    Each condition is one :func:`placement.place` checks too, so a reason here
+    always means placement finds no fit. The texts are short and name the
+    demand's numbers, not the node's (but for a VF shortfall's few values):
+    nodes failing the same way give the same text, which kube-scheduler's
+    event counts once, and the answer stays small.
+    """
+    vfs = 0
+    free_total = 0
+    for pf in pfs:
+        if pf.free_vfs:
+            vfs += pf.free_vfs
+            if pf.capacity_mbps is not None:
+                free_total += pf.free_mbps  # type: ignore[operator]
+    if vfs < len(demand.key):
+        return f"rdma-cni: needs {len(demand.key)} free VFs, the node has {vfs}"
+    for low, high in demand.wants:
+        for pf in pfs:
+            if not pf.free_vfs:
+                continue
+            cap = pf.capacity_mbps
+            if cap is None:
+                if not low:
+                    break
+            elif high <= cap and (not low or low <= cap - pf.reserved_mbps):
+                break
+        else:
+            where = f" and capacity of at least {high} Mbit/s" if high else ""
+            if low:
+                return f"rdma-cni: needs {low} Mbit/s free on one PF with a free VF{where}"
+            return f"rdma-cni: needs a PF with a free VF{where}"
+    if demand.min_total > free_total:
+        return f"rdma-cni: needs {demand.min_total} Mbit/s free in total on the PFs with free VFs"
+    return ""
+
+
 class Decider:
     """Verdicts and scores for demands on node views, with the caches that make them cheap. Thread-safe."""
 
@@ -191,8 +229,10 @@ class Decider:
         if view.problem:
             return view.problem
         if self.max_state_age is not None and now - view.updated > self.max_state_age:
+            # No age in the text: it would differ per node and per second, so kube-scheduler's event
+            # could not group it, and a kept answer (answers.py) would go out of date by itself.
             return (
-                f"rdma-cni: node state is {now - view.updated:.0f} s old (limit {self.max_state_age:.0f} s):"
+                f"rdma-cni: node state is older than {self.max_state_age:.0f} s:"
                 " is the rdma-cni node agent running?"
             )
         return ""
@@ -259,7 +299,10 @@ class Decider:
                 empty = got
             else:
                 assert view.state is not None
-                empty = self._final(demand, self._empty(view.state), view.empty_fp, view)
+                # Few distinct empty states: look the verdict up before building the state.
+                empty = table.get(view.empty_fp) or self._final(
+                    demand, self._empty(view.state), view.empty_fp, view, table
+                )
             # A search that ran out of steps proved nothing: preemption may still help.
             unresolvable = not empty.fits and not empty.exhausted
             got = Verdict(False, unresolvable, got.reason, 0, exhausted=got.exhausted)
@@ -274,15 +317,19 @@ class Decider:
 
     def _compute(self, demand: Demand, pfs: tuple[placement.PfState, ...], capacity_vfs: int) -> Verdict:
         # Most verdicts are "fits" on a node with room: a greedy assignment that respects every
-        # rule proves it in microseconds (placement is exact, so ADD finds a fit too). Only
-        # when the greedy fails does placement search, and its NoFit gives the reason text.
+        # rule proves it in microseconds (placement is exact, so ADD finds a fit too). Then
+        # cheap necessary conditions prove most misfits; placement searches only what is left.
         if not greedy_fits(demand.wants, pfs):
+            reason = cannot_fit(demand, pfs)
+            if reason:
+                return Verdict(False, False, reason, 0)
             try:
                 placement.place(demand.requests, pfs)
             except placement.NoFit as exc:
-                return Verdict(
-                    False, False, f"rdma-cni: {exc.message}", 0, exhausted=exc.reason == "search_limit"
-                )
+                # The free-capacity summary differs per node: it goes to the log (see
+                # Extender), not into the reason, so that reasons group.
+                text = exc.message.removesuffix(f" ({placement.free_summary(pfs)})")
+                return Verdict(False, False, f"rdma-cni: {text}", 0, exhausted=exc.reason == "search_limit")
         return self._fits[self._score(pfs, capacity_vfs, demand)]
 
     def use(

@@ -23,6 +23,8 @@ __all__ = ["Reservation", "Reservations"]
 log = logging.getLogger("rdma_cni.extender.reservations")
 
 Use = tuple[tuple[str, int, int], ...]
+# Nodes whose last change is remembered; a cluster's node count is far below it.
+_TOUCHED_LIMIT = 100_000  # changes remembered
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,11 @@ class Reservations:
         self._lock = threading.Lock()
         self._by_uid: dict[str, Reservation] = {}
         self._by_node: dict[str, dict[str, Reservation]] = {}
+        # Bumped by every change; _touched[i] is the node of change _forgotten + i + 1,
+        # so cached filter answers re-judge only those nodes (see answers.py).
+        self.version = 0
+        self._forgotten = 0
+        self._touched: list[str] = []
 
     def __len__(self) -> int:
         return len(self._by_uid)
@@ -59,7 +66,26 @@ class Reservations:
             self._remove(uid)
             self._by_uid[uid] = res
             self._by_node.setdefault(node, {})[uid] = res
+            self._touch(node)
         return res
+
+    def _touch(self, node: str) -> None:
+        if len(self._touched) >= _TOUCHED_LIMIT:
+            # Forget the history: older versions then see "unknown changes" and re-judge all.
+            self._touched.clear()
+            self._forgotten = self.version
+        self.version += 1
+        self._touched.append(node)
+
+    def changed_since(self, version: int) -> tuple[int, set[str] | None]:
+        """(current version, nodes whose reservations changed after ``version``; None: unknown, all)."""
+        with self._lock:
+            if version == self.version:
+                return version, set()
+            if version < self._forgotten:
+                return self.version, None
+            # Only the changes since: no scan of every node ever reserved.
+            return self.version, set(self._touched[version - self._forgotten :])
 
     def _remove(self, uid: str) -> Reservation | None:
         res = self._by_uid.pop(uid, None)
@@ -69,6 +95,7 @@ class Reservations:
                 on_node.pop(uid, None)
                 if not on_node:
                     del self._by_node[res.node]
+            self._touch(res.node)
         return res
 
     def drop(self, uid: str, why: str) -> Reservation | None:

@@ -23,6 +23,7 @@ from typing import Any
 from rdma_cni import nodestate
 from rdma_cni.errors import InvalidPodRequest
 from rdma_cni.extender import wire
+from rdma_cni.extender.answers import Answers
 from rdma_cni.extender.bind import Binder, PodMemo
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demand, Demands
@@ -61,7 +62,11 @@ class Extender:
         # Views last seen in full-Node requests: bind and preempt fall back to them.
         self.seen: dict[str, NodeView] = {}
         self.memo = PodMemo()
-        self._scores: dict[str, tuple[float, tuple[tuple[int, int], ...], dict[str, int]]] = {}
+        # Per pod uid: (when, demand key, scores, the passing list and its encoded priorities, if cached).
+        self._scores: dict[
+            str, tuple[float, tuple[tuple[int, int], ...], dict[str, int], list[str] | None, bytes]
+        ] = {}
+        self.answers = Answers(reservations, self._decide, decider.max_state_age)
         self.binder = Binder(client, decider, demands, reservations, self.view_of, self.memo)
         self.ready = threading.Event()
 
@@ -131,6 +136,11 @@ class Extender:
 
     def filter(self, doc: Any) -> dict[str, Any]:
         """ExtenderArgs -> ExtenderFilterResult."""
+        answer = self.filter_encoded(doc)
+        return json.loads(answer) if isinstance(answer, bytes) else answer
+
+    def filter_encoded(self, doc: Any) -> dict[str, Any] | bytes:
+        """:meth:`filter` for the server: already encoded when it came from :class:`Answers`."""
         try:
             args = wire.parse_filter(doc)
         except wire.WireError as exc:
@@ -149,15 +159,41 @@ class Extender:
             return wire.filter_error(f"rdma-cni: bad ExtenderArgs: {exc}")
         if demand is None:
             return wire.filter_result(args, args.names, {}, {})
+        uid = wire.pod_identity(args.pod)[2]
+        if args.node_names is not None:
+            cached = self._cache_views()
+            answer = self.answers.filter(
+                demand, args.node_names, list(map(cached.get, args.node_names)), self.decider.now()
+            )
+            self._remember(uid, demand, answer.scores, answer.passing, answer.prioritize_body)
+            if answer.failed and log.isEnabledFor(logging.DEBUG):
+                self._log_detail(args.pod, answer.failed, cached)
+            return answer.filter_body
         names, views = self._views(args)
         passing, failed, unresolvable, scores = self._decide(demand, names, views)
-        uid = wire.pod_identity(args.pod)[2]
+        self._remember(uid, demand, scores, None, b"")
+        return wire.filter_result(args, passing, failed, unresolvable)
+
+    def _log_detail(self, pod: dict[str, Any], failed: dict[str, str], views: dict[str, NodeView]) -> None:
+        # Reasons are short and shared; what each node has free is here, for whoever debugs.
+        from rdma_cni import placement
+
+        namespace, name, _ = wire.pod_identity(pod)
+        for node, reason in failed.items():
+            view = views.get(node)
+            if view is None or view.state is None:
+                continue
+            pfs = nodestate.pf_states(view.state, self.reservations.extra(node))
+            log.debug("filter %s/%s: %s: %s (%s)", namespace, name, node, reason, placement.free_summary(pfs))
+
+    def _remember(
+        self, uid: str, demand: Demand, scores: dict[str, int], passing: list[str] | None, body: bytes
+    ) -> None:
+        # kube-scheduler asks prioritize for the same pod next: its scores are computed now.
         if uid:
-            # kube-scheduler asks prioritize for the same pod next: its scores are computed now.
             if len(self._scores) >= _SCORES_KEPT:
                 self._scores.clear()
-            self._scores[uid] = (time.monotonic(), demand.key, scores)
-        return wire.filter_result(args, passing, failed, unresolvable)
+            self._scores[uid] = (time.monotonic(), demand.key, scores, passing, body)
 
     def prioritize(self, doc: Any) -> bytes:
         """ExtenderArgs -> HostPriorityList, encoded (0 for nodes that do not fit, and for non-RDMA pods)."""
@@ -171,6 +207,8 @@ class Extender:
             return wire.priority_json((n, 0) for n in args.names)
         kept = self._scores.pop(wire.pod_identity(args.pod)[2], None)
         if kept is not None and kept[1] == demand.key and time.monotonic() - kept[0] < _SCORES_FRESH:
+            if kept[3] is not None and args.names == kept[3]:
+                return kept[4]  # the nodes filter passed, as kube-scheduler usually sends them
             scores = kept[2]
             return wire.priority_json((n, scores.get(n, 0)) for n in args.names)
         names, views = self._views(args)
@@ -277,7 +315,7 @@ class ExtenderServer(ThreadingHTTPServer):
     ) -> None:
         self.extender = extender
         self.verbs = {
-            "/filter": extender.filter,
+            "/filter": extender.filter_encoded,
             "/prioritize": extender.prioritize,
             "/preempt": extender.preempt,
             "/bind": extender.bind,

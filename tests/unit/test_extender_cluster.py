@@ -131,8 +131,8 @@ def test_node_names_mode_field_by_field(harness: Harness) -> None:
     assert out["Nodes"] is None and out["Error"] == ""
     assert out["NodeNames"] == ["free"]
     assert list(out["FailedNodes"]) == ["busy"]
-    assert out["FailedNodes"]["busy"].startswith(
-        "rdma-cni: 2 interfaces requested (min rates 15000, 5000 Mbit/s)"
+    assert out["FailedNodes"]["busy"] == (
+        "rdma-cni: needs 15000 Mbit/s free on one PF with a free VF and capacity of at least 20000 Mbit/s"
     )
     unresolvable = out["FailedAndUnresolvableNodes"]
     assert sorted(unresolvable) == ["agentless", "small", "unknown"]
@@ -191,11 +191,16 @@ def test_bind_reserves_then_the_publication_ends_it(harness: Harness, api: ApiSe
     res = service.reservations.get(a["metadata"]["uid"])
     assert res is not None and res.node == "n1" and res.use == (("ens1f0", 1, 15_000),)
     error = sched.bind(b, "n1")
-    assert error.startswith("rdma-cni: pod team-a/b no longer fits node n1: 1 interface requested")
+    assert error.startswith("rdma-cni: pod team-a/b no longer fits node n1: needs 15000 Mbit/s free")
+    assert error.endswith(
+        "(ens1f0: 3 VFs, 10000 of 25000 Mbit/s free)"
+    )  # the node's detail, in bind's refusal
     assert "spec" not in api.get_pod("team-a", "b") or "nodeName" not in api.get_pod("team-a", "b")["spec"]  # type: ignore[index,operator]
     # Later filters count the reservation too.
     out = sched.post("filter", so.args_names(b, ["n1"]))
-    assert out["NodeNames"] == [] and "10000 of 25000 Mbit/s free" in out["FailedNodes"]["n1"]
+    assert out["NodeNames"] == [] and out["FailedNodes"]["n1"] == (
+        "rdma-cni: needs 15000 Mbit/s free on one PF with a free VF"
+    )
     # The node agent publishes a's allocation: the reservation ends, the published use counts instead.
     uses = [(a["metadata"]["uid"], [("ens1f0", 15_000, 0)])]
     harness.publish("n1", so.state([("ens1f0", 25_000, 4)], uses, generation=2))
@@ -240,8 +245,8 @@ def test_stale_state_fails_the_node(harness: Harness) -> None:
     pod = harness.add_pod("a", [(1, 0)])
     out = sched.post("filter", so.args_names(pod, ["old", "new"]))
     assert out["NodeNames"] == ["new"]
-    assert "node state is 90" in out["FailedAndUnresolvableNodes"]["old"]
-    assert sched.bind(pod, "old").startswith("rdma-cni: node state is 90")
+    assert "node state is older than 60 s" in out["FailedAndUnresolvableNodes"]["old"]
+    assert sched.bind(pod, "old").startswith("rdma-cni: node state is older than 60 s")
 
 
 def test_reservation_ttl_and_pod_gone(harness: Harness, api: ApiServer) -> None:

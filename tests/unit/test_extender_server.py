@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -80,14 +79,18 @@ def test_filter_full_nodes_field_by_field(served: tuple[Extender, Client]) -> No
     assert out["Error"] == "" and out["NodeNames"] is None
     assert out["Nodes"]["items"] == [nodes[0]]  # the Node object back, status.images and all
     assert list(out["FailedNodes"]) == ["busy"]
-    assert out["FailedNodes"]["busy"].startswith(
-        "rdma-cni: 2 interfaces requested (min rates 15000, 5000 Mbit/s)"
+    assert out["FailedNodes"]["busy"] == (
+        "rdma-cni: needs 15000 Mbit/s free on one PF with a free VF and capacity of at least 20000 Mbit/s"
     )
     unresolvable = out["FailedAndUnresolvableNodes"]
     assert sorted(unresolvable) == ["garbled", "none", "small", "stale"]
-    assert unresolvable["small"].startswith("rdma-cni: 2 interfaces requested")
-    assert re.match(
-        r"rdma-cni: node state is 60[01] s old \(limit 120 s\): is the rdma-cni", unresolvable["stale"]
+    # "small" has one 10000 Mbit/s PF: even empty it cannot hold the pod.
+    assert unresolvable["small"] == (
+        "rdma-cni: needs 15000 Mbit/s free on one PF with a free VF and capacity of at least 20000 Mbit/s"
+    )
+    assert (
+        unresolvable["stale"]
+        == "rdma-cni: node state is older than 120 s: is the rdma-cni node agent running?"
     )
     assert "no rdma-cni.io/node-state annotation" in unresolvable["none"]
     assert unresolvable["garbled"].startswith("rdma-cni: invalid node state: node state is not valid JSON")
