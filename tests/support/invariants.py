@@ -64,7 +64,8 @@ def _records(state_dir: str) -> tuple[list[tuple[str, dict[str, Any]]], list[str
     return out, bad
 
 
-def _pending(state_dir: str) -> list[str]:
+def pending_releases(state_dir: str) -> list[str]:
+    """The IPAM releases the plugin still keeps pending (rdma_cni.ipam_pending), by file name."""
     d = os.path.join(state_dir, "ipam-pending")
     return (
         sorted(n for n in os.listdir(d) if n.endswith(".json") and not n.startswith("."))
@@ -125,7 +126,7 @@ def violations(
         (rec.get("container_id"), vf.get("pod_name")) for _, rec in records for vf in rec.get("vfs", [])
     }
     attached |= {(rec.get("container_id"), rec.get("ifname")) for _, rec in records}
-    pending = _pending(cluster.state_dir)
+    pending = pending_releases(cluster.state_dir)
     pending_ids = {p.split("@")[0] for p in pending}
     lease_dir = os.path.join(cluster.tmp, "ipam", "rdma-net")
     for lease in sorted(os.listdir(lease_dir)) if os.path.isdir(lease_dir) else []:
