@@ -7,6 +7,9 @@ import stat
 import time
 from pathlib import Path
 
+import pytest
+
+from rdma_cni.errors import IOFailure
 from rdma_cni.record import Attachment, RecordStore, remove_orphaned_temporaries, write_atomic
 
 DEAD_PID = 2**22 + 1  # above the kernel's largest pid_max
@@ -52,3 +55,28 @@ def test_orphaned_temporaries(tmp_path: Path) -> None:
     assert sorted(os.path.basename(p) for p in removed) == sorted(n for n, gone in names.items() if gone)
     assert sorted(os.listdir(tmp_path)) == sorted(n for n, gone in names.items() if not gone)
     assert remove_orphaned_temporaries(str(tmp_path / "missing")) == []
+
+
+def test_a_quarantine_that_cannot_be_made_is_an_io_error_naming_the_record(tmp_path: Path) -> None:
+    store = RecordStore(str(tmp_path))
+    store.ensure()
+    Path(store.dir, "bad@net1.json").write_text("{")
+    (tmp_path / "quarantine").write_text("a file where the directory should be")
+    with pytest.raises(IOFailure) as info:
+        store.all(set_aside=True)
+    assert "bad@net1.json" in info.value.msg and "cannot set corrupt record" in info.value.msg
+    assert Path(store.dir, "bad@net1.json").exists()  # kept where it was, for the next try
+
+
+def test_temporaries_that_cannot_be_listed_or_removed_are_io_errors(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    with pytest.raises(IOFailure) as info:
+        remove_orphaned_temporaries(str(not_a_dir))
+    assert "cannot list" in info.value.msg
+    # A directory named like an orphan cannot be unlinked.
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / f".tmp-{DEAD_PID}-x@net1.json").mkdir()
+    with pytest.raises(IOFailure) as info:
+        remove_orphaned_temporaries(str(tmp_path / "dir"))
+    assert "cannot remove orphaned temporary file" in info.value.msg
