@@ -60,6 +60,7 @@ def main(argv: list[str], out: TextIO) -> int:
 
 def _collect(config_path: str | None) -> dict[str, Any]:
     from rdma_cni.config import DEFAULT_STATE_DIR, load_netconf
+    from rdma_cni.identity import VfFinder
     from rdma_cni.inventory import report, scan
     from rdma_cni.netlink import Rtnl
     from rdma_cni.protocol import decode_stdin
@@ -76,9 +77,21 @@ def _collect(config_path: str | None) -> dict[str, Any]:
         except OSError as exc:
             raise CniError(f"cannot read --config {config_path}: {exc.strerror}") from exc
         pfs, capacity, state_dir = conf.pfs, dict(conf.capacityMbps), conf.stateDir
-    attachments = RecordStore(state_dir).all()
+    # Read as ADD reads the node: an unreadable record holds nothing (it is
+    # reported, not set aside: inventory changes nothing), and a VF no record
+    # holds is free only when the kernel proves it home in the host.
+    unreadable: list[str] = []
+    attachments = RecordStore(state_dir).all(unreadable)
     with Rtnl() as host:
-        node = scan(pfs=pfs, capacity=capacity, attachments=attachments, vfctl=vf_control(host))
+        node = scan(
+            pfs=pfs,
+            capacity=capacity,
+            attachments=attachments,
+            vfctl=vf_control(host),
+            home=VfFinder(host).in_host,
+        )
     doc = report(node)
+    if unreadable:
+        doc["unreadable_records"] = unreadable
     _rdma_view(doc)
     return doc
