@@ -78,6 +78,18 @@ class PendingStore:
         """Is an IPAM release pending for this attachment? (one stat: ADD asks it every time)"""
         return os.path.exists(self.path(container_id, ifname))
 
+    def of_network(self, container_id: str, ifname: str, network: str) -> PendingIpam | None:
+        """The pending release of one attachment of ``network``, or None.
+
+        CNI names an attachment by network, container ID and ifname: another
+        network's release (its own IPAM, its own leases) is that network's
+        DEL's and GC's business, never a reason to fail this one's verbs.
+        """
+        if not self.exists(container_id, ifname):
+            return None
+        item = self.get(container_id, ifname)
+        return item if item is not None and item.network == network else None
+
     def get(self, container_id: str, ifname: str) -> PendingIpam | None:
         """The pending release of one attachment, or None; code 5 when unreadable.
 

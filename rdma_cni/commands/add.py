@@ -80,12 +80,11 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
                 raise StateError(
                     f"{env.container_id}/{env.ifname} is already attached: DEL it before adding it again"
                 )
-            if pendings.exists(env.container_id, env.ifname):
-                # An older IPAM release of this very attachment must finish first,
-                # or its late retry would release the lease this ADD is about to get.
-                item = pendings.get(env.container_id, env.ifname)
-                if item is not None:
-                    retry(pendings, item, doc, env, conf.stateDir)
+            # An older IPAM release of this very attachment must finish first,
+            # or its late retry would release the lease this ADD is about to get.
+            item = pendings.of_network(env.container_id, env.ifname, conf.name)
+            if item is not None:
+                retry(pendings, item, doc, env, conf.stateDir)
             vfctl = vf_control(host)
             finder = VfFinder(host, pod)
             node = scan(

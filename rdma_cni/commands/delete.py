@@ -94,13 +94,12 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
                 # (No record and nothing found: an earlier DEL released it all; IPAM is not asked again.)
                 _ipam_del(ipam, env.ifname, released)
         pending_error: CniError | None = None
-        if pendings.exists(env.container_id, env.ifname):
-            item = pendings.get(env.container_id, env.ifname)
-            if item is not None:
-                try:
-                    retry(pendings, item, doc, env, conf.stateDir)
-                except CniError as exc:
-                    pending_error = exc
+        item = pendings.of_network(env.container_id, env.ifname, conf.name)
+        if item is not None:
+            try:
+                retry(pendings, item, doc, env, conf.stateDir)
+            except CniError as exc:
+                pending_error = exc
         subject = att or Attachment(
             container_id=env.container_id,
             ifname=env.ifname,

@@ -141,6 +141,29 @@ def test_add_finishes_a_pending_ipam_release_of_the_same_attachment_first(cluste
     assert_node_pristine(cluster)
 
 
+def test_another_networks_stuck_release_never_fails_this_networks_verbs(cluster: Cluster) -> None:
+    # Network "other", whose IPAM config host-local refuses, leaves a release that cannot finish
+    # for the same container ID and ifname this network then uses.
+    other = cluster.conf(name="other")
+    other["ipam"]["ranges"] = True
+    pod = cluster.pod([{}])
+    assert cluster.run("ADD", pod, other).doc["code"] == 104  # type: ignore[index]
+    assert len(_pending(cluster)) == 1
+    good = cluster.conf()
+    add = cluster.run("ADD", pod, good)
+    assert add.ok, add.doc
+    done = cluster.run("DEL", pod, good)
+    assert done.ok, done.doc
+    # Still remembered for its own network, whose DEL and GC keep reporting it.
+    assert len(_pending(cluster)) == 1
+    gc = cluster.run("GC", {}, {**other, "cni.dev/valid-attachments": []})
+    assert gc.doc is not None and gc.doc["code"] == 108, gc.doc
+    fixed = cluster.conf(name="other")
+    assert cluster.run("GC", {}, {**fixed, "cni.dev/valid-attachments": []}).ok
+    assert _pending(cluster) == []
+    assert_node_pristine(cluster)
+
+
 # -- item 2: DEL without a usable record -------------------------------------
 
 

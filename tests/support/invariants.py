@@ -64,6 +64,16 @@ def _records(state_dir: str) -> tuple[list[tuple[str, dict[str, Any]]], list[str
     return out, bad
 
 
+def _pending_network(state_dir: str, name: str) -> str | None:
+    """The network a pending release belongs to (None when unreadable)."""
+    try:
+        with open(os.path.join(state_dir, "ipam-pending", name)) as f:
+            network = json.load(f).get("network")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return network if isinstance(network, str) else None
+
+
 def pending_releases(state_dir: str) -> list[str]:
     """The IPAM releases the plugin still keeps pending (rdma_cni.ipam_pending), by file name."""
     d = os.path.join(state_dir, "ipam-pending")
@@ -140,7 +150,11 @@ def violations(
         holder = (lines[0], lines[1] if len(lines) > 1 else "")
         if holder not in attached and (settled or holder[0] not in pending_ids):
             problems.append(f"lease {lease} of {holder} belongs to no attachment")
-    if settled and pending:
-        problems.append(f"IPAM releases still pending after every DEL: {pending}")
+    # A release of the cluster's own network (whose IPAM config works) must be finished by the
+    # runtime's DELs and GC. A fuzzed network whose IPAM config host-local refuses keeps its
+    # release pending, remembered and reported, until an operator fixes that config: by design.
+    ours = [p for p in pending if _pending_network(cluster.state_dir, p) in (None, "rdma-net")]
+    if settled and ours:
+        problems.append(f"IPAM releases still pending after every DEL: {ours}")
     problems += changed_links(host_before, host_links(node.prefix + "\0"))  # the host's own links only
     return problems
