@@ -206,9 +206,11 @@ class Rtnl:
         """Change a link in one RTM_NEWLINK.
 
         With ``netns_fd`` the kernel moves the link first and applies the other
-        attributes in the target namespace; a ``name`` given with it is the name
-        the link gets there, atomically, so it never exists under a colliding
-        name in either namespace (EEXIST if the target already has that name).
+        attributes in the target namespace. Not atomically: when the link's
+        current name is free in the target it is moved under that name and
+        renamed afterwards, so a clash with ``name`` there (EEXIST) can leave
+        it moved but not renamed. Callers mark the link before moving it (see
+        :func:`rdma_cni.attach.move_in`) so that an undo finds it wherever it is.
         """
         msg = _cls("ifinfmsg")()
         msg["family"] = socket.AF_UNSPEC
