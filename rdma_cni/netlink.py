@@ -209,8 +209,8 @@ class Rtnl:
         attributes in the target namespace. Not atomically: when the link's
         current name is free in the target it is moved under that name and
         renamed afterwards, so a clash with ``name`` there (EEXIST) can leave
-        it moved but not renamed. Callers mark the link before moving it (see
-        :func:`rdma_cni.attach.move_in`) so that an undo finds it wherever it is.
+        it moved but not renamed; an undo finds it by kernel identity wherever
+        it is, under whatever name (:mod:`rdma_cni.identity`).
         """
         msg = _cls("ifinfmsg")()
         msg["family"] = socket.AF_UNSPEC
