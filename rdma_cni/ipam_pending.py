@@ -23,7 +23,7 @@ from typing import Any
 from rdma_cni.errors import CniError, IOFailure, IpamError
 from rdma_cni.ipam import Ipam
 from rdma_cni.protocol import CniEnv
-from rdma_cni.record import QUARANTINE, quarantine, write_atomic
+from rdma_cni.record import QUARANTINE, attachment_files, quarantine, write_atomic
 
 log = logging.getLogger("rdma_cni.ipam_pending")
 
@@ -122,23 +122,15 @@ class PendingStore:
 
     def all(self, errors: list[str]) -> list[PendingIpam]:
         """Every pending release; unreadable files are reported in ``errors``."""
-        try:
-            names = sorted(os.listdir(self.dir))
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise IOFailure(f"cannot list {self.dir}: {exc.strerror}") from exc
         out = []
-        for name in names:
-            if name.endswith(_SUFFIX) and "@" in name and not name.startswith("."):
-                cid, _, ifname = name[: -len(_SUFFIX)].partition("@")
-                try:
-                    item = self.get(cid, ifname)
-                except IOFailure as exc:
-                    errors.append(exc.msg)
-                    continue
-                if item is not None:
-                    out.append(item)
+        for _name, cid, ifname in attachment_files(self.dir, "pending IPAM releases directory"):
+            try:
+                item = self.get(cid, ifname)
+            except IOFailure as exc:
+                errors.append(exc.msg)
+                continue
+            if item is not None:
+                out.append(item)
         return out
 
     def count(self) -> int:

@@ -189,16 +189,8 @@ class RecordStore:
         A corrupt one raises (code 5); with ``errors`` it is reported there
         instead; with ``set_aside`` (node lock held) it is also quarantined.
         """
-        try:
-            names = sorted(os.listdir(self.dir))
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise IOFailure(f"cannot list state directory {self.dir}: {exc.strerror}") from exc
         out = []
-        for name in names:
-            if not name.endswith(_SUFFIX) or "@" not in name or name.startswith("."):
-                continue  # temporary files start with a dot
+        for name, _cid, _ifname in attachment_files(self.dir, "state directory"):
             path = os.path.join(self.dir, name)
             try:
                 out.append(self._read(path))
@@ -267,6 +259,27 @@ def _sync_dir(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def attachment_files(directory: str, what: str) -> list[tuple[str, str, str]]:
+    """``(file name, container ID, ifname)`` of each ``<containerID>@<ifname>.json`` in ``directory``.
+
+    Sorted; temporary files (their names start with a dot) are left out; a
+    missing directory has none; one that cannot be listed is code 5 naming
+    ``what`` it is.
+    """
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise IOFailure(f"cannot list {what} {directory}: {exc.strerror}") from exc
+    out = []
+    for name in names:
+        if name.endswith(_SUFFIX) and "@" in name and not name.startswith("."):
+            cid, _, ifname = name[: -len(_SUFFIX)].partition("@")
+            out.append((name, cid, ifname))
+    return out
 
 
 def write_atomic(directory: str, name: str, text: str, what: str, *, sync_dir: bool = True) -> None:
