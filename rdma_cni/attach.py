@@ -112,41 +112,62 @@ def move_out(host: Rtnl, finder: VfFinder, vf: VfRecord) -> None:
     netns was deleted is back in the host under its pod-side name; identity
     finds it there too.
     """
-    found = finder.find(vf.pci, vf.host_name)
-    if found is None:
-        log.warning(
-            "VF %s (%s) has no netdev proven to be it in the host%s: nothing to move back",
-            vf.pci,
-            vf.host_name,
-            " or the pod" if finder.pod else "",
-        )
-        return
-    where, link = found
-    pod = finder.pod
-    rtnl = pod.rtnl if where == "pod" and pod else host
-    hostfd = host_netns_fd() if where == "pod" else None
-    try:
-        if where == "host":
-            # A move takes the link down itself (the kernel closes a netdev
-            # before it changes namespace); a rename in place needs it down.
-            with contextlib.suppress(NetlinkError):
-                rtnl.set_link(link.index, up=False)
+    spare = fallback_name(vf.pci)
+    for fallback in (False, True):
+        found = finder.find(vf.pci, vf.host_name)
+        if found is None:
+            log.warning(
+                "VF %s (%s) has no netdev proven to be it in the host%s: nothing to move back",
+                vf.pci,
+                vf.host_name,
+                " or the pod" if finder.pod else "",
+            )
+            return
+        where, link = found
         mac = vf.host_mac if vf.mac and vf.host_mac else None
         mtu = vf.host_mtu if vf.mtu and vf.host_mtu else None
         name = vf.host_name if link.name != vf.host_name or where == "pod" else None
         try:
-            rtnl.set_link(link.index, netns_fd=hostfd, name=name, mac=mac, mtu=mtu, alias="")
+            _send_home(host, finder, where, link, name=spare if fallback else name, mac=mac, mtu=mtu)
+            return
         except NetlinkError as exc:
-            if exc.errno != errno.EEXIST:
-                raise
-            spare = fallback_name(vf.pci)
+            if exc.errno != errno.EEXIST or fallback:
+                raise _nl(
+                    f"cannot return VF {vf.pci} ({link.name}) to the host as {vf.host_name}", exc
+                ) from exc
+            # The host name is taken. A move with a name is not atomic: the
+            # kernel may have moved the link under its pod-side name and then
+            # refused the rename, and its old index in the pod may by now be
+            # a device the pod made. So the next try finds the VF again, by
+            # identity, wherever it is.
             log.warning("host name %s of VF %s is taken; naming it %s", vf.host_name, vf.pci, spare)
-            rtnl.set_link(link.index, netns_fd=hostfd, name=spare, mac=mac, mtu=mtu, alias="")
-    except NetlinkError as exc:
-        raise _nl(f"cannot return VF {vf.pci} ({link.name}) to the host as {vf.host_name}", exc) from exc
-    finally:
-        if hostfd is not None:
+            finder.forget()
+
+
+def _send_home(
+    host: Rtnl,
+    finder: VfFinder,
+    where: str,
+    link: Link,
+    *,
+    name: str | None,
+    mac: str | None,
+    mtu: int | None,
+) -> None:
+    """One RTM_NEWLINK that moves ``link`` (found ``where``) home, renamed; alias cleared."""
+    pod = finder.pod
+    if where == "pod" and pod is not None:
+        hostfd = host_netns_fd()
+        try:
+            pod.rtnl.set_link(link.index, netns_fd=hostfd, name=name, mac=mac, mtu=mtu, alias="")
+        finally:
             os.close(hostfd)
+        return
+    # A move takes the link down itself (the kernel closes a netdev before
+    # it changes namespace); a rename in place needs it down.
+    with contextlib.suppress(NetlinkError):
+        host.set_link(link.index, up=False)
+    host.set_link(link.index, name=name, mac=mac, mtu=mtu, alias="")
 
 
 def bring_up(pod: Netns, link: Link, vf: VfRecord) -> None:

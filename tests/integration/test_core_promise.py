@@ -358,6 +358,59 @@ def test_add_never_takes_a_host_netdev_that_only_looks_like_a_vf(cluster: Cluste
     assert_node_pristine(cluster)
 
 
+@pytest.mark.parametrize("pod_name_free_in_host", [True, False])
+def test_del_names_the_vf_spare_when_its_host_name_was_taken(
+    cluster: Cluster, pod_name_free_in_host: bool
+) -> None:
+    """Someone took the VF's host name meanwhile: DEL still brings the VF home, named ``rvf<hash>``.
+
+    With the pod-side name free in the host the kernel moves the link under
+    it and then refuses the rename: the VF is in the host, and its old index
+    in the pod names nothing (or whatever the pod put there). DEL finds it
+    again by identity. With both names taken the kernel refuses the move.
+    """
+    from rdma_cni.attach import fallback_name
+
+    conf = cluster.conf()
+    pod = cluster.pod([{}])
+    pod["CNI_IFNAME"] = podside = f"{cluster.node.prefix}q"
+    assert cluster.run("ADD", pod, conf).ok
+    with open(_record_path(cluster, pod, podside)) as f:
+        vf = json.load(f)["vfs"][0]
+    squatters = [vf["host_name"]] + ([] if pod_name_free_in_host else [podside])
+    try:
+        for n, name in enumerate(squatters):
+            ip("link", "add", name, "type", "veth", "peer", "name", f"{cluster.node.prefix}s{n}")
+        done = cluster.run("DEL", pod, conf)
+        assert done.ok, done.doc
+        assert "is taken; naming it" in done.stderr
+        spare = fallback_name(vf["pci"])
+        assert spare in SimNode.host_links() and podside not in _links(ns_name(pod))
+        k, i = next(
+            (k, i) for k, i in cluster.node.all_vfs() if cluster.node.vf_netdev(k, i) == vf["host_name"]
+        )
+        out = subprocess.run(
+            ["ip", "-j", "-d", "link", "show", spare], capture_output=True, text=True, check=True
+        )
+        home = json.loads(out.stdout)[0]
+        # In the host its peer is the VF's wire, in the same namespace.
+        assert home.get("link") == cluster.node.vf_wire(k, i) and "link_netnsid" not in home, home
+        assert cluster.records == []
+        # Named spare, it is still free: the next pod gets it.
+        nxt = cluster.pod([{}])
+        assert cluster.run("ADD", nxt, conf).ok
+        assert _is_vf(cluster, ns_name(nxt), "net1", k, i)
+    finally:
+        for name in squatters:
+            ip("link", "del", name, check=False)
+    # The next pod took it named spare, and DEL gives it back under that name
+    # (its name when taken); the operator may rename it.
+    assert cluster.run("DEL", nxt, conf).ok
+    assert spare in SimNode.host_links()
+    ip("link", "set", spare, "name", vf["host_name"])
+    assert_node_pristine(cluster)
+
+
 def _which_vf(cluster: Cluster, ns: str) -> tuple[int, int]:
     peer = _links(ns)["net1"].get("link_index")
     for k, i in cluster.node.all_vfs():
