@@ -62,6 +62,12 @@ _NEUTRAL: dict[str, Any] = {
     "link_state": "auto",
     "mac": "00:00:00:00:00:00",
 }
+# What a pod can reach (VLAN) and do (trust: MAC changes, promiscuous mode).
+# A network that leaves them unset gets the kernel's defaults, never what the
+# VF kept from an earlier pod: one whose record was lost could not restore
+# them (README "Lost, corrupt and foreign records"). Not spoofchk: its
+# default is the driver's (mlx5 starts with it off).
+_RESET_WHEN_UNSET = ("vlan", "trust")
 
 
 def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
@@ -221,6 +227,9 @@ def plan(
         if req.min_tx_rate or req.max_tx_rate or any(current.get("rate", [0, 0])):
             applied["rate"] = [req.min_tx_rate, req.max_tx_rate]
         applied.update(conf.vf_settings())
+        for key in _RESET_WHEN_UNSET:
+            if key not in applied and current.get(key, _NEUTRAL[key]) != _NEUTRAL[key]:
+                applied[key] = _NEUTRAL[key]
         if i == 0 and mac:
             applied["mac"] = mac
         original = {k: current.get(k, _NEUTRAL[k]) for k in applied}

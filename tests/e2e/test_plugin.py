@@ -53,6 +53,7 @@ PODS: dict[str, list[dict[str, int]]] = {
     # Also scenario 6's allocated state: a rate the inventory must show.
     "rxe-shared": [{"max_tx_rate": 300}],
     "decoy": [{"max_tx_rate": 100}],
+    "stale": [{"max_tx_rate": 100}],
 }
 
 PARALLEL_PODS = [f"par{i}" for i in range(5)]
@@ -67,6 +68,7 @@ SCENARIO_NAMES = [
     "s4_parallel",
     "s5_rdma_shared",
     "s7_decoy",
+    "s8_stale",
 ]
 
 
@@ -677,3 +679,29 @@ def test_s7_decoy_in_the_pod_is_ignored_and_the_real_vf_comes_home(
     assert sorted(left) == ["decoyp", "lo", "net1"]
     assert "parentdev" not in left["net1"]
     assert_node_restored(baseline, after, original_names)
+
+
+def _vlan(info: dict[str, Any]) -> int:
+    """A VF's VLAN in iproute2's JSON: IFLA_VF_VLAN_LIST's first entry, no "vlan" key when it is 0."""
+    return int(((info.get("vlan_list") or [{}])[0]).get("vlan", info.get("vlan", 0)))
+
+
+def test_s8_a_vf_left_on_a_vlan_and_trusted_gives_its_pod_the_defaults(
+    plugin_run: GuestRun, original_names: dict[str, str], baseline: Dump
+) -> None:
+    """On igb: VLAN 42 and trust, left on every VF, are not the next pod's; DEL puts them back."""
+    s = _scenario(plugin_run, "s8_stale")
+    during, after, reset = s.dump("after-add"), s.dump("after-del"), s.dump("reset")
+    assert s.rc("add") == 0, s.call("add")
+    (pci,) = _pod_vfs(during, "stale", ["net1"]).values()
+    index = EXPECTED_VFS.index(pci)
+    for vf, info in during.vfinfo.items():
+        held = vf == index
+        assert _vlan(info) == (0 if held else 42), (vf, info)
+        assert info["trust"] is (not held), (vf, info)
+    assert during.rates[pci] == (0, 100)
+    assert s.rc("del") == 0, s.call("del")
+    assert all(_vlan(info) == 42 and info["trust"] is True for info in after.vfinfo.values()), (
+        after.vfinfo
+    )
+    assert_node_restored(baseline, reset, original_names)

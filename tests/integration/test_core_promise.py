@@ -199,6 +199,34 @@ def test_del_without_usable_record_returns_the_vfs_in_the_pod(cluster: Cluster, 
     assert_node_pristine(cluster)
 
 
+@pytest.mark.node([SimPf("simpf0", 1, 25000)])
+def test_a_vf_home_without_its_record_never_passes_its_vlan_or_trust_on(cluster: Cluster) -> None:
+    """A lost record took the VF's PF-side originals with it: the next network's pod starts from defaults."""
+    tenant_a = cluster.conf(vlan=12, vlanQoS=3, trust=True)
+    first = cluster.pod([{}])
+    assert cluster.run("ADD", first, tenant_a).ok
+    _spoil(cluster, first, "missing")
+    assert cluster.run("DEL", first, tenant_a).ok
+    # Home, but still on tenant A's VLAN and trusted: nothing recorded what to restore.
+    left = cluster.node.vf_state()["pfs"]["simpf0"]["0"]
+    assert left["vlan"] == [12, 3] and left["trust"] is True
+    plain = cluster.conf()
+    second = cluster.pod([{}])
+    assert cluster.run("ADD", second, plain).ok
+    during = cluster.node.vf_state()["pfs"]["simpf0"]["0"]
+    assert during["vlan"] == [0, 0] and during["trust"] is False, during
+    # Its DEL puts back what it found, as for every setting it changed.
+    assert cluster.run("DEL", second, plain).ok
+    after = cluster.node.vf_state()["pfs"]["simpf0"]["0"]
+    assert after["vlan"] == [12, 3] and after["trust"] is True
+    # A network that sets them gets its own values, whatever the VF had.
+    third = cluster.pod([{}])
+    assert cluster.run("ADD", third, cluster.conf(vlan=7, trust=False)).ok
+    assert cluster.node.vf_state()["pfs"]["simpf0"]["0"]["vlan"] == [7, 0]
+    assert cluster.run("DEL", third, plain).ok
+    assert_node_pristine(cluster)
+
+
 def test_recordless_del_leaves_another_attachments_vfs_in_the_same_pod(cluster: Cluster) -> None:
     conf = cluster.conf()
     pod = cluster.pod([{}])

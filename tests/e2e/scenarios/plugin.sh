@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# One boot for the seven plugin scenarios of test_plugin.py (a boot plus e2e_setup costs
+# One boot for the eight plugin scenarios of test_plugin.py (a boot plus e2e_setup costs
 # ~20 s of both host cores, and every plugin run several seconds under TCG, so they
 # share one boot and as few runs as they can). Order matters:
 #
@@ -25,6 +25,7 @@ source "$scenarios/s4_parallel.sh"
 source "$scenarios/s5_rdma.sh"
 source "$scenarios/s6_inventory.sh"
 source "$scenarios/s7_decoy.sh"
+source "$scenarios/s8_stale.sh"
 
 rc_install
 rc_start_api
@@ -60,6 +61,7 @@ rc_run s3_netns_gone scenario_netns_gone
 rc_run s4_parallel scenario_parallel
 rc_run s5_rdma_shared scenario_rdma_shared
 rc_run s7_decoy scenario_decoy
+rc_run s8_stale scenario_stale
 
 rc_stop_api
 e2e_log "plugin scenarios done"
