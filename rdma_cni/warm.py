@@ -63,6 +63,7 @@ MAX_LAUNCHERS = 16
 NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts")
 # Modules the verbs import lazily; importing them here is the point of the server.
 PRELOAD = (
+    "rdma_cni.startup",
     "rdma_cni.config",
     "rdma_cni.commands.add",
     "rdma_cni.commands.delete",

@@ -12,9 +12,9 @@ _MODULES = {"ADD": "add", "DEL": "delete", "CHECK": "check", "STATUS": "status",
 
 def dispatch(env: CniEnv, doc: dict[str, Any]) -> dict[str, Any] | None:
     """Validate the config, set up logging, and run the verb; returns the document to print, if any."""
-    from rdma_cni.startup import quiet_pydantic
+    from rdma_cni.startup import defer_unused
 
-    quiet_pydantic()
+    defer_unused()
     from rdma_cni import ipam
     from rdma_cni.config import load_netconf
     from rdma_cni.log import configure

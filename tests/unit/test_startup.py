@@ -170,3 +170,29 @@ def test_plugins_enabled_after_all_still_scan_through_the_real_module() -> None:
         PYDANTIC_DISABLE_PLUGINS="some-plugin-that-is-not-installed",
     )
     assert out == {"loaded": True, "real": "importlib.metadata"}
+
+
+def test_defer_unused_keeps_what_the_verbs_never_use_out() -> None:
+    """pydantic and pyroute2 load, a record is logged, and secrets, hashlib and multiprocessing stay out."""
+    out = run(
+        """
+        import json, logging, sys
+        from rdma_cni.startup import defer_unused
+        defer_unused()
+        from rdma_cni import log
+        from rdma_cni.config import load_netconf
+        from rdma_cni.nlsock import pyroute2_module
+        load_netconf({"cniVersion": "1.0.0", "name": "net"})
+        ifinfmsg = pyroute2_module("pyroute2.netlink.rtnl.ifinfmsg")
+        logging.getLogger("rdma_cni.test").warning("a record")
+        # (secrets and multiprocessing are in sys.modules as stand-ins; these come only with the real ones)
+        out = sorted(m for m in ("hmac", "hashlib", "multiprocessing.context") if m in sys.modules)
+        # Once used, each is itself.
+        import multiprocessing, secrets
+        from pyroute2 import config
+        print(json.dumps({"out": out, "token": len(secrets.token_hex(4)),
+                          "process": multiprocessing.current_process().name,
+                          "pipe": config.MpPipe.__name__}))
+        """
+    )
+    assert out == {"out": [], "token": 8, "process": "MainProcess", "pipe": "Pipe"}
