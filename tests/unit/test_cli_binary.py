@@ -220,6 +220,7 @@ NOT_IN_CONFIG_VERBS = (
     "secrets",
     "hashlib",
     "multiprocessing",
+    "difflib",  # only a config with an unknown key needs it (rdma_cni.config.suggest_field)
 )
 
 
