@@ -65,6 +65,9 @@ NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts")
 PRELOAD = (
     "rdma_cni.startup",
     "rdma_cni.config",
+    # rdma_cni.config imports it for configs with unknown keys (GC's always
+    # carry cni.dev/valid-attachments).
+    "difflib",
     "rdma_cni.commands.add",
     "rdma_cni.commands.delete",
     "rdma_cni.commands.check",
