@@ -68,6 +68,8 @@ PRELOAD = (
     # rdma_cni.config imports it for configs with unknown keys (GC's always
     # carry cni.dev/valid-attachments).
     "difflib",
+    # rdma_cni.k8s imports it for kubeconfigs with inline client keys.
+    "tempfile",
     "rdma_cni.commands.add",
     "rdma_cni.commands.delete",
     "rdma_cni.commands.check",
