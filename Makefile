@@ -11,7 +11,7 @@ SRC    := $(shell find rdma_cni -name '*.py') build.spec setup.cfg
 # what the test tiers add: the e2e tier's guest tools, the runtime tier's runtimes.
 DEMO_PACKAGES    := python3 python3-venv iproute2 containernetworking-plugins gcc libc6-dev
 RUNTIME_PACKAGES := podman runc conmon containerd
-DEB_PACKAGES     := $(DEMO_PACKAGES) $(RUNTIME_PACKAGES) openssl \
+DEB_PACKAGES     := $(DEMO_PACKAGES) $(RUNTIME_PACKAGES) openssl strace \
 	debootstrap busybox-static cpio xz-utils zstd golang-go golang-github-appc-cni-dev
 
 .PHONY: all deps deps-check venv build demo test unit integration e2e runtime faults bench lint clean

@@ -84,6 +84,26 @@ def memory_of(pid: int) -> dict[str, int]:
     return out
 
 
+def private_cache(tmp: str, binary: str) -> tuple[str, str]:
+    """A cache directory of a bench's own under ``tmp``, and the tree ``binary`` unpacks into there.
+
+    Its tree and warm server are nobody else's: other runs of the same binary
+    on this machine share the default cache (and may stop its server), and
+    the bench stops its own server at the end (:func:`stop_private_cache`).
+    Set ``RDMA_CNI_CACHE_DIR`` to the first in every invocation's environment.
+    """
+    cache = os.path.join(tmp, "cache")
+    return cache, os.path.join(cache, cache_id(os.path.abspath(binary)))
+
+
+def stop_private_cache(cache: str, tree: str) -> None:
+    """Stop the warm server a bench started in its own cache, and remove that cache."""
+    for pid in warm_servers(tree):
+        os.kill(pid, signal.SIGTERM)
+        wait_gone(pid)
+    shutil.rmtree(cache, ignore_errors=True)
+
+
 def wait_for_warm_server(tree: str, timeout: float = 60) -> None:
     """Wait until the warm server of the unpacked ``tree`` listens."""
     sock = os.path.join(tree, "warm.sock")
@@ -120,11 +140,7 @@ def main() -> int:
         "CNI_IFNAME": "net1",
     }
     log = os.path.join(tmp, "rdma-cni.log")
-    # A cache of the bench's own: its tree and warm server are nobody else's
-    # (other runs of the same binary on this machine share the default one,
-    # and may stop its server), and the bench stops the server at the end.
-    cache = os.path.join(tmp, "cache")
-    tree = os.path.join(cache, cache_id(os.path.abspath(args.binary)))
+    cache, tree = private_cache(tmp, args.binary)
     ours = {
         "cniVersion": "1.0.0",
         "name": "bench",
@@ -189,10 +205,7 @@ def main() -> int:
         servers = warm_servers(tree)
         server_memory = memory_of(servers[0]) if servers else {}
     finally:
-        for pid in warm_servers(tree):  # the server this run started
-            os.kill(pid, signal.SIGTERM)
-            wait_gone(pid)
-        shutil.rmtree(cache, ignore_errors=True)
+        stop_private_cache(cache, tree)
         del_netns("rdma-bench")
         ip("link", "del", node.vf_wire(0, 0), check=False)
         api.stop()

@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.datapath_bench import wait_for_warm_server
+from benchmarks.datapath_bench import private_cache, stop_private_cache, wait_for_warm_server
 from tests.support.apiserver import ApiServer
 from tests.support.simnode import SimNode, SimPf, add_netns, del_netns, ip
 
@@ -95,6 +95,7 @@ def main() -> int:
     api = ApiServer(os.path.join(tmp, "api"))
     names = [f"{tag}-{n}" for n in range(PFS * VFS_PER_PF)]
     log = os.path.join(tmp, "rdma-cni.log")
+    cache, tree = private_cache(tmp, binary)
     try:
         node.up()
         api.start()
@@ -127,10 +128,11 @@ def main() -> int:
             "CNI_IFNAME": "net1",
             **node.env(),
         }
+        ours_base = {**base, "RDMA_CNI_CACHE_DIR": cache}
 
         def ours(verb: str, n: int, pod: str = "") -> tuple[list[str], dict[str, str], bytes]:
             env = {
-                **base,
+                **ours_base,
                 "CNI_COMMAND": verb,
                 "CNI_CONTAINERID": f"scale{n}",
                 "CNI_NETNS": netns[n],
@@ -152,9 +154,13 @@ def main() -> int:
 
         # The first start of a binary is cold and starts its warm server: not counted.
         subprocess.run(
-            [binary], env={**base, "CNI_COMMAND": "VERSION"}, input=b"{}", capture_output=True, check=False
+            [binary],
+            env={**ours_base, "CNI_COMMAND": "VERSION"},
+            input=b"{}",
+            capture_output=True,
+            check=False,
         )
-        wait_for_warm_server(binary)
+        wait_for_warm_server(tree)
         count = len(names)
         print(f"| {count} pods at once, 1 VF each | calls | errors | wall ms | p50 ms | p95 ms | max ms |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -203,6 +209,7 @@ def main() -> int:
             extra = (statistics.median(per["eight"][verb]) - statistics.median(per["one"][verb])) / 7
             print(f"{verb}: {extra:.1f} ms per extra interface (warm start, {args.runs} runs each)")
     finally:
+        stop_private_cache(cache, tree)
         for name in names:
             del_netns(name)
         for k, i in node.all_vfs():

@@ -12,14 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.datapath_bench import wait_for_warm_server
+from benchmarks.datapath_bench import private_cache, stop_private_cache, wait_for_warm_server
 
 CASES = {
     "VERSION": ({"CNI_COMMAND": "VERSION"}, {"cniVersion": "1.0.0"}),
@@ -51,22 +53,30 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
     binary = os.path.abspath(args.binary)
+    tmp = tempfile.mkdtemp(prefix="rdma-cni-startup-")
+    cache, tree = private_cache(tmp, binary)
+    ours = {"RDMA_CNI_CACHE_DIR": cache}
     commands = {
-        "dist/rdma-cni (warm start)": ([binary], {}),
-        "dist/rdma-cni (cold, RDMA_CNI_WARM=0)": ([binary], {"RDMA_CNI_WARM": "0"}),
+        "dist/rdma-cni (warm start)": ([binary], ours),
+        "dist/rdma-cni (cold, RDMA_CNI_WARM=0)": ([binary], {**ours, "RDMA_CNI_WARM": "0"}),
         "python -m rdma_cni": ([sys.executable, "-m", "rdma_cni"], {}),
     }
-    # Launch the warm server (its first start is cold) before measuring.
-    measure([binary], {"PATH": os.environ.get("PATH", ""), "CNI_COMMAND": "VERSION"}, b"{}", 1)
-    wait_for_warm_server(binary)
-    print("| command | case | median ms | p90 ms | runs |")
-    print("| --- | --- | ---: | ---: | ---: |")
-    for label, (cmd, mode_env) in commands.items():
-        for case, (env_extra, conf) in CASES.items():
-            env = {"PATH": os.environ.get("PATH", ""), **mode_env, **env_extra}
-            times = measure(cmd, env, json.dumps(conf).encode(), args.runs)
-            p90 = sorted(times)[int(len(times) * 0.9) - 1]
-            print(f"| {label} | {case} | {statistics.median(times):.1f} | {p90:.1f} | {len(times)} |")
+    try:
+        # Launch the warm server (its first start is cold) before measuring.
+        measure([binary], {"PATH": os.environ.get("PATH", ""), **ours, "CNI_COMMAND": "VERSION"}, b"{}", 1)
+        wait_for_warm_server(tree)
+        print("| command | case | median ms | p90 ms | runs |")
+        print("| --- | --- | ---: | ---: | ---: |")
+        for label, (cmd, mode_env) in commands.items():
+            for case, (env_extra, conf) in CASES.items():
+                env = {"PATH": os.environ.get("PATH", ""), **mode_env, **env_extra}
+                times = measure(cmd, env, json.dumps(conf).encode(), args.runs)
+                p90 = sorted(times)[int(len(times) * 0.9) - 1]
+                print(f"| {label} | {case} | {statistics.median(times):.1f} | {p90:.1f} | {len(times)} |")
+        print(f"load average {os.getloadavg()[0]:.2f} at the end")
+    finally:
+        stop_private_cache(cache, tree)
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

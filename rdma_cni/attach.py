@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -63,6 +62,8 @@ def alias_for(pci: str) -> str:
 
 def fallback_name(pci: str) -> str:
     """A host name for a VF whose original name was taken meanwhile (<= 15 chars)."""
+    import hashlib  # here: rarely needed, and its OpenSSL set-up costs every cold start ~2 ms
+
     return "rvf" + hashlib.sha1(pci.encode()).hexdigest()[:10]
 
 

@@ -8,7 +8,6 @@ need a full config import it.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import logging
@@ -248,6 +247,8 @@ def suggest_field(key: str, fuzzy: bool = True) -> str | None:
     # longer than every field cannot reach the cutoff, whatever its letters.
     if not fuzzy or 2 * _LONGEST_FIELD / (_LONGEST_FIELD + len(n)) < _CUTOFF:
         return None
+    import difflib  # here: only a config with an unknown key needs it
+
     close = difflib.get_close_matches(n, list(known), n=1, cutoff=_CUTOFF)
     return known[close[0]] if close else None
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any, TextIO
 
 from rdma_cni.errors import CniError
+from rdma_cni.startup import quiet_pydantic
 
 
 def _rdma_view(node_doc: dict[str, Any]) -> None:
@@ -48,7 +48,7 @@ def main(argv: list[str], out: TextIO) -> int:
         "--config", help="a network config (JSON) whose pfs, capacityMbps and stateDir to use"
     )
     args = parser.parse_args(argv)
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    quiet_pydantic()
     try:
         doc = _collect(args.config)
     except CniError as exc:

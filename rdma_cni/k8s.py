@@ -24,9 +24,7 @@ import json
 import logging
 import os
 import re
-import shutil
 import ssl
-import tempfile
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -419,8 +417,8 @@ def get_pod(
 
     attempts = max(1, retries + 1)
     last_error = "no attempt made"
-    with _tls_files(creds) as (verify, cert):
-        context = _ssl_context(verify, cert)
+    with _tls_files(creds, ca_in_memory=True) as (verify, cert):
+        context = _ssl_context(verify, cert, creds.ca_data)
         for attempt in range(attempts):
             if attempt:
                 delay = backoff * (2 ** (attempt - 1))
@@ -490,12 +488,22 @@ def _target(creds: ClusterCredentials) -> _Target:
     return _Target(tls, parts.hostname, port, parts.path.rstrip("/"))
 
 
-def _ssl_context(verify: str | bool, cert: tuple[str, str] | None) -> ssl.SSLContext:
-    """The client TLS context: the CA file (or the system trust store), an optional client certificate."""
+def _ssl_context(
+    verify: str | bool, cert: tuple[str, str] | None, ca_data: bytes | None = None
+) -> ssl.SSLContext:
+    """The client TLS context: the CA (``ca_data`` PEM, else the file ``verify`` names, else the
+    system trust store), an optional client certificate."""
     if verify is False:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
+    elif ca_data is not None:
+        try:
+            context = ssl.create_default_context(cadata=ca_data.decode("ascii"))
+        except (ValueError, ssl.SSLError) as exc:
+            raise KubernetesError(
+                "cannot load the API server's certificate authority", _describe(exc)
+            ) from exc
     else:
         context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
     if cert is not None:
@@ -560,17 +568,24 @@ def _check_name(what: str, value: object, grammar: re.Pattern[str], max_len: int
 
 
 @contextlib.contextmanager
-def _tls_files(creds: ClusterCredentials) -> Iterator[tuple[str | bool, tuple[str, str] | None]]:
+def _tls_files(
+    creds: ClusterCredentials, ca_in_memory: bool = False
+) -> Iterator[tuple[str | bool, tuple[str, str] | None]]:
     """Yield the CA (a path, True for the system store, False for none) and the client cert and key paths.
 
     ``load_cert_chain`` only accepts file paths, so inline data goes into a fresh 0700
-    directory as 0600 files, removed when the block exits.
+    directory as 0600 files, removed when the block exits. With ``ca_in_memory``
+    inline CA data stays in memory (the caller passes it to :func:`_ssl_context`):
+    the usual kubeconfig (a token and inline CA data, as ``rdma-cni install``
+    writes it) then needs no files, nor tempfile's imports in a cold ADD.
     """
     tmpdir: str | None = None
 
     def materialise(filename: str, data: bytes) -> str:
         nonlocal tmpdir
         if tmpdir is None:
+            import tempfile  # here: most kubeconfigs never need it (~2 ms of a cold start)
+
             tmpdir = tempfile.mkdtemp(prefix="rdma-cni-k8s-")  # mkdtemp creates it 0700
         target = os.path.join(tmpdir, filename)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -583,7 +598,7 @@ def _tls_files(creds: ClusterCredentials) -> Iterator[tuple[str | bool, tuple[st
         if creds.insecure_skip_tls_verify:
             verify = False
         elif creds.ca_data is not None:
-            verify = materialise("ca.crt", creds.ca_data)
+            verify = True if ca_in_memory else materialise("ca.crt", creds.ca_data)
         elif creds.ca_file is not None:
             verify = creds.ca_file
         else:
@@ -598,6 +613,8 @@ def _tls_files(creds: ClusterCredentials) -> Iterator[tuple[str | bool, tuple[st
         yield verify, cert
     finally:
         if tmpdir is not None:
+            import shutil
+
             shutil.rmtree(tmpdir, ignore_errors=True)
 
 

@@ -63,7 +63,13 @@ MAX_LAUNCHERS = 16
 NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts")
 # Modules the verbs import lazily; importing them here is the point of the server.
 PRELOAD = (
+    "rdma_cni.startup",
     "rdma_cni.config",
+    # rdma_cni.config imports it for configs with unknown keys (GC's always
+    # carry cni.dev/valid-attachments).
+    "difflib",
+    # rdma_cni.k8s imports it for kubeconfigs with inline client keys.
+    "tempfile",
     "rdma_cni.commands.add",
     "rdma_cni.commands.delete",
     "rdma_cni.commands.check",

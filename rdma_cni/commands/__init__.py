@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from importlib import import_module
 from typing import Any
 
@@ -13,9 +12,9 @@ _MODULES = {"ADD": "add", "DEL": "delete", "CHECK": "check", "STATUS": "status",
 
 def dispatch(env: CniEnv, doc: dict[str, Any]) -> dict[str, Any] | None:
     """Validate the config, set up logging, and run the verb; returns the document to print, if any."""
-    # pydantic otherwise scans every installed distribution for plugins at
-    # import (~20 ms of importlib.metadata) on every pod start.
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    from rdma_cni.startup import defer_unused
+
+    defer_unused()
     from rdma_cni import ipam
     from rdma_cni.config import load_netconf
     from rdma_cni.log import configure

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 
 from rdma_cni import __version__
+from tests.support.simnode import add_netns, del_netns
 
 SUPPORTED = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
 BINARY_ENV = "RDMA_CNI_BINARY"
@@ -195,3 +198,78 @@ def test_many_unknown_keys_under_the_limit_cost_little(binary: str, sysfs: Path,
     proc = run(binary, sysfs, stdin=raw, **DEL_ENV)
     assert proc.returncode == 0, proc.stdout
     assert time.monotonic() - started < 10
+
+
+# ---------------------------------------------------------------------------
+# What a cold start of the built binary loads (README "Start-up"), seen from
+# outside: every compiled module the process opens, through strace. The tree
+# keeps plain .pyc files (build.spec: noarchive), so each import is one open.
+
+# A cold VERSION loads the plugin's entry point and nothing of what
+# PyInstaller's runtime hooks used to import (build.spec drops them; inspect
+# stays, dataclasses imports it).
+NOT_AT_START = ("zipfile", "pkgutil", "multiprocessing", "pydantic", "pyroute2")
+# A config verb loads pydantic but not importlib.metadata and what it brings,
+# nor the other modules rdma_cni.startup defers (secrets and hashlib for
+# pydantic.types, multiprocessing for pyroute2.config), nor PyInstaller's
+# hooks' zipfile (pkgutil, which pyroute2 imports itself, may load).
+NOT_IN_CONFIG_VERBS = (
+    "importlib.metadata",
+    "email",
+    "zipfile",
+    "secrets",
+    "hashlib",
+    "multiprocessing",
+    "difflib",  # only a config with an unknown key needs it (rdma_cni.config.suggest_field)
+)
+
+
+def modules_loaded(binary: str, sysfs: Path, tmp_path: Path, stdin: bytes, **cni: str) -> set[str]:
+    """Run one cold start under strace; the module names of the .pyc files it opened from its tree."""
+    strace = shutil.which("strace")
+    assert strace, "strace is needed to watch the binary's imports (make deps installs it)"
+    trace = tmp_path / "openat.trace"
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "RDMA_CNI_SYSFS_ROOT": str(sysfs),
+        "RDMA_CNI_WARM": "0",
+        **cni,
+    }
+    proc = subprocess.run(
+        [strace, "-f", "-qq", "-e", "trace=openat", "-o", str(trace), binary],
+        input=stdin,
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    modules = set()
+    for line in trace.read_text().splitlines():
+        match = re.search(r'"[^"]*/_internal/([^"]+)\.pyc", [^)]*\) = \d+', line)
+        if match:
+            modules.add(match.group(1).removesuffix("/__init__").replace("/", "."))
+    return modules
+
+
+def loaded_from(modules: set[str], packages: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == p or m.startswith(p + ".") for p in packages))
+
+
+def test_cold_version_loads_no_runtime_hook_modules(binary: str, sysfs: Path, tmp_path: Path) -> None:
+    modules = modules_loaded(binary, sysfs, tmp_path, b'{"cniVersion": "1.0.0"}', CNI_COMMAND="VERSION")
+    assert "rdma_cni.cli" in modules  # the trace does see the plugin's imports
+    assert loaded_from(modules, NOT_AT_START) == []
+
+
+def test_cold_config_verb_does_not_load_importlib_metadata(binary: str, sysfs: Path, tmp_path: Path) -> None:
+    # A DEL without a record looks for stray VFs in the pod's namespace over
+    # netlink (so pyroute2 loads): here a new, empty one of the test's own.
+    name = f"cb{os.getpid()}"
+    netns = add_netns(name)
+    try:
+        modules = modules_loaded(binary, sysfs, tmp_path, conf(tmp_path), **DEL_ENV, CNI_NETNS=netns)
+    finally:
+        del_netns(name)
+    assert {"rdma_cni.config", "pydantic.types", "pyroute2.config"} <= modules
+    assert loaded_from(modules, NOT_IN_CONFIG_VERBS) == []

@@ -396,6 +396,42 @@ def test_wrong_ca_is_a_clear_permanent_error(
     assert api.request_count == 0
 
 
+def test_inline_ca_stays_in_memory_for_the_pod_get(
+    api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usual kubeconfig (a token and inline CA data, as the installer writes it) needs no files."""
+    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="data"))
+    assert creds.ca_data is not None and creds.ca_file is None
+
+    def no_files(*args: object, **kwargs: object) -> str:
+        raise AssertionError("a temporary directory was made for inline CA data")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", no_files)
+    assert k8s.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
+
+
+def test_wrong_inline_ca_is_a_clear_permanent_error(api: ApiServer, tmp_path: Path) -> None:
+    """Inline CA data is still what the server's certificate is verified against."""
+    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="data"))
+    other_ca, _ = make_ca(str(tmp_path), "other-ca", "some other CA")
+    creds = dataclasses.replace(creds, ca_data=Path(other_ca).read_bytes())
+    with pytest.raises(KubernetesError) as info:
+        k8s.get_pod(creds, "default", "web-0", **FAST)
+    assert "TLS" in info.value.msg and "certificate" in info.value.details.lower()
+    assert api.request_count == 0
+
+
+def test_inline_ca_that_holds_no_certificate_is_a_clear_error(api: ApiServer, tmp_path: Path) -> None:
+    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="data"))
+    garbage = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+    creds = dataclasses.replace(creds, ca_data=garbage)
+    with pytest.raises(KubernetesError) as info:
+        k8s.get_pod(creds, "default", "web-0", **FAST)
+    assert info.value.msg == "cannot load the API server's certificate authority"
+    assert "certificate" in info.value.details
+    assert api.request_count == 0
+
+
 # --------------------------------------------------------------------------
 # Hostile names
 

@@ -1186,3 +1186,18 @@ def test_heavy_modules_are_really_used_by_config_verbs(node: Node) -> None:
     out = _probe_imports(node, environ, json.dumps(node.conf()))
     assert out["code"] == 0, out["doc"]
     assert {"pydantic", "rdma_cni.record"} <= set(out["modules"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "collecting"),
+    [([], False), (["warm-server"], True), (["scheduler-extender"], True), (["inventory"], True)],
+    ids=["cni-verb", "warm-server", "extender", "inventory"],
+)
+def test_entry_point_stops_the_cycle_collector_only_for_cni_verbs(argv: list[str], collecting: bool) -> None:
+    """A CNI verb is one short process that `_exit`s; subcommands that live long keep collecting cycles."""
+    code = f"import gc, sys; sys.argv = ['rdma-cni', *{argv!r}]; import rdma_cni.__main__; "
+    code += "print(gc.isenabled())"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60, check=True
+    )
+    assert proc.stdout.strip() == str(collecting)
