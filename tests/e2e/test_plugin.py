@@ -701,7 +701,5 @@ def test_s8_a_vf_left_on_a_vlan_and_trusted_gives_its_pod_the_defaults(
         assert info["trust"] is (not held), (vf, info)
     assert during.rates[pci] == (0, 100)
     assert s.rc("del") == 0, s.call("del")
-    assert all(_vlan(info) == 42 and info["trust"] is True for info in after.vfinfo.values()), (
-        after.vfinfo
-    )
+    assert all(_vlan(info) == 42 and info["trust"] is True for info in after.vfinfo.values()), after.vfinfo
     assert_node_restored(baseline, reset, original_names)
