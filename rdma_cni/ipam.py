@@ -48,6 +48,10 @@ DEFAULT_BUDGET_SECONDS = 30.0
 # How long past the budget the plugin waits for the guard itself (which only
 # has to kill and report) before killing it too.
 GUARD_GRACE_SECONDS = 5.0
+# IPAM types that read only their configuration and their own files, never
+# the pod's interface: these may run while the VF is being moved (see
+# Ipam.interface_blind). dhcp talks through the interface; anything else may.
+INTERFACE_BLIND_TYPES = frozenset({"host-local", "static"})
 # Output kept from an IPAM plugin (a result is a few hundred bytes).
 MAX_OUTPUT_BYTES = 1 << 20
 
@@ -119,16 +123,88 @@ def _guard(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float,
         payload = payload[os.write(report, payload) :]
 
 
-def run_guarded(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float) -> Outcome:
-    """Run ``argv`` with ``data`` on stdin under a guard process; see the module docstring.
+class GuardedCall:
+    """A guarded IPAM exec under way: :func:`start_guarded` forks it, :meth:`collect` waits for it.
+
+    The guard reports through a pipe; nothing here uses threads. Between the
+    two the caller may do other work (ADD moves the VF meanwhile for an IPAM
+    type that never looks at the pod's interface). :meth:`collect` is
+    idempotent and always reaps the guard, so a caller that fails half-way
+    calls it once more in a ``finally`` and never leaves IPAM running behind
+    its own rollback.
+    """
+
+    def __init__(self, pid: int, report: int, timeout: float) -> None:
+        self._pid = pid
+        self._report = report
+        self._limit = time.monotonic() + timeout + GUARD_GRACE_SECONDS
+        self._outcome: Outcome | None = None
+
+    def collect(self) -> Outcome:
+        """Wait for the guard (within the budget plus a grace) and return how IPAM ended."""
+        if self._outcome is None:
+            self._outcome = self._wait()
+        return self._outcome
+
+    def _wait(self) -> Outcome:
+        r, pid = self._report, self._pid
+        ipam_pid = 0
+        buf = b""
+        try:
+            while True:
+                left = self._limit - time.monotonic()
+                ready, _, _ = select.select([r], [], [], max(left, 0))
+                if not ready:
+                    # The guard itself is stuck (stopped?): end it and its IPAM.
+                    for target, kill in ((ipam_pid, os.killpg), (pid, os.kill)):
+                        if target:
+                            with contextlib.suppress(ProcessLookupError):
+                                kill(target, signal.SIGKILL)
+                    return Outcome(None, None, True, b"", b"")
+                chunk = os.read(r, 65536)
+                if not chunk:
+                    break
+                buf += chunk
+                if not ipam_pid and b"\n" in buf and buf[:1].isdigit():
+                    head, _, buf = buf.partition(b"\n")
+                    ipam_pid = int(head)
+        finally:
+            os.close(r)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        try:
+            doc = json.loads(buf)
+            if "spawn_error" in doc:
+                return Outcome(None, None, False, b"", b"", spawn_error=str(doc["spawn_error"]))
+            return Outcome(
+                doc["status"],
+                doc["signal"],
+                bool(doc["timed_out"]),
+                base64.b64decode(doc["stdout"]),
+                base64.b64decode(doc["stderr"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return Outcome(
+                None, None, False, b"", b"", spawn_error="the IPAM guard process ended without a report"
+            )
+
+
+def start_guarded(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float) -> GuardedCall:
+    """Start ``argv`` with ``data`` on stdin under a guard process; see the module docstring.
 
     The guard is a fork of this process (so it holds the node lock's
     descriptor, and nothing needs to be exec'd for it) that leaves our
     session and our stdio at once: a runtime waiting for our stdout to
-    close is never kept waiting by it.
+    close is never kept waiting by it. Raises OSError only before the fork
+    succeeded (nothing is then running).
     """
     r, w = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        raise
     if pid == 0:  # pragma: no cover - the guard never returns (coverage cannot follow it)
         try:
             os.close(r)
@@ -144,46 +220,26 @@ def run_guarded(argv: list[str], env: Mapping[str, str], data: bytes, timeout: f
         finally:
             os._exit(0)
     os.close(w)
-    ipam_pid = 0
-    buf = b""
-    limit = time.monotonic() + timeout + GUARD_GRACE_SECONDS
-    try:
-        while True:
-            left = limit - time.monotonic()
-            ready, _, _ = select.select([r], [], [], max(left, 0))
-            if not ready:
-                # The guard itself is stuck (stopped?): end it and its IPAM.
-                for target, kill in ((ipam_pid, os.killpg), (pid, os.kill)):
-                    if target:
-                        with contextlib.suppress(ProcessLookupError):
-                            kill(target, signal.SIGKILL)
-                return Outcome(None, None, True, b"", b"")
-            chunk = os.read(r, 65536)
-            if not chunk:
-                break
-            buf += chunk
-            if not ipam_pid and b"\n" in buf and buf[:1].isdigit():
-                head, _, buf = buf.partition(b"\n")
-                ipam_pid = int(head)
-    finally:
-        os.close(r)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-    try:
-        doc = json.loads(buf)
-        if "spawn_error" in doc:
-            return Outcome(None, None, False, b"", b"", spawn_error=str(doc["spawn_error"]))
-        return Outcome(
-            doc["status"],
-            doc["signal"],
-            bool(doc["timed_out"]),
-            base64.b64decode(doc["stdout"]),
-            base64.b64decode(doc["stderr"]),
-        )
-    except (ValueError, KeyError, TypeError):
-        return Outcome(
-            None, None, False, b"", b"", spawn_error="the IPAM guard process ended without a report"
-        )
+    return GuardedCall(pid, r, timeout)
+
+
+def run_guarded(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float) -> Outcome:
+    """:func:`start_guarded` and wait for it."""
+    return start_guarded(argv, env, data, timeout).collect()
+
+
+@dataclass
+class IpamCall:
+    """One IPAM request under way (see :meth:`Ipam.start`)."""
+
+    verb: str
+    ifname: str
+    what: str
+    guarded: GuardedCall | None  # None: nothing was run (no version both sides speak)
+
+    def wait(self) -> Outcome | None:
+        """Wait for the IPAM plugin to end (idempotent); :meth:`Ipam.finish_add` judges the answer."""
+        return self.guarded.collect() if self.guarded is not None else None
 
 
 class Ipam:
@@ -206,7 +262,20 @@ class Ipam:
                 return candidate
         raise IpamError(f"IPAM plugin {self.type!r} not found in CNI_PATH ({':'.join(path)})")
 
+    @property
+    def interface_blind(self) -> bool:
+        """Whether this IPAM type never looks at the pod's interface, so it may run before the VF moves.
+
+        host-local and static read only their configuration and their own
+        files; dhcp needs the interface in the pod, and an unknown type may
+        too, so every other type runs after the move, as CNI orders it.
+        """
+        return self.type in INTERFACE_BLIND_TYPES
+
     def _exec(self, verb: str, ifname: str, stdin: Mapping[str, Any]) -> tuple[int, Any]:
+        return self._outcome(self._launch(verb, ifname, stdin))
+
+    def _launch(self, verb: str, ifname: str, stdin: Mapping[str, Any]) -> IpamCall:
         env = dict(self._env.environ)
         env["CNI_COMMAND"] = verb
         if ifname:
@@ -219,9 +288,15 @@ class Ipam:
                 "is spent"
             )
         try:
-            done = run_guarded([self.binary], env, json.dumps(stdin).encode(), left)
+            guarded = start_guarded([self.binary], env, json.dumps(stdin).encode(), left)
         except OSError as exc:  # fork or pipe refused: the node is short of processes or descriptors
             raise TryAgainLater(f"{what} not run: cannot start its guard process: {exc.strerror}") from exc
+        return IpamCall(verb, ifname, what, guarded)
+
+    def _outcome(self, call: IpamCall) -> tuple[int, Any]:
+        verb, what = call.verb, call.what
+        done = call.wait()
+        assert done is not None  # _launch always starts a guard
         if done.spawn_error:
             raise IpamError(f"cannot run IPAM plugin {self.binary}: {done.spawn_error}")
         if done.stderr:
@@ -284,6 +359,18 @@ class Ipam:
     def _request(
         self, verb: str, ifname: str, extra: Mapping[str, Any] | None = None, minimum: str = "0.3.0"
     ) -> Any:
+        call = self._begin(verb, ifname, extra, minimum)
+        if call is None:
+            return None
+        try:
+            return self._end(call)
+        finally:
+            call.wait()  # reaped even when the wait itself was interrupted
+
+    def _begin(
+        self, verb: str, ifname: str, extra: Mapping[str, Any] | None = None, minimum: str = "0.3.0"
+    ) -> IpamCall | None:
+        """Start one request (None: the plugin speaks no version that allows it)."""
         version = str(self._doc["cniVersion"])
         if version_tuple(version) > (1, 0, 0):
             # Only 1.1.0 has outrun common IPAM plugins; older configs go as they are.
@@ -295,7 +382,14 @@ class Ipam:
         stdin = {k: v for k, v in self._doc.items() if k != "prevResult"}
         stdin.update(extra or {})
         stdin["cniVersion"] = version
-        code, doc = self._exec(verb, ifname, stdin)
+        return self._launch(verb, ifname, stdin)
+
+    def _end(self, call: IpamCall) -> Any:
+        """Wait for a request and judge its answer."""
+        verb, ifname = call.verb, call.ifname
+        if call.guarded is None:
+            return None
+        code, doc = self._outcome(call)
         # An error document is a failure even with exit status 0: a plugin saying
         # so must not hand the pod interfaces without addresses.
         if code != 0 or (isinstance(doc, dict) and "code" in doc):
@@ -311,15 +405,34 @@ class Ipam:
 
     def add(self, ifname: str) -> dict[str, Any]:
         """IPAM ADD for one pod-side interface; returns the IPAM result document."""
-        doc = self._request("ADD", ifname)
+        call = self.start("ADD", ifname)
+        try:
+            return self.finish_add(call)
+        finally:
+            call.wait()
+
+    def start(self, verb: str, ifname: str) -> IpamCall:
+        """Start IPAM ``verb`` (ADD or DEL) for one pod-side interface; :meth:`finish_add` or
+        :meth:`finish_delete` waits for it. The caller must make sure :meth:`IpamCall.wait` runs
+        on every path (it is idempotent), so that IPAM never outlives the caller's own rollback."""
+        # A plugin speaking no usable version is not run: its ADD then has no result, its DEL is moot.
+        return self._begin(verb, ifname) or IpamCall(verb, ifname, f"IPAM plugin {self.type} {verb}", None)
+
+    def finish_add(self, call: IpamCall) -> dict[str, Any]:
+        """The result of an IPAM ADD started with :meth:`start`, checked."""
+        doc = self._end(call)
         if not isinstance(doc, dict):
-            raise IpamError(f"IPAM plugin {self.type} ADD for {ifname} returned no result")
-        check_result(doc, f"IPAM plugin {self.type} ADD for {ifname}")
+            raise IpamError(f"IPAM plugin {self.type} ADD for {call.ifname} returned no result")
+        check_result(doc, f"IPAM plugin {self.type} ADD for {call.ifname}")
         return doc
 
     def delete(self, ifname: str) -> None:
         """IPAM DEL for one pod-side interface (idempotent for well-behaved IPAM plugins)."""
         self._request("DEL", ifname)
+
+    def finish_delete(self, call: IpamCall) -> None:
+        """Wait for an IPAM DEL started with :meth:`start`; raises as :meth:`delete` does."""
+        self._end(call)
 
     def check(self, ifname: str, prev: Mapping[str, Any]) -> None:
         """IPAM CHECK for one interface, against its own result."""

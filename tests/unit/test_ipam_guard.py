@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni.errors import TryAgainLater
+from rdma_cni.errors import IpamError, TryAgainLater
 from rdma_cni.ipam import run_guarded
 from rdma_cni.record import node_lock
 from tests.support.processes import pids_mentioning, wait_gone
@@ -101,3 +101,40 @@ def test_a_spent_budget_runs_nothing_until_the_next_verb(
     ipam.start_verb()
     assert delegate.add("net1")["ips"] == []
     assert marker.exists()
+
+
+def test_a_started_guard_runs_while_the_caller_works_and_collect_is_idempotent(tmp_path: Path) -> None:
+    from rdma_cni.ipam import start_guarded
+
+    go = tmp_path / "go"
+    # The program waits for a file the caller creates only after start_guarded returned:
+    # had start_guarded waited for the program, it would see no file and say so.
+    wait = f"i=0; while [ ! -e {go} ] && [ $i -lt 300 ]; do sleep 0.01; i=$((i+1)); done"
+    script = f"{wait}; [ -e {go} ] && echo seen"
+    call = start_guarded(["/bin/sh", "-c", script], ENV, b"", 10)
+    go.touch()
+    done = call.collect()
+    assert (done.status, done.stdout) == (0, b"seen\n")
+    assert call.collect() is done  # a second wait (a caller's finally) neither blocks nor re-reads
+
+
+def test_an_ipam_call_never_run_has_no_result_and_a_moot_del(tmp_path: Path) -> None:
+    from rdma_cni import ipam
+    from rdma_cni.protocol import parse_env
+
+    plugin = tmp_path / "old-ipam"
+    plugin.write_text(
+        '#!/bin/sh\necho \'{"cniVersion": "0.2.0", "supportedVersions": ["0.1.0", "0.2.0"]}\'\n'
+    )
+    plugin.chmod(0o755)
+    env = parse_env(
+        {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "net1", "CNI_PATH": str(tmp_path)}
+    )
+    doc = {"cniVersion": "1.1.0", "name": "n", "ipam": {"type": "old-ipam"}}
+    delegate = ipam.Ipam(doc, env, str(tmp_path / "state"))
+    ipam.start_verb()
+    with pytest.raises(IpamError, match="ADD for net1 returned no result"):
+        delegate.add("net1")
+    call = delegate.start("DEL", "net1")
+    assert call.guarded is None and call.wait() is None
+    delegate.finish_delete(call)  # nothing to release: a plugin that cannot speak 0.3.0 was never run
