@@ -25,7 +25,6 @@ a hanging IPAM holds the node lock once for that long, not once per call.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import ipaddress
 import json
@@ -33,7 +32,6 @@ import logging
 import os
 import select
 import signal
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -54,6 +52,8 @@ GUARD_GRACE_SECONDS = 5.0
 INTERFACE_BLIND_TYPES = frozenset({"host-local", "static"})
 # Output kept from an IPAM plugin (a result is a few hundred bytes).
 MAX_OUTPUT_BYTES = 1 << 20
+# At most this much of IPAM's stdin is written per ready pipe (a pipe takes 4 KiB at once, atomically).
+PIPE_CHUNK = 1 << 16
 
 # The deadline shared by every IPAM call of the verb that runs (one verb per
 # process, but tests run several in one): set by the first call, cleared by
@@ -87,40 +87,117 @@ class Outcome:
 
 
 def _guard(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float, report: int) -> None:
-    """The guard's body: run IPAM in its own process group, bounded by ``timeout``, and report."""
+    """The guard's body: run IPAM in its own process group, bounded by ``timeout``, and report.
+
+    The guard is a fork of the plugin, so every page of the plugin it writes
+    is a copy: it does as little Python as it can. IPAM is started with
+    ``posix_spawn`` (glibc's vfork-like clone: no second copy of the page
+    tables) rather than :mod:`subprocess`, its pipes are served by one
+    ``select`` loop, and the report is a short header line followed by the
+    raw output.
+    """
+    # Only stdio reaches IPAM: every other descriptor of the plugin (the node
+    # lock's above all) is closed on exec, whoever opened it.
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != report:
+            with contextlib.suppress(OSError):
+                os.set_inheritable(fd, False)
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     try:
-        proc = subprocess.Popen(
+        pid = os.posix_spawn(
+            argv[0],
             argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(env),
-            process_group=0,
+            dict(env),
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, in_r, 0),
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+            ],
+            setpgroup=0,
         )
     except OSError as exc:
-        os.write(report, json.dumps({"spawn_error": exc.strerror or str(exc)}).encode())
+        _write_all(report, b"E" + (exc.strerror or str(exc)).encode() + b"\n")
         return
-    os.write(report, f"{proc.pid}\n".encode())
+    for fd in (in_r, out_w, err_w):
+        os.close(fd)
+    _write_all(report, f"{pid}\n".encode())
+    out, err, timed_out = _serve(pid, in_w, data, out_r, err_r, timeout)
+    _, status = os.waitpid(pid, 0)  # exited, or killed by _serve
+    code = os.waitstatus_to_exitcode(status)
+    out = out[:MAX_OUTPUT_BYTES]
+    err = err[-65536:]
+    head = f"R {code} {int(timed_out)} {len(out)} {len(err)}\n".encode()
+    _write_all(report, head + out + err)
+
+
+def _serve(
+    pid: int, stdin: int, data: bytes, out_fd: int, err_fd: int, timeout: float
+) -> tuple[bytes, bytes, bool]:
+    """Feed ``data`` to IPAM and read its output until it has exited and both pipes closed, or
+    ``timeout`` ends it (then its group is killed; on return ``pid`` has exited either way)."""
+    os.set_blocking(stdin, False)
+    chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
+    kept = {out_fd: 0, err_fd: 0}
+    exit_fd = os.pidfd_open(pid)  # readable once IPAM has exited: its output closing is not enough
+    readers = [out_fd, err_fd, exit_fd]
+    writers = [stdin] if data else []
+    if not data:
+        os.close(stdin)
+    view = memoryview(data)
+    deadline = time.monotonic() + timeout
     timed_out = False
-    try:
-        out, err = proc.communicate(data, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        # The whole group: a shell script's children hold the pipes and the leases too.
+    while readers:
+        left = deadline - time.monotonic()
+        if left <= 0 and not timed_out:
+            timed_out = True
+            # The whole group: a shell script's children hold the pipes and the leases too.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            for fd in writers:
+                os.close(fd)
+            writers = []
+            # What is left is reading what the killed group wrote; give it a moment, not forever.
+            deadline = time.monotonic() + GUARD_GRACE_SECONDS / 2
+            continue
+        if left <= 0:
+            break
+        ready_r, ready_w, _ = select.select(readers, writers, [], left)
+        for fd in ready_w:
+            try:
+                view = view[os.write(fd, view[:PIPE_CHUNK]) :]
+            except BrokenPipeError:
+                view = view[:0]
+            if not view:
+                os.close(fd)
+                writers = []
+        for fd in ready_r:
+            if fd == exit_fd:
+                readers.remove(fd)
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                readers.remove(fd)
+                continue
+            if fd == err_fd or kept[fd] < MAX_OUTPUT_BYTES:
+                chunks[fd].append(chunk)
+                kept[fd] += len(chunk)
+    if exit_fd in readers:  # the grace after the kill ran out before the exit was seen
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-    code = proc.returncode
-    doc = {
-        "status": code if code >= 0 else None,
-        "signal": -code if code < 0 else None,
-        "timed_out": timed_out,
-        "stdout": base64.b64encode(out[:MAX_OUTPUT_BYTES]).decode(),
-        "stderr": base64.b64encode(err[-65536:]).decode(),
-    }
-    payload = json.dumps(doc).encode()
-    while payload:
-        payload = payload[os.write(report, payload) :]
+            os.killpg(pid, signal.SIGKILL)
+    for fd in writers:
+        os.close(fd)
+    for fd in (out_fd, err_fd, exit_fd):
+        os.close(fd)
+    return b"".join(chunks[out_fd]), b"".join(chunks[err_fd]), timed_out
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class GuardedCall:
@@ -172,21 +249,32 @@ class GuardedCall:
             os.close(r)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-        try:
-            doc = json.loads(buf)
-            if "spawn_error" in doc:
-                return Outcome(None, None, False, b"", b"", spawn_error=str(doc["spawn_error"]))
-            return Outcome(
-                doc["status"],
-                doc["signal"],
-                bool(doc["timed_out"]),
-                base64.b64decode(doc["stdout"]),
-                base64.b64decode(doc["stderr"]),
-            )
-        except (ValueError, KeyError, TypeError):
-            return Outcome(
-                None, None, False, b"", b"", spawn_error="the IPAM guard process ended without a report"
-            )
+        return _parse_report(buf)
+
+
+def _parse_report(buf: bytes) -> Outcome:
+    """Decode what :func:`_guard` wrote after IPAM's pid line."""
+    if buf[:1] == b"E":
+        return Outcome(None, None, False, b"", b"", spawn_error=buf[1:].decode(errors="replace").strip())
+    head, sep, rest = buf.partition(b"\n")
+    fields = head.split()
+    try:
+        if not sep or len(fields) != 5 or fields[0] != b"R":
+            raise ValueError("no report")
+        code, timed_out, n_out, n_err = (int(f) for f in fields[1:])
+        if len(rest) != n_out + n_err:
+            raise ValueError("short report")
+    except ValueError:
+        return Outcome(
+            None, None, False, b"", b"", spawn_error="the IPAM guard process ended without a report"
+        )
+    return Outcome(
+        code if code >= 0 else None,
+        -code if code < 0 else None,
+        bool(timed_out),
+        rest[:n_out],
+        rest[n_out:],
+    )
 
 
 def start_guarded(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float) -> GuardedCall:

@@ -49,6 +49,37 @@ def test_overrun_kills_the_whole_group_at_the_deadline(tmp_path: Path) -> None:
     assert wait_gone(pids_mentioning(str(tagged)), timeout=3), "a grandchild outlived the timeout"
 
 
+def test_ipam_that_closes_its_output_but_keeps_running_is_still_cut_at_the_deadline(tmp_path: Path) -> None:
+    tagged = tmp_path / f"guardquiet{os.getpid()}"
+    tagged.symlink_to("/bin/sleep")
+    started = time.monotonic()
+    # Its pipes close at once: only its exit (or the deadline) may end the wait.
+    done = run_guarded(["/bin/sh", "-c", f"exec >&- 2>&- <&-; exec {tagged} 60"], ENV, b"", 0.5)
+    assert done.timed_out and done.signal == signal.SIGKILL
+    assert time.monotonic() - started < 5
+    assert wait_gone(pids_mentioning(str(tagged)), timeout=3)
+
+
+def test_a_grandchild_that_left_the_group_holding_the_pipes_does_not_hold_the_guard(tmp_path: Path) -> None:
+    from rdma_cni import ipam
+
+    tagged = tmp_path / f"guardescape{os.getpid()}"
+    tagged.symlink_to("/bin/sleep")
+    started = time.monotonic()
+    # setsid: out of the group the guard kills, with IPAM's stdout and stderr still open.
+    done = run_guarded(["/bin/sh", "-c", f"setsid {tagged} 30 & exec {tagged} 60"], ENV, b"", 0.5)
+    elapsed = time.monotonic() - started
+    assert done.timed_out and done.signal == signal.SIGKILL
+    assert elapsed < 0.5 + ipam.GUARD_GRACE_SECONDS, elapsed  # the guard's own grace, not the parent's kill
+    for pid in pids_mentioning(str(tagged)):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_ipam_that_exits_without_reading_a_large_stdin_is_reported() -> None:
+    done = run_guarded(["/bin/sh", "-c", "echo early; exit 4"], ENV, b"x" * (1 << 20), 10)
+    assert (done.status, done.stdout, done.timed_out) == (4, b"early\n", False)
+
+
 CALLER = textwrap.dedent(
     """
     import sys
