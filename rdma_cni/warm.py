@@ -224,6 +224,9 @@ class Server:
         self.selector = selectors.DefaultSelector()
         self.last_activity = time.monotonic()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # Children name the kubeconfigs whose TLS context they had to build
+        # (rdma_cni.k8s.note_context_miss); the server builds and keeps them.
+        self.hint_r, self.hint_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.dirfd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
@@ -250,6 +253,7 @@ class Server:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
         self.selector.register(self.wake_r, selectors.EVENT_READ, "reap")
+        self.selector.register(self.hint_r, selectors.EVENT_READ, "hint")
 
     def close(self) -> None:
         """Stop listening: remove the socket first so no caller waits on a dead server."""
@@ -281,6 +285,8 @@ class Server:
                     self._accept()
                 elif key.data == "reap":
                     self._reap()
+                elif key.data == "hint":
+                    self._keep_contexts()
                 else:
                     self._caller_gone(key.data)
 
@@ -331,6 +337,25 @@ class Server:
         self.children[pid] = conn
         self.selector.register(conn, selectors.EVENT_READ, pid)
 
+    def _keep_contexts(self) -> None:
+        """Build the TLS contexts children asked for, so that later children inherit them."""
+        try:
+            data = os.read(self.hint_r, 65536)
+        except BlockingIOError:
+            return
+        from rdma_cni import k8s
+
+        kept = False
+        for path in set(data.split(b"\n")):
+            if not path:
+                continue
+            try:
+                kept |= k8s.keep_context(k8s.load_credentials(os.fsdecode(path)))
+            except Exception:  # the child that read it reported any problem; the server keeps serving
+                continue
+        if kept:
+            gc.freeze()  # the new context's objects are shared by every child from now on, like the rest
+
     def _check(self, conn: socket.socket) -> Caller:
         pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         if uid != self.uid:
@@ -355,8 +380,11 @@ class Server:
                 conn.sendall(b"S")
             self.listener.close()
             self.selector.close()
-            for fd in (self.wake_r, self.wake_w, self.dirfd):
+            for fd in (self.wake_r, self.wake_w, self.dirfd, self.hint_r):
                 os.close(fd)
+            from rdma_cni import k8s
+
+            k8s.context_hint_fd = self.hint_w
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
             for fd in fds:

@@ -548,3 +548,32 @@ def test_preload_covers_the_pod_get(tmp_path: Path) -> None:
     seen = json.loads(out.stdout.splitlines()[-1])
     assert seen["name"] == "web-0"
     assert seen["new"] == [], seen["new"]
+
+
+def test_server_keeps_the_tls_contexts_its_children_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rdma_cni import k8s
+    from tests.support.apiserver import ApiServer
+
+    kept: dict[bytes, object] = {}
+    monkeypatch.setattr(k8s, "_CONTEXTS", kept)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    server = warm.Server(str(tree), None)
+    try:
+        server._keep_contexts()  # nothing said yet: nothing to do
+        with ApiServer() as api:
+            api.add_pod("default", "web-0", {})
+            good = api.write_kubeconfig(tmp_path / "kc", mode="token")
+            # A child names a kubeconfig twice and one that cannot be read: the server keeps going.
+            os.write(server.hint_w, f"{good}\n{tmp_path}/missing\n{good}\n".encode())
+            server._keep_contexts()
+            assert len(kept) == 1
+            creds = k8s.load_credentials(good)
+            monkeypatch.setattr(k8s, "_ssl_context", lambda *_: pytest.fail("the kept context was not used"))
+            assert k8s.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
+    finally:
+        for fd in (server.hint_r, server.hint_w, server.wake_r, server.wake_w, server.dirfd):
+            os.close(fd)
+        server.listener.close()
