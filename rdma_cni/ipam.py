@@ -26,12 +26,14 @@ a hanging IPAM holds the node lock once for that long, not once per call.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import logging
 import os
 import select
 import signal
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -117,6 +119,7 @@ def _guard(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float,
                 (os.POSIX_SPAWN_DUP2, err_w, 2),
             ],
             setpgroup=0,
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # as subprocess restores them for a child
         )
     except OSError as exc:
         _write_all(report, b"E" + (exc.strerror or str(exc)).encode() + b"\n")
@@ -277,15 +280,110 @@ def _parse_report(buf: bytes) -> Outcome:
     )
 
 
+# The argument that makes the launcher an IPAM guard (launcher/guard.h).
+GUARD_ARG = "--ipam-guard"
+# The launcher to run as the guard: (its descriptor, its path), None for a
+# forked guard, False until looked up (once per process: a warm server's
+# child looks it up itself, for its own caller's launcher).
+_launcher: tuple[int, str] | bool | None = False
+
+
+def _guard_launcher() -> tuple[int, str] | None:
+    """The packed launcher this plugin was started by, if it carries this very build.
+
+    Only a launcher whose payload is the tree this process runs from is
+    trusted to understand :data:`GUARD_ARG` (an older launcher installed
+    meanwhile would start the plugin instead). It is kept open and run from
+    that descriptor, so a file replaced after the check is never run.
+    """
+    global _launcher
+    if _launcher is False:
+        _launcher = None
+        path = os.environ.get("RDMA_CNI_LAUNCHER", "")
+        if path and getattr(sys, "frozen", False):
+            from rdma_cni.warm import payload_id_of
+
+            own = os.path.basename(os.path.dirname(sys.executable))
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            if payload_id_of(fd) == own:
+                _launcher = (fd, path)
+            else:
+                os.close(fd)
+    return _launcher or None
+
+
 def start_guarded(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float) -> GuardedCall:
     """Start ``argv`` with ``data`` on stdin under a guard process; see the module docstring.
 
-    The guard is a fork of this process (so it holds the node lock's
-    descriptor, and nothing needs to be exec'd for it) that leaves our
+    The guard is the launcher in its guard mode (``launcher/guard.c``) when
+    this plugin runs from the packed binary, else a fork of this process.
+    Either way it holds the node lock this process holds, and it leaves our
     session and our stdio at once: a runtime waiting for our stdout to
-    close is never kept waiting by it. Raises OSError only before the fork
-    succeeded (nothing is then running).
+    close is never kept waiting by it. Raises OSError only before the guard
+    started (nothing is then running).
     """
+    launcher = _guard_launcher()
+    if launcher is not None:
+        return _spawn_guard(launcher, argv, env, data, timeout)
+    return _fork_guard(argv, env, data, timeout)
+
+
+def _spawn_guard(
+    launcher: tuple[int, str], argv: list[str], env: Mapping[str, str], data: bytes, timeout: float
+) -> GuardedCall:
+    """Start the exec'd guard: the request on a memfd as its stdin, the lock on fd 3, the report on fd 1.
+
+    posix_spawn is glibc's vfork-like clone: no copy of this process's
+    pages or page tables, which a fork of a ~37 MB Python process costs.
+    """
+    from rdma_cni.record import held_lock
+
+    fd, path = launcher
+    r, w = os.pipe()
+    opened: list[int] = [w]
+    try:
+        request = os.memfd_create("ipam-request", os.MFD_CLOEXEC)
+        opened.append(request)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(request, view) :]
+        os.lseek(request, 0, os.SEEK_SET)
+        actions = [
+            (os.POSIX_SPAWN_DUP2, request, 0),
+            (os.POSIX_SPAWN_DUP2, w, 1),
+            (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_RDWR, 0),
+        ]
+        lock = held_lock()
+        if lock is not None:
+            # Above the descriptors dup'ed onto 0-3, so no action undoes another.
+            spare = fcntl.fcntl(lock, fcntl.F_DUPFD_CLOEXEC, 10)
+            opened.append(spare)
+            actions.append((os.POSIX_SPAWN_DUP2, spare, 3))
+        if fd <= 3:  # the actions above would replace it before the exec
+            fd = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+            opened.append(fd)
+        budget_ms = max(1, int(timeout * 1000))
+        pid = os.posix_spawn(
+            f"/proc/self/fd/{fd}",
+            [path, GUARD_ARG, str(budget_ms), *argv],
+            dict(env),
+            file_actions=actions,
+            setsid=True,
+        )
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        for extra in opened:
+            os.close(extra)
+    return GuardedCall(pid, r, timeout)
+
+
+def _fork_guard(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float) -> GuardedCall:
+    """Start a guard that is a fork of this process (which then holds the node lock's descriptor)."""
     r, w = os.pipe()
     try:
         pid = os.fork()

@@ -96,10 +96,21 @@ def idle_seconds(environ: Mapping[str, str]) -> float | None:
 def payload_id(path: str) -> str | None:
     """The payload id in the trailer of the packed launcher at ``path``, or None if it is not one."""
     try:
-        with open(path, "rb") as f:
-            f.seek(-TRAILER_SIZE, os.SEEK_END)
-            trailer = f.read(TRAILER_SIZE)
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return payload_id_of(fd)
+    finally:
+        os.close(fd)
+
+
+def payload_id_of(fd: int) -> str | None:
+    """:func:`payload_id` of the file open on ``fd`` (what runs from it cannot be swapped meanwhile)."""
+    try:
+        size = os.fstat(fd).st_size
+        trailer = os.pread(fd, TRAILER_SIZE, size - TRAILER_SIZE) if size >= TRAILER_SIZE else b""
+    except OSError:
         return None
     if len(trailer) != TRAILER_SIZE or not trailer.startswith(TRAILER_MAGIC):
         return None

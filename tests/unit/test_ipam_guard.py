@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,31 @@ from rdma_cni.record import node_lock
 from tests.support.processes import pids_mentioning, wait_gone
 
 ENV = {"PATH": "/usr/bin:/bin"}
+
+
+def _built_launcher() -> str:
+    binary = os.environ.get("RDMA_CNI_BINARY", "")
+    if not binary:
+        pytest.skip("the exec'd guard is the built launcher's (make build; RDMA_CNI_BINARY)")
+    return binary
+
+
+@pytest.fixture(autouse=True, params=["forked", "exec'd"])
+def guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every test runs against both guards: a fork of the plugin, and the launcher's guard mode."""
+    from rdma_cni import ipam
+
+    if request.param == "forked":
+        monkeypatch.setattr(ipam, "_launcher", None)
+        yield ""
+        return
+    path = _built_launcher()
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    monkeypatch.setattr(ipam, "_launcher", (fd, path))
+    try:
+        yield path
+    finally:
+        os.close(fd)
 
 
 def test_output_status_and_stdin_come_back() -> None:
@@ -86,6 +112,10 @@ CALLER = textwrap.dedent(
     from rdma_cni.ipam import run_guarded
     from rdma_cni.record import node_lock
     lock, out = sys.argv[1], sys.argv[2]
+    if sys.argv[3]:  # the launcher to guard with (else a fork)
+        import os
+        from rdma_cni import ipam
+        ipam._launcher = (os.open(sys.argv[3], os.O_RDONLY), sys.argv[3])
     with node_lock(lock, 5):
         print("locked", flush=True)
         run_guarded(["/bin/sh", "-c", f"sleep 1.5; echo done > {out}"], {"PATH": "/usr/bin:/bin"}, b"", 30)
@@ -93,10 +123,10 @@ CALLER = textwrap.dedent(
 )
 
 
-def test_killing_the_caller_leaves_ipam_to_finish_holding_the_lock(tmp_path: Path) -> None:
+def test_killing_the_caller_leaves_ipam_to_finish_holding_the_lock(tmp_path: Path, guard: str) -> None:
     lock, out = str(tmp_path / "lock"), tmp_path / "lease"
     caller = subprocess.Popen(
-        [sys.executable, "-c", CALLER, lock, str(out)], stdout=subprocess.PIPE, start_new_session=True
+        [sys.executable, "-c", CALLER, lock, str(out), guard], stdout=subprocess.PIPE, start_new_session=True
     )
     assert caller.stdout is not None and caller.stdout.readline() == b"locked\n"
     time.sleep(0.3)
@@ -169,3 +199,40 @@ def test_an_ipam_call_never_run_has_no_result_and_a_moot_del(tmp_path: Path) -> 
     call = delegate.start("DEL", "net1")
     assert call.guarded is None and call.wait() is None
     delegate.finish_delete(call)  # nothing to release: a plugin that cannot speak 0.3.0 was never run
+
+
+@pytest.mark.parametrize("guard", ["forked"], indirect=True)
+def test_only_a_launcher_carrying_this_very_build_is_run_as_the_guard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rdma_cni import ipam, warm
+
+    launcher = _built_launcher()
+    own = warm.payload_id(launcher)
+    assert own is not None
+    tree = tmp_path / own
+    tree.mkdir()
+    monkeypatch.setattr(sys, "executable", str(tree / "rdma-cni"))
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setenv("RDMA_CNI_LAUNCHER", launcher)
+
+    def looked_up() -> tuple[int, str] | None:
+        monkeypatch.setattr(ipam, "_launcher", False)
+        found = ipam._guard_launcher()
+        if found is not None:
+            os.close(found[0])
+        return found
+
+    assert (looked_up() or (0, ""))[1] == launcher
+    # Another build's launcher (an upgrade or a downgrade installed meanwhile) would not know the
+    # guard mode: the guard is then a fork. So without the launcher, and outside the built binary.
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.setattr(sys, "executable", str(other / "rdma-cni"))
+    assert looked_up() is None
+    monkeypatch.setattr(sys, "executable", str(tree / "rdma-cni"))
+    monkeypatch.setenv("RDMA_CNI_LAUNCHER", str(tmp_path / "gone"))
+    assert looked_up() is None
+    monkeypatch.setenv("RDMA_CNI_LAUNCHER", launcher)
+    monkeypatch.setattr(sys, "frozen", False)
+    assert looked_up() is None
