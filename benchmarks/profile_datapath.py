@@ -98,7 +98,16 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--pfs", type=int, default=1, help="simulated PFs (the node the verbs scan)")
     parser.add_argument("--vfs", type=int, default=1, help="VFs per PF")
+    parser.add_argument(
+        "--launcher",
+        default="dist/rdma-cni",
+        help="the built binary whose guard mode guards IPAM, as in the binary's own children ('' to fork)",
+    )
     args = parser.parse_args()
+    if args.launcher:
+        from rdma_cni import ipam as ipam_module
+
+        ipam_module._launcher = (os.open(args.launcher, os.O_RDONLY | os.O_CLOEXEC), args.launcher)
     tmp = tempfile.mkdtemp(prefix="rdma-cni-prof-")
     pfs = [SimPf(f"profpf{k}", args.vfs, 25000) for k in range(args.pfs)]
     node = SimNode(os.path.join(tmp, "node"), pfs, prefix="pq")
