@@ -105,6 +105,17 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.launcher:
+        import subprocess
+
+        # A launcher from before the guard mode would start the plugin instead: ask it first.
+        probe = subprocess.run(
+            [args.launcher, "--ipam-guard", "1000", "/bin/true"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            check=False,
+        )
+        if not probe.stdout.endswith(b"\nR 0 0 0 0\n"):
+            raise SystemExit(f"{args.launcher} has no IPAM guard mode: make build, or --launcher ''")
         from rdma_cni import ipam as ipam_module
 
         ipam_module._launcher = (os.open(args.launcher, os.O_RDONLY | os.O_CLOEXEC), args.launcher)

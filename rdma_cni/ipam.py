@@ -10,12 +10,13 @@ with VERSION and cached in ``<stateDir>/ipam-versions.json`` keyed by the
 binary's path, size and mtime; requests are then sent in the highest version
 both sides speak.
 
-What a killed verb does to its IPAM child (see :func:`run_guarded`): every
-IPAM exec runs under a small guard process in a session of its own, so a
+What a killed verb does to its IPAM child (see :func:`start_guarded`): every
+IPAM exec runs under a small guard process in a session of its own (the
+launcher's guard mode, ``launcher/guard.c``, or a fork of the plugin), so a
 runtime killing the plugin (or its process group, or a warm server killing
 its child) never kills IPAM half-way through writing a lease. The guard lets
 IPAM finish within the verb's IPAM budget, kills IPAM's whole process group
-if it overruns, and keeps the node lock the plugin held (it inherited the
+if it overruns, and keeps the node lock the plugin held (it shares the
 lock's descriptor) until IPAM is done, so the runtime's DEL, waiting for the
 lock, releases whatever that IPAM call took.
 
