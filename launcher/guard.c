@@ -186,10 +186,12 @@ int guard_main(int argc, char **argv)
     while (!reaped && waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    size_t err_len = sinks[1].len > MAX_ERR ? MAX_ERR : sinks[1].len;
+    const char *err_tail = sinks[1].data + sinks[1].len - err_len;
     char head[128];
-    int n = snprintf(head, sizeof head, "R %d %d %zu %zu\n", code, timed_out, sinks[0].len, sinks[1].len);
+    int n = snprintf(head, sizeof head, "R %d %d %zu %zu\n", code, timed_out, sinks[0].len, err_len);
     write_all(head, (size_t)n);
     write_all(sinks[0].data, sinks[0].len);
-    write_all(sinks[1].data, sinks[1].len);
+    write_all(err_tail, err_len);
     return 0;
 }

@@ -51,13 +51,12 @@ import sys
 import time
 from collections.abc import Mapping
 
+from rdma_cni.payload import payload_id
+
 SOCKET_NAME = "warm.sock"
 LOCK_NAME = "warm.lock"
 HELLO = b"RDMACNI-WARM-1"
 TREE_CHECK_SECONDS = 5.0
-# The packed launcher's trailer (launcher/launcher.c): magic, offset, count, id.
-TRAILER_SIZE = 40
-TRAILER_MAGIC = b"RDMACNI\x01"
 # Launcher paths remembered at most (a node normally has one or two).
 MAX_LAUNCHERS = 16
 NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts")
@@ -91,30 +90,6 @@ def idle_seconds(environ: Mapping[str, str]) -> float | None:
     except ValueError:
         return None
     return value if 0 < value < 1e7 else None
-
-
-def payload_id(path: str) -> str | None:
-    """The payload id in the trailer of the packed launcher at ``path``, or None if it is not one."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return payload_id_of(fd)
-    finally:
-        os.close(fd)
-
-
-def payload_id_of(fd: int) -> str | None:
-    """:func:`payload_id` of the file open on ``fd`` (what runs from it cannot be swapped meanwhile)."""
-    try:
-        size = os.fstat(fd).st_size
-        trailer = os.pread(fd, TRAILER_SIZE, size - TRAILER_SIZE) if size >= TRAILER_SIZE else b""
-    except OSError:
-        return None
-    if len(trailer) != TRAILER_SIZE or not trailer.startswith(TRAILER_MAGIC):
-        return None
-    return trailer[24:].decode("ascii", "replace")
 
 
 def _identity(path: str) -> tuple[int, int, int, int] | None:

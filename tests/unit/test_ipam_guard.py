@@ -101,6 +101,13 @@ def test_a_grandchild_that_left_the_group_holding_the_pipes_does_not_hold_the_gu
         os.kill(pid, signal.SIGKILL)
 
 
+def test_the_end_of_a_long_stderr_is_kept() -> None:
+    script = 'head -c 200000 /dev/zero | tr "\\0" a >&2; echo last >&2; echo ok'
+    done = run_guarded(["/bin/sh", "-c", script], ENV, b"", 10)
+    assert done.stdout == b"ok\n"
+    assert len(done.stderr) == 65536 and done.stderr.endswith(b"aaa\nlast\n"), done.stderr[-20:]
+
+
 def test_ipam_that_exits_without_reading_a_large_stdin_is_reported() -> None:
     done = run_guarded(["/bin/sh", "-c", "echo early; exit 4"], ENV, b"x" * (1 << 20), 10)
     assert (done.status, done.stdout, done.timed_out) == (4, b"early\n", False)
@@ -205,10 +212,10 @@ def test_an_ipam_call_never_run_has_no_result_and_a_moot_del(tmp_path: Path) -> 
 def test_only_a_launcher_carrying_this_very_build_is_run_as_the_guard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rdma_cni import ipam, warm
+    from rdma_cni import ipam, payload
 
     launcher = _built_launcher()
-    own = warm.payload_id(launcher)
+    own = payload.payload_id(launcher)
     assert own is not None
     tree = tmp_path / own
     tree.mkdir()
