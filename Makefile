@@ -42,10 +42,10 @@ $(VENV)/.stamp: setup.cfg pyproject.toml
 	touch $@
 
 build: $(BINARY)
-$(BINARY): $(VENV)/.stamp $(SRC) launcher/launcher.c launcher/warm.c launcher/warm.h scripts/pack_launcher.py
+$(BINARY): $(VENV)/.stamp $(SRC) launcher/launcher.c launcher/warm.c launcher/warm.h launcher/guard.c launcher/guard.h scripts/pack_launcher.py
 	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN build.spec
 	mkdir -p build
-	$(CC) -O2 -Wall -Wextra -Werror -static -o build/launcher launcher/launcher.c launcher/warm.c
+	$(CC) -O2 -Wall -Wextra -Werror -static -o build/launcher launcher/launcher.c launcher/warm.c launcher/guard.c
 	$(BIN)/python scripts/pack_launcher.py --launcher build/launcher --tree dist/rdma-cni-dir --output $(BINARY)
 
 # deps-check first, then build (a sub-make, so that -j cannot build before the

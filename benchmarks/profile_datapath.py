@@ -32,6 +32,22 @@ from tests.support.apiserver import ApiServer
 from tests.support.simnode import SimNode, SimPf, add_netns, del_netns
 
 SPLIT: dict[str, list[tuple[float, float, int]]] = {"ADD": [], "DEL": []}
+# As a warm server does: children name the kubeconfigs whose TLS context they
+# built, and this process keeps those contexts for the next children.
+HINT_R, HINT_W = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+
+def keep_hinted_contexts() -> None:
+    """What rdma_cni.warm.Server does with its children's hints."""
+    from rdma_cni import k8s
+
+    try:
+        data = os.read(HINT_R, 65536)
+    except BlockingIOError:
+        return
+    for path in set(filter(None, data.split(b"\n"))):
+        k8s.keep_context(k8s.load_credentials(os.fsdecode(path)))
+    gc.freeze()
 
 
 def run_child(
@@ -47,10 +63,11 @@ def run_child(
             os.environ.clear()
             os.environ.update(env)
             os.environ["CNI_COMMAND"] = verb
-            from rdma_cni import log
+            from rdma_cni import k8s, log
             from rdma_cni.cli import run_cni
 
             log.start_kind = "warm"
+            k8s.context_hint_fd = HINT_W
             if profile_to:
                 # CPU time of this process (not wall): what a loaded node pays.
                 prof = cProfile.Profile(time.process_time) if cpu_timer else cProfile.Profile()
@@ -64,6 +81,7 @@ def run_child(
             os._exit(code)
     _, status, usage = os.wait4(pid, 0)
     wall = (time.perf_counter() - start) * 1000
+    keep_hinted_contexts()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{verb} failed")
     SPLIT[verb].append((usage.ru_utime * 1000, usage.ru_stime * 1000, usage.ru_minflt))
@@ -80,7 +98,27 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--pfs", type=int, default=1, help="simulated PFs (the node the verbs scan)")
     parser.add_argument("--vfs", type=int, default=1, help="VFs per PF")
+    parser.add_argument(
+        "--launcher",
+        default="dist/rdma-cni",
+        help="the built binary whose guard mode guards IPAM, as in the binary's own children ('' to fork)",
+    )
     args = parser.parse_args()
+    if args.launcher:
+        import subprocess
+
+        # A launcher from before the guard mode would start the plugin instead: ask it first.
+        probe = subprocess.run(
+            [args.launcher, "--ipam-guard", "1000", "/bin/true"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            check=False,
+        )
+        if not probe.stdout.endswith(b"\nR 0 0 0 0\n"):
+            raise SystemExit(f"{args.launcher} has no IPAM guard mode: make build, or --launcher ''")
+        from rdma_cni import ipam as ipam_module
+
+        ipam_module._launcher = (os.open(args.launcher, os.O_RDONLY | os.O_CLOEXEC), args.launcher)
     tmp = tempfile.mkdtemp(prefix="rdma-cni-prof-")
     pfs = [SimPf(f"profpf{k}", args.vfs, 25000) for k in range(args.pfs)]
     node = SimNode(os.path.join(tmp, "node"), pfs, prefix="pq")

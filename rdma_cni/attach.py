@@ -16,7 +16,11 @@ ADD order per VF, and why:
    in when the current name is taken in the pod, so the pod-side name never
    collides with a host interface and the host name never collides inside
    the pod.
-4. MAC, up; IPAM; addresses and routes.
+4. MAC, up; IPAM; addresses and routes. An IPAM type that never looks at
+   the pod's interface (host-local, static) is started before step 3 and
+   waited for after it, so its fork and exec overlap the namespace move,
+   which is mostly the kernel waiting; release does the same with IPAM DEL
+   and the move home. Every other type keeps CNI's order.
 
 :func:`release` undoes these in reverse and is idempotent: it is DEL, GC and
 ADD's rollback all at once. Given ``progress`` (ADD's in-memory account of
@@ -39,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from rdma_cni.errors import CniError, KernelError
 from rdma_cni.identity import VfFinder
-from rdma_cni.ipam import Ipam
+from rdma_cni.ipam import Ipam, IpamCall
 from rdma_cni.netlink import Link, Rtnl
 from rdma_cni.netns import Netns, host_netns_fd
 from rdma_cni.nlsock import NetlinkError
@@ -241,16 +245,32 @@ def release(
     def ran(pci: str, step: str) -> bool:
         return progress is None or progress.ran(pci, step)
 
+    def ipam_failed(name: str, exc: CniError) -> None:
+        log.error("IPAM DEL for %s: %s", name, exc.msg)
+        out.ipam_failed.append(name)
+        out.ipam_errors.append(f"IPAM DEL for {name}: {exc.msg}")
+
     for vf in reversed(vfs):
-        if ipam is not None and ran(vf.pci, "ipam"):
-            try:
-                ipam.delete(vf.pod_name)
-            except CniError as exc:
-                log.error("IPAM DEL for %s: %s", vf.pod_name, exc.msg)
-                out.ipam_failed.append(vf.pod_name)
-                out.ipam_errors.append(f"IPAM DEL for {vf.pod_name}: {exc.msg}")
-        if ran(vf.pci, "move"):
-            attempt(f"returning VF {vf.pci}", move_out, host, finder, vf)
+        call: IpamCall | None = None
+        try:
+            if ipam is not None and ran(vf.pci, "ipam"):
+                try:
+                    if ipam.interface_blind and ran(vf.pci, "move"):
+                        call = ipam.start("DEL", vf.pod_name)  # released while the netdev moves home
+                    else:
+                        ipam.delete(vf.pod_name)
+                except CniError as exc:
+                    ipam_failed(vf.pod_name, exc)
+            if ran(vf.pci, "move"):
+                attempt(f"returning VF {vf.pci}", move_out, host, finder, vf)
+            if ipam is not None and call is not None:
+                try:
+                    ipam.finish_delete(call)
+                except CniError as exc:
+                    ipam_failed(vf.pod_name, exc)
+        finally:
+            if call is not None:
+                call.wait()
         if rdma is not None and vf.rdma_action == "moved" and ran(vf.pci, "rdma"):
             attempt(f"returning RDMA device {vf.rdma_device}", rdma.move_out, vf.rdma_device, finder.pod)
         if vf.pf_applied and ran(vf.pci, "pf"):

@@ -10,12 +10,13 @@ with VERSION and cached in ``<stateDir>/ipam-versions.json`` keyed by the
 binary's path, size and mtime; requests are then sent in the highest version
 both sides speak.
 
-What a killed verb does to its IPAM child (see :func:`run_guarded`): every
-IPAM exec runs under a small guard process in a session of its own, so a
+What a killed verb does to its IPAM child (see :func:`start_guarded`): every
+IPAM exec runs under a small guard process in a session of its own (the
+launcher's guard mode, ``launcher/guard.c``, or a fork of the plugin), so a
 runtime killing the plugin (or its process group, or a warm server killing
 its child) never kills IPAM half-way through writing a lease. The guard lets
 IPAM finish within the verb's IPAM budget, kills IPAM's whole process group
-if it overruns, and keeps the node lock the plugin held (it inherited the
+if it overruns, and keeps the node lock the plugin held (it shares the
 lock's descriptor) until IPAM is done, so the runtime's DEL, waiting for the
 lock, releases whatever that IPAM call took.
 
@@ -25,15 +26,15 @@ a hanging IPAM holds the node lock once for that long, not once per call.
 
 from __future__ import annotations
 
-import base64
 import contextlib
+import fcntl
 import ipaddress
 import json
 import logging
 import os
 import select
 import signal
-import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,8 +49,14 @@ DEFAULT_BUDGET_SECONDS = 30.0
 # How long past the budget the plugin waits for the guard itself (which only
 # has to kill and report) before killing it too.
 GUARD_GRACE_SECONDS = 5.0
+# IPAM types that read only their configuration and their own files, never
+# the pod's interface: these may run while the VF is being moved (see
+# Ipam.interface_blind). dhcp talks through the interface; anything else may.
+INTERFACE_BLIND_TYPES = frozenset({"host-local", "static"})
 # Output kept from an IPAM plugin (a result is a few hundred bytes).
 MAX_OUTPUT_BYTES = 1 << 20
+# At most this much of IPAM's stdin is written per ready pipe (a pipe takes 4 KiB at once, atomically).
+PIPE_CHUNK = 1 << 16
 
 # The deadline shared by every IPAM call of the verb that runs (one verb per
 # process, but tests run several in one): set by the first call, cleared by
@@ -83,52 +90,308 @@ class Outcome:
 
 
 def _guard(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float, report: int) -> None:
-    """The guard's body: run IPAM in its own process group, bounded by ``timeout``, and report."""
+    """The guard's body: run IPAM in its own process group, bounded by ``timeout``, and report.
+
+    The guard is a fork of the plugin, so every page of the plugin it writes
+    is a copy: it does as little Python as it can. IPAM is started with
+    ``posix_spawn`` (glibc's vfork-like clone: no second copy of the page
+    tables) rather than :mod:`subprocess`, its pipes are served by one
+    ``select`` loop, and the report is a short header line followed by the
+    raw output.
+    """
+    # Only stdio reaches IPAM: every other descriptor of the plugin (the node
+    # lock's above all) is closed on exec, whoever opened it.
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != report:
+            with contextlib.suppress(OSError):
+                os.set_inheritable(fd, False)
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     try:
-        proc = subprocess.Popen(
+        pid = os.posix_spawn(
+            argv[0],
             argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(env),
-            process_group=0,
+            dict(env),
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, in_r, 0),
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+            ],
+            setpgroup=0,
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # as subprocess restores them for a child
         )
     except OSError as exc:
-        os.write(report, json.dumps({"spawn_error": exc.strerror or str(exc)}).encode())
+        _write_all(report, b"E" + (exc.strerror or str(exc)).encode() + b"\n")
         return
-    os.write(report, f"{proc.pid}\n".encode())
+    for fd in (in_r, out_w, err_w):
+        os.close(fd)
+    _write_all(report, f"{pid}\n".encode())
+    out, err, timed_out = _serve(pid, in_w, data, out_r, err_r, timeout)
+    _, status = os.waitpid(pid, 0)  # exited, or killed by _serve
+    code = os.waitstatus_to_exitcode(status)
+    out = out[:MAX_OUTPUT_BYTES]
+    err = err[-65536:]
+    head = f"R {code} {int(timed_out)} {len(out)} {len(err)}\n".encode()
+    _write_all(report, head + out + err)
+
+
+def _serve(
+    pid: int, stdin: int, data: bytes, out_fd: int, err_fd: int, timeout: float
+) -> tuple[bytes, bytes, bool]:
+    """Feed ``data`` to IPAM and read its output until it has exited and both pipes closed, or
+    ``timeout`` ends it (then its group is killed; on return ``pid`` has exited either way)."""
+    os.set_blocking(stdin, False)
+    chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
+    kept = {out_fd: 0, err_fd: 0}
+    exit_fd = os.pidfd_open(pid)  # readable once IPAM has exited: its output closing is not enough
+    readers = [out_fd, err_fd, exit_fd]
+    writers = [stdin] if data else []
+    if not data:
+        os.close(stdin)
+    view = memoryview(data)
+    deadline = time.monotonic() + timeout
     timed_out = False
-    try:
-        out, err = proc.communicate(data, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        # The whole group: a shell script's children hold the pipes and the leases too.
+    while readers:
+        left = deadline - time.monotonic()
+        if left <= 0 and not timed_out:
+            timed_out = True
+            # The whole group: a shell script's children hold the pipes and the leases too.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            for fd in writers:
+                os.close(fd)
+            writers = []
+            # What is left is reading what the killed group wrote; give it a moment, not forever.
+            deadline = time.monotonic() + GUARD_GRACE_SECONDS / 2
+            continue
+        if left <= 0:
+            break
+        ready_r, ready_w, _ = select.select(readers, writers, [], left)
+        for fd in ready_w:
+            try:
+                view = view[os.write(fd, view[:PIPE_CHUNK]) :]
+            except BrokenPipeError:
+                view = view[:0]
+            if not view:
+                os.close(fd)
+                writers = []
+        for fd in ready_r:
+            if fd == exit_fd:
+                readers.remove(fd)
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                readers.remove(fd)
+                continue
+            if fd == err_fd or kept[fd] < MAX_OUTPUT_BYTES:
+                chunks[fd].append(chunk)
+                kept[fd] += len(chunk)
+    if exit_fd in readers:  # the grace after the kill ran out before the exit was seen
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-    code = proc.returncode
-    doc = {
-        "status": code if code >= 0 else None,
-        "signal": -code if code < 0 else None,
-        "timed_out": timed_out,
-        "stdout": base64.b64encode(out[:MAX_OUTPUT_BYTES]).decode(),
-        "stderr": base64.b64encode(err[-65536:]).decode(),
-    }
-    payload = json.dumps(doc).encode()
-    while payload:
-        payload = payload[os.write(report, payload) :]
+            os.killpg(pid, signal.SIGKILL)
+    for fd in writers:
+        os.close(fd)
+    for fd in (out_fd, err_fd, exit_fd):
+        os.close(fd)
+    return b"".join(chunks[out_fd]), b"".join(chunks[err_fd]), timed_out
 
 
-def run_guarded(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float) -> Outcome:
-    """Run ``argv`` with ``data`` on stdin under a guard process; see the module docstring.
+def _write_all(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view) :]
 
-    The guard is a fork of this process (so it holds the node lock's
-    descriptor, and nothing needs to be exec'd for it) that leaves our
-    session and our stdio at once: a runtime waiting for our stdout to
-    close is never kept waiting by it.
+
+class GuardedCall:
+    """A guarded IPAM exec under way: :func:`start_guarded` forks it, :meth:`collect` waits for it.
+
+    The guard reports through a pipe; nothing here uses threads. Between the
+    two the caller may do other work (ADD moves the VF meanwhile for an IPAM
+    type that never looks at the pod's interface). :meth:`collect` is
+    idempotent and always reaps the guard, so a caller that fails half-way
+    calls it once more in a ``finally`` and never leaves IPAM running behind
+    its own rollback.
     """
+
+    def __init__(self, pid: int, report: int, timeout: float) -> None:
+        self._pid = pid
+        self._report = report
+        self._limit = time.monotonic() + timeout + GUARD_GRACE_SECONDS
+        self._outcome: Outcome | None = None
+
+    def collect(self) -> Outcome:
+        """Wait for the guard (within the budget plus a grace) and return how IPAM ended."""
+        if self._outcome is None:
+            self._outcome = self._wait()
+        return self._outcome
+
+    def _wait(self) -> Outcome:
+        r, pid = self._report, self._pid
+        ipam_pid = 0
+        buf = b""
+        try:
+            while True:
+                left = self._limit - time.monotonic()
+                ready, _, _ = select.select([r], [], [], max(left, 0))
+                if not ready:
+                    # The guard itself is stuck (stopped?): end it and its IPAM.
+                    for target, kill in ((ipam_pid, os.killpg), (pid, os.kill)):
+                        if target:
+                            with contextlib.suppress(ProcessLookupError):
+                                kill(target, signal.SIGKILL)
+                    return Outcome(None, None, True, b"", b"")
+                chunk = os.read(r, 65536)
+                if not chunk:
+                    break
+                buf += chunk
+                if not ipam_pid and b"\n" in buf and buf[:1].isdigit():
+                    head, _, buf = buf.partition(b"\n")
+                    ipam_pid = int(head)
+        finally:
+            os.close(r)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        return _parse_report(buf)
+
+
+def _parse_report(buf: bytes) -> Outcome:
+    """Decode what :func:`_guard` wrote after IPAM's pid line."""
+    if buf[:1] == b"E":
+        return Outcome(None, None, False, b"", b"", spawn_error=buf[1:].decode(errors="replace").strip())
+    head, sep, rest = buf.partition(b"\n")
+    fields = head.split()
+    try:
+        if not sep or len(fields) != 5 or fields[0] != b"R":
+            raise ValueError("no report")
+        code, timed_out, n_out, n_err = (int(f) for f in fields[1:])
+        if len(rest) != n_out + n_err:
+            raise ValueError("short report")
+    except ValueError:
+        return Outcome(
+            None, None, False, b"", b"", spawn_error="the IPAM guard process ended without a report"
+        )
+    return Outcome(
+        code if code >= 0 else None,
+        -code if code < 0 else None,
+        bool(timed_out),
+        rest[:n_out],
+        rest[n_out:],
+    )
+
+
+# The argument that makes the launcher an IPAM guard (launcher/guard.h).
+GUARD_ARG = "--ipam-guard"
+# The launcher to run as the guard: (its descriptor, its path), None for a
+# forked guard, False until looked up (once per process: a warm server's
+# child looks it up itself, for its own caller's launcher).
+_launcher: tuple[int, str] | bool | None = False
+
+
+def _guard_launcher() -> tuple[int, str] | None:
+    """The packed launcher this plugin was started by, if it carries this very build.
+
+    Only a launcher whose payload is the tree this process runs from is
+    trusted to understand :data:`GUARD_ARG` (an older launcher installed
+    meanwhile would start the plugin instead). It is kept open and run from
+    that descriptor, so a file replaced after the check is never run.
+    """
+    global _launcher
+    if _launcher is False:
+        _launcher = None
+        path = os.environ.get("RDMA_CNI_LAUNCHER", "")
+        if path and getattr(sys, "frozen", False):
+            from rdma_cni.payload import payload_id_of
+
+            own = os.path.basename(os.path.dirname(sys.executable))
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            if payload_id_of(fd) == own:
+                _launcher = (fd, path)
+            else:
+                os.close(fd)
+    return _launcher or None
+
+
+def start_guarded(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float) -> GuardedCall:
+    """Start ``argv`` with ``data`` on stdin under a guard process; see the module docstring.
+
+    The guard is the launcher in its guard mode (``launcher/guard.c``) when
+    this plugin runs from the packed binary, else a fork of this process.
+    Either way it holds the node lock this process holds, and it leaves our
+    session and our stdio at once: a runtime waiting for our stdout to
+    close is never kept waiting by it. Raises OSError only before the guard
+    started (nothing is then running).
+    """
+    launcher = _guard_launcher()
+    if launcher is not None:
+        return _spawn_guard(launcher, argv, env, data, timeout)
+    return _fork_guard(argv, env, data, timeout)
+
+
+def _spawn_guard(
+    launcher: tuple[int, str], argv: list[str], env: Mapping[str, str], data: bytes, timeout: float
+) -> GuardedCall:
+    """Start the exec'd guard: the request on a memfd as its stdin, the lock on fd 3, the report on fd 1.
+
+    posix_spawn is glibc's vfork-like clone: no copy of this process's
+    pages or page tables, which a fork of a ~37 MB Python process costs.
+    """
+    from rdma_cni.record import held_lock
+
+    fd, path = launcher
     r, w = os.pipe()
-    pid = os.fork()
+    opened: list[int] = [w]
+    try:
+        request = os.memfd_create("ipam-request", os.MFD_CLOEXEC)
+        opened.append(request)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(request, view) :]
+        os.lseek(request, 0, os.SEEK_SET)
+        actions = [
+            (os.POSIX_SPAWN_DUP2, request, 0),
+            (os.POSIX_SPAWN_DUP2, w, 1),
+            (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_RDWR, 0),
+        ]
+        lock = held_lock()
+        if lock is not None:
+            # Above the descriptors dup'ed onto 0-3, so no action undoes another.
+            spare = fcntl.fcntl(lock, fcntl.F_DUPFD_CLOEXEC, 10)
+            opened.append(spare)
+            actions.append((os.POSIX_SPAWN_DUP2, spare, 3))
+        if fd <= 3:  # the actions above would replace it before the exec
+            fd = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+            opened.append(fd)
+        budget_ms = max(1, int(timeout * 1000))
+        pid = os.posix_spawn(
+            f"/proc/self/fd/{fd}",
+            [path, GUARD_ARG, str(budget_ms), *argv],
+            dict(env),
+            file_actions=actions,
+            setsid=True,
+        )
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        for extra in opened:
+            os.close(extra)
+    return GuardedCall(pid, r, timeout)
+
+
+def _fork_guard(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float) -> GuardedCall:
+    """Start a guard that is a fork of this process (which then holds the node lock's descriptor)."""
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        raise
     if pid == 0:  # pragma: no cover - the guard never returns (coverage cannot follow it)
         try:
             os.close(r)
@@ -144,46 +407,26 @@ def run_guarded(argv: list[str], env: Mapping[str, str], data: bytes, timeout: f
         finally:
             os._exit(0)
     os.close(w)
-    ipam_pid = 0
-    buf = b""
-    limit = time.monotonic() + timeout + GUARD_GRACE_SECONDS
-    try:
-        while True:
-            left = limit - time.monotonic()
-            ready, _, _ = select.select([r], [], [], max(left, 0))
-            if not ready:
-                # The guard itself is stuck (stopped?): end it and its IPAM.
-                for target, kill in ((ipam_pid, os.killpg), (pid, os.kill)):
-                    if target:
-                        with contextlib.suppress(ProcessLookupError):
-                            kill(target, signal.SIGKILL)
-                return Outcome(None, None, True, b"", b"")
-            chunk = os.read(r, 65536)
-            if not chunk:
-                break
-            buf += chunk
-            if not ipam_pid and b"\n" in buf and buf[:1].isdigit():
-                head, _, buf = buf.partition(b"\n")
-                ipam_pid = int(head)
-    finally:
-        os.close(r)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-    try:
-        doc = json.loads(buf)
-        if "spawn_error" in doc:
-            return Outcome(None, None, False, b"", b"", spawn_error=str(doc["spawn_error"]))
-        return Outcome(
-            doc["status"],
-            doc["signal"],
-            bool(doc["timed_out"]),
-            base64.b64decode(doc["stdout"]),
-            base64.b64decode(doc["stderr"]),
-        )
-    except (ValueError, KeyError, TypeError):
-        return Outcome(
-            None, None, False, b"", b"", spawn_error="the IPAM guard process ended without a report"
-        )
+    return GuardedCall(pid, r, timeout)
+
+
+def run_guarded(argv: list[str], env: Mapping[str, str], data: bytes, timeout: float) -> Outcome:
+    """:func:`start_guarded` and wait for it."""
+    return start_guarded(argv, env, data, timeout).collect()
+
+
+@dataclass
+class IpamCall:
+    """One IPAM request under way (see :meth:`Ipam.start`)."""
+
+    verb: str
+    ifname: str
+    what: str
+    guarded: GuardedCall | None  # None: nothing was run (no version both sides speak)
+
+    def wait(self) -> Outcome | None:
+        """Wait for the IPAM plugin to end (idempotent); :meth:`Ipam.finish_add` judges the answer."""
+        return self.guarded.collect() if self.guarded is not None else None
 
 
 class Ipam:
@@ -206,7 +449,20 @@ class Ipam:
                 return candidate
         raise IpamError(f"IPAM plugin {self.type!r} not found in CNI_PATH ({':'.join(path)})")
 
+    @property
+    def interface_blind(self) -> bool:
+        """Whether this IPAM type never looks at the pod's interface, so it may run before the VF moves.
+
+        host-local and static read only their configuration and their own
+        files; dhcp needs the interface in the pod, and an unknown type may
+        too, so every other type runs after the move, as CNI orders it.
+        """
+        return self.type in INTERFACE_BLIND_TYPES
+
     def _exec(self, verb: str, ifname: str, stdin: Mapping[str, Any]) -> tuple[int, Any]:
+        return self._outcome(self._launch(verb, ifname, stdin))
+
+    def _launch(self, verb: str, ifname: str, stdin: Mapping[str, Any]) -> IpamCall:
         env = dict(self._env.environ)
         env["CNI_COMMAND"] = verb
         if ifname:
@@ -219,9 +475,15 @@ class Ipam:
                 "is spent"
             )
         try:
-            done = run_guarded([self.binary], env, json.dumps(stdin).encode(), left)
+            guarded = start_guarded([self.binary], env, json.dumps(stdin).encode(), left)
         except OSError as exc:  # fork or pipe refused: the node is short of processes or descriptors
             raise TryAgainLater(f"{what} not run: cannot start its guard process: {exc.strerror}") from exc
+        return IpamCall(verb, ifname, what, guarded)
+
+    def _outcome(self, call: IpamCall) -> tuple[int, Any]:
+        verb, what = call.verb, call.what
+        done = call.wait()
+        assert done is not None  # _launch always starts a guard
         if done.spawn_error:
             raise IpamError(f"cannot run IPAM plugin {self.binary}: {done.spawn_error}")
         if done.stderr:
@@ -284,6 +546,18 @@ class Ipam:
     def _request(
         self, verb: str, ifname: str, extra: Mapping[str, Any] | None = None, minimum: str = "0.3.0"
     ) -> Any:
+        call = self._begin(verb, ifname, extra, minimum)
+        if call is None:
+            return None
+        try:
+            return self._end(call)
+        finally:
+            call.wait()  # reaped even when the wait itself was interrupted
+
+    def _begin(
+        self, verb: str, ifname: str, extra: Mapping[str, Any] | None = None, minimum: str = "0.3.0"
+    ) -> IpamCall | None:
+        """Start one request (None: the plugin speaks no version that allows it)."""
         version = str(self._doc["cniVersion"])
         if version_tuple(version) > (1, 0, 0):
             # Only 1.1.0 has outrun common IPAM plugins; older configs go as they are.
@@ -295,7 +569,14 @@ class Ipam:
         stdin = {k: v for k, v in self._doc.items() if k != "prevResult"}
         stdin.update(extra or {})
         stdin["cniVersion"] = version
-        code, doc = self._exec(verb, ifname, stdin)
+        return self._launch(verb, ifname, stdin)
+
+    def _end(self, call: IpamCall) -> Any:
+        """Wait for a request and judge its answer."""
+        verb, ifname = call.verb, call.ifname
+        if call.guarded is None:
+            return None
+        code, doc = self._outcome(call)
         # An error document is a failure even with exit status 0: a plugin saying
         # so must not hand the pod interfaces without addresses.
         if code != 0 or (isinstance(doc, dict) and "code" in doc):
@@ -311,15 +592,34 @@ class Ipam:
 
     def add(self, ifname: str) -> dict[str, Any]:
         """IPAM ADD for one pod-side interface; returns the IPAM result document."""
-        doc = self._request("ADD", ifname)
+        call = self.start("ADD", ifname)
+        try:
+            return self.finish_add(call)
+        finally:
+            call.wait()
+
+    def start(self, verb: str, ifname: str) -> IpamCall:
+        """Start IPAM ``verb`` (ADD or DEL) for one pod-side interface; :meth:`finish_add` or
+        :meth:`finish_delete` waits for it. The caller must make sure :meth:`IpamCall.wait` runs
+        on every path (it is idempotent), so that IPAM never outlives the caller's own rollback."""
+        # A plugin speaking no usable version is not run: its ADD then has no result, its DEL is moot.
+        return self._begin(verb, ifname) or IpamCall(verb, ifname, f"IPAM plugin {self.type} {verb}", None)
+
+    def finish_add(self, call: IpamCall) -> dict[str, Any]:
+        """The result of an IPAM ADD started with :meth:`start`, checked."""
+        doc = self._end(call)
         if not isinstance(doc, dict):
-            raise IpamError(f"IPAM plugin {self.type} ADD for {ifname} returned no result")
-        check_result(doc, f"IPAM plugin {self.type} ADD for {ifname}")
+            raise IpamError(f"IPAM plugin {self.type} ADD for {call.ifname} returned no result")
+        check_result(doc, f"IPAM plugin {self.type} ADD for {call.ifname}")
         return doc
 
     def delete(self, ifname: str) -> None:
         """IPAM DEL for one pod-side interface (idempotent for well-behaved IPAM plugins)."""
         self._request("DEL", ifname)
+
+    def finish_delete(self, call: IpamCall) -> None:
+        """Wait for an IPAM DEL started with :meth:`start`; raises as :meth:`delete` does."""
+        self._end(call)
 
     def check(self, ifname: str, prev: Mapping[str, Any]) -> None:
         """IPAM CHECK for one interface, against its own result."""

@@ -19,6 +19,8 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import dataclasses
+import hashlib
 import http.client
 import json
 import logging
@@ -417,46 +419,45 @@ def get_pod(
 
     attempts = max(1, retries + 1)
     last_error = "no attempt made"
-    with _tls_files(creds, ca_in_memory=True) as (verify, cert):
-        context = _ssl_context(verify, cert, creds.ca_data)
-        for attempt in range(attempts):
-            if attempt:
-                delay = backoff * (2 ** (attempt - 1))
-                log.info("retrying GET pod %s in %.2fs after: %s", pod_ref, delay, last_error)
-                time.sleep(delay)
-            log.debug("GET %s (attempt %d of %d)", url, attempt + 1, attempts)
-            try:
-                status, body = _get(target, path, headers, context, connect_timeout, read_timeout)
-            except ssl.SSLError as exc:
-                # A bad certificate does not heal by retrying.
-                raise KubernetesError(
-                    f"TLS connection to API server {creds.server} failed",
-                    _redact(f"{_describe(exc)}; check the certificate authority in {creds.source}", creds),
-                ) from exc
-            except TimeoutError as exc:
-                last_error = _redact(f"Timeout: {exc or 'timed out'}", creds)
-                continue
-            except (OSError, http.client.HTTPException) as exc:
-                last_error = _redact(f"ConnectionError: {_describe(exc)}", creds)
-                continue
-
-            if status == 200:
-                return _decode_pod(body, creds, pod_ref)
-            server_says = _status_message(body, creds)
-            if status >= 500 or status == 429:
-                last_error = f"HTTP {status}" + (f": {server_says}" if server_says else "")
-                continue
-            if status == 404:
-                raise KubernetesError(f"pod {pod_ref} not found", server_says)
-            if status in (401, 403):
-                raise KubernetesError(
-                    f"API server {creds.server} refused the credentials from {creds.source} "
-                    f"(HTTP {status}) reading pod {pod_ref}",
-                    server_says,
-                )
+    context = client_context(creds)
+    for attempt in range(attempts):
+        if attempt:
+            delay = backoff * (2 ** (attempt - 1))
+            log.info("retrying GET pod %s in %.2fs after: %s", pod_ref, delay, last_error)
+            time.sleep(delay)
+        log.debug("GET %s (attempt %d of %d)", url, attempt + 1, attempts)
+        try:
+            status, body = _get(target, path, headers, context, connect_timeout, read_timeout)
+        except ssl.SSLError as exc:
+            # A bad certificate does not heal by retrying.
             raise KubernetesError(
-                f"API server {creds.server} answered HTTP {status} reading pod {pod_ref}", server_says
+                f"TLS connection to API server {creds.server} failed",
+                _redact(f"{_describe(exc)}; check the certificate authority in {creds.source}", creds),
+            ) from exc
+        except TimeoutError as exc:
+            last_error = _redact(f"Timeout: {exc or 'timed out'}", creds)
+            continue
+        except (OSError, http.client.HTTPException) as exc:
+            last_error = _redact(f"ConnectionError: {_describe(exc)}", creds)
+            continue
+
+        if status == 200:
+            return _decode_pod(body, creds, pod_ref)
+        server_says = _status_message(body, creds)
+        if status >= 500 or status == 429:
+            last_error = f"HTTP {status}" + (f": {server_says}" if server_says else "")
+            continue
+        if status == 404:
+            raise KubernetesError(f"pod {pod_ref} not found", server_says)
+        if status in (401, 403):
+            raise KubernetesError(
+                f"API server {creds.server} refused the credentials from {creds.source} "
+                f"(HTTP {status}) reading pod {pod_ref}",
+                server_says,
             )
+        raise KubernetesError(
+            f"API server {creds.server} answered HTTP {status} reading pod {pod_ref}", server_says
+        )
 
     log.warning("giving up on API server %s after %d attempts: %s", creds.server, attempts, last_error)
     raise TryAgainLater(
@@ -488,6 +489,95 @@ def _target(creds: ClusterCredentials) -> _Target:
     return _Target(tls, parts.hostname, port, parts.path.rstrip("/"))
 
 
+# Client TLS contexts by the digest of what they were built from (the CA, the
+# client certificate and key: their content, never their paths). A warm
+# server fills this for the kubeconfigs its children used (keep_context), so
+# each later child inherits a built context instead of parsing certificates
+# again; a changed file has another digest, so a context is never stale.
+_CONTEXTS: dict[bytes, ssl.SSLContext] = {}
+_MAX_CONTEXTS = 8
+# Set by a warm server's child: where to say that a kubeconfig's context was not
+# there (see note_context_miss); -1 otherwise.
+context_hint_fd = -1
+_missed: str | None = None
+
+
+def _material(creds: ClusterCredentials) -> tuple[bytes, ClusterCredentials] | None:
+    """The digest of what :func:`_ssl_context` would be built from, and ``creds`` with those bytes inline.
+
+    Building from the inline copy means the context is made of exactly the
+    bytes the digest names, even if a file changes meanwhile. None when it
+    cannot be cached: the system trust store (its content is not read here),
+    or a file that cannot be read now (building the context reports that).
+    """
+    if not creds.insecure_skip_tls_verify and creds.ca_data is None and creds.ca_file is None:
+        return None
+
+    def content(data: bytes | None, path: str | None) -> bytes | None:
+        if data is None and path is not None:
+            with open(path, "rb") as f:
+                return f.read()
+        return data
+
+    try:
+        ca = None if creds.insecure_skip_tls_verify else content(creds.ca_data, creds.ca_file)
+        cert = content(creds.client_cert_data, creds.client_cert_file)
+        key = content(creds.client_key_data, creds.client_key_file)
+    except OSError:
+        return None
+    digest = hashlib.sha256()
+    for part in (ca, cert, key):
+        digest.update(b"-" if part is None else b"+" + len(part).to_bytes(8, "big") + part)
+    inline = dataclasses.replace(
+        creds,
+        ca_file=None,
+        ca_data=ca,
+        client_cert_file=None,
+        client_cert_data=cert,
+        client_key_file=None,
+        client_key_data=key,
+    )
+    return digest.digest(), inline
+
+
+def client_context(creds: ClusterCredentials) -> ssl.SSLContext:
+    """The client TLS context for ``creds``: one built for the same content before, else a new one."""
+    global _missed
+    material = _material(creds)
+    context = _CONTEXTS.get(material[0]) if material is not None else None
+    if context is not None:
+        return context
+    _missed = creds.source if material is not None else None
+    with _tls_files(creds, ca_in_memory=True) as (verify, cert):
+        return _ssl_context(verify, cert, creds.ca_data)
+
+
+def keep_context(creds: ClusterCredentials) -> bool:
+    """Build and keep the context of ``creds`` for later :func:`client_context` calls (a warm server)."""
+    material = _material(creds)
+    if material is None or material[0] in _CONTEXTS:
+        return False
+    key, inline = material
+    with _tls_files(inline, ca_in_memory=True) as (verify, cert):
+        context = _ssl_context(verify, cert, inline.ca_data)
+    if len(_CONTEXTS) >= _MAX_CONTEXTS:
+        del _CONTEXTS[next(iter(_CONTEXTS))]  # the oldest: a kubeconfig since rotated, most likely
+    _CONTEXTS[key] = context
+    return True
+
+
+def note_context_miss(kubeconfig: str) -> None:
+    """Tell the warm server, if any, that ``kubeconfig``'s context had to be built (it builds it too)."""
+    global _missed
+    if _missed is None or context_hint_fd < 0:
+        return
+    _missed = None
+    line = os.fsencode(kubeconfig) + b"\n"
+    if len(line) <= 512 and b"\n" not in line[:-1]:
+        with contextlib.suppress(OSError):  # a full pipe or a gone server: only a lost hint
+            os.write(context_hint_fd, line)
+
+
 def _ssl_context(
     verify: str | bool, cert: tuple[str, str] | None, ca_data: bytes | None = None
 ) -> ssl.SSLContext:
@@ -499,7 +589,9 @@ def _ssl_context(
         context.verify_mode = ssl.CERT_NONE
     elif ca_data is not None:
         try:
-            context = ssl.create_default_context(cadata=ca_data.decode("ascii"))
+            # PEM blocks are ASCII; text around them (a CA file's comments) may
+            # not be, and OpenSSL skips it when it reads the file itself.
+            context = ssl.create_default_context(cadata=ca_data.decode("ascii", errors="ignore"))
         except (ValueError, ssl.SSLError) as exc:
             raise KubernetesError(
                 "cannot load the API server's certificate authority", _describe(exc)

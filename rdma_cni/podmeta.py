@@ -68,6 +68,7 @@ def _resolve(env: CniEnv, conf: NetConf) -> tuple[PodRequest, str]:
 
         creds = k8s.load_credentials(conf.kubeconfig)
         obj = k8s.get_pod(creds, pod.namespace, pod.name)
+        k8s.note_context_miss(conf.kubeconfig)
         uid = (obj.get("metadata") or {}).get("uid", "")
         if pod.uid and uid and uid != pod.uid:
             log.warning(

@@ -411,6 +411,16 @@ def _wait_for_flock(fd: int, timeout: float) -> bool:
         signal.signal(signal.SIGALRM, previous)
 
 
+# Descriptors of the node locks this process holds now (innermost last): an
+# IPAM guard that is exec'd rather than forked is handed the lock explicitly.
+_held: list[int] = []
+
+
+def held_lock() -> int | None:
+    """The descriptor of the node lock this process holds, if it holds one."""
+    return _held[-1] if _held else None
+
+
 @contextlib.contextmanager
 def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
     """Hold the node-wide lock (flock on ``lock_file``); code 11 after ``timeout`` seconds, code 5 at once
@@ -449,9 +459,11 @@ def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
         except OSError as exc:
             raise IOFailure(f"cannot lock lockFile {lock_file}: {exc.strerror}") from exc
         acquired = time.monotonic()
+        _held.append(fd)
         try:
             yield
         finally:
+            _held.remove(fd)
             log.info(
                 "node lock: waited %.1f ms, held %.1f ms",
                 (acquired - waited) * 1000,

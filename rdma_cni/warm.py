@@ -51,13 +51,12 @@ import sys
 import time
 from collections.abc import Mapping
 
+from rdma_cni.payload import payload_id
+
 SOCKET_NAME = "warm.sock"
 LOCK_NAME = "warm.lock"
 HELLO = b"RDMACNI-WARM-1"
 TREE_CHECK_SECONDS = 5.0
-# The packed launcher's trailer (launcher/launcher.c): magic, offset, count, id.
-TRAILER_SIZE = 40
-TRAILER_MAGIC = b"RDMACNI\x01"
 # Launcher paths remembered at most (a node normally has one or two).
 MAX_LAUNCHERS = 16
 NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts")
@@ -97,19 +96,6 @@ def idle_seconds(environ: Mapping[str, str]) -> float | None:
     except ValueError:
         return None
     return value if 0 < value < 1e7 else None
-
-
-def payload_id(path: str) -> str | None:
-    """The payload id in the trailer of the packed launcher at ``path``, or None if it is not one."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(-TRAILER_SIZE, os.SEEK_END)
-            trailer = f.read(TRAILER_SIZE)
-    except (OSError, ValueError):
-        return None
-    if len(trailer) != TRAILER_SIZE or not trailer.startswith(TRAILER_MAGIC):
-        return None
-    return trailer[24:].decode("ascii", "replace")
 
 
 def _identity(path: str) -> tuple[int, int, int, int] | None:
@@ -230,6 +216,9 @@ class Server:
         self.selector = selectors.DefaultSelector()
         self.last_activity = time.monotonic()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # Children name the kubeconfigs whose TLS context they had to build
+        # (rdma_cni.k8s.note_context_miss); the server builds and keeps them.
+        self.hint_r, self.hint_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.dirfd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
@@ -256,6 +245,7 @@ class Server:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
         self.selector.register(self.wake_r, selectors.EVENT_READ, "reap")
+        self.selector.register(self.hint_r, selectors.EVENT_READ, "hint")
 
     def close(self) -> None:
         """Stop listening: remove the socket first so no caller waits on a dead server."""
@@ -287,6 +277,8 @@ class Server:
                     self._accept()
                 elif key.data == "reap":
                     self._reap()
+                elif key.data == "hint":
+                    self._keep_contexts()
                 else:
                     self._caller_gone(key.data)
 
@@ -337,6 +329,25 @@ class Server:
         self.children[pid] = conn
         self.selector.register(conn, selectors.EVENT_READ, pid)
 
+    def _keep_contexts(self) -> None:
+        """Build the TLS contexts children asked for, so that later children inherit them."""
+        try:
+            data = os.read(self.hint_r, 65536)
+        except BlockingIOError:
+            return
+        from rdma_cni import k8s
+
+        kept = False
+        for path in set(data.split(b"\n")):
+            if not path:
+                continue
+            try:
+                kept |= k8s.keep_context(k8s.load_credentials(os.fsdecode(path)))
+            except Exception:  # the child that read it reported any problem; the server keeps serving
+                continue
+        if kept:
+            gc.freeze()  # the new context's objects are shared by every child from now on, like the rest
+
     def _check(self, conn: socket.socket) -> Caller:
         pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         if uid != self.uid:
@@ -361,8 +372,11 @@ class Server:
                 conn.sendall(b"S")
             self.listener.close()
             self.selector.close()
-            for fd in (self.wake_r, self.wake_w, self.dirfd):
+            for fd in (self.wake_r, self.wake_w, self.dirfd, self.hint_r):
                 os.close(fd)
+            from rdma_cni import k8s
+
+            k8s.context_hint_fd = self.hint_w
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
             for fd in fds:

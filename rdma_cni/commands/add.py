@@ -34,7 +34,7 @@ from rdma_cni.config import NetConf, first_interface_mac
 from rdma_cni.errors import CniError, KernelError, NoCapacity, StateError
 from rdma_cni.identity import VfFinder
 from rdma_cni.inventory import Node, Vf, scan
-from rdma_cni.ipam import Ipam
+from rdma_cni.ipam import Ipam, IpamCall
 from rdma_cni.ipam_pending import PendingStore, retry
 from rdma_cni.isolation import RdmaIsolation
 from rdma_cni.netlink import Rtnl
@@ -268,7 +268,15 @@ def perform(
     isolation: RdmaIsolation,
     progress: Progress,
 ) -> Result:
-    """Run every ADD step for every VF, marking each before it runs (so rollback covers a half-done step)."""
+    """Run every ADD step for every VF, marking each before it runs (so rollback covers a half-done step).
+
+    An IPAM type that never looks at the pod's interface (``Ipam.interface_blind``)
+    is started before the netdev moves and collected after it: the move is
+    mostly the kernel waiting, and IPAM's fork and exec use that time. Every
+    other type runs after the move, as CNI orders it. Either way the IPAM
+    call is waited for before this function returns or raises, so the
+    rollback's IPAM DEL never races an IPAM ADD still under way.
+    """
     result = Result()
     pod = finder.pod
     assert pod is not None
@@ -282,23 +290,33 @@ def perform(
         home = finder.in_host(rec.pci)
         if home is None:
             raise KernelError(f"VF {rec.pci} is no longer proven to be in the host namespace")
-        link = move_in(host, pod, rec, home)
-        progress.mark(rec.pci, "up")
-        bring_up(pod, link, rec)
-        index = len(result.interfaces)
-        result.interfaces.append(
-            Interface(
-                name=rec.pod_name,
-                mac=rec.mac or link.mac,
-                sandbox=env.netns,
-                mtu=rec.mtu or link.mtu,
-                pci_id=rec.pci,
+        call: IpamCall | None = None
+        try:
+            if ipam is not None and ipam.interface_blind:
+                progress.mark(rec.pci, "ipam")
+                call = ipam.start("ADD", rec.pod_name)
+            link = move_in(host, pod, rec, home)
+            progress.mark(rec.pci, "up")
+            bring_up(pod, link, rec)
+            index = len(result.interfaces)
+            result.interfaces.append(
+                Interface(
+                    name=rec.pod_name,
+                    mac=rec.mac or link.mac,
+                    sandbox=env.netns,
+                    mtu=rec.mtu or link.mtu,
+                    pci_id=rec.pci,
+                )
             )
-        )
-        if ipam is None:
-            continue
-        progress.mark(rec.pci, "ipam")
-        rec.ipam = ipam.add(rec.pod_name)
+            if ipam is None:
+                continue
+            if call is None:
+                progress.mark(rec.pci, "ipam")
+                call = ipam.start("ADD", rec.pod_name)
+            rec.ipam = ipam.finish_add(call)
+        finally:
+            if call is not None:
+                call.wait()
         progress.mark(rec.pci, "addresses")
         apply_addresses(pod, link, rec.ipam)
         sub = Result.from_dict(rec.ipam)

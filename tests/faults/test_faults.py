@@ -206,13 +206,22 @@ def test_kill_9_at_random_points_then_del(cluster: Cluster, rng: random.Random, 
     # A warm ADD takes ~0.1 s, a cold one ~0.5 s (more under load); kills land anywhere in it,
     # and some cycles give IPAM a slow start so that kills land inside IPAM too.
     span = 0.9 if start == "cold" else 0.25
+    # Some cycles give IPAM a slow start: "slow-local" runs after the VF moved (CNI's order), a
+    # slow "host-local" while it moves (the plugin overlaps the two for host-local), so kills land
+    # inside IPAM and inside the overlap too.
     bindir = os.path.join(cluster.tmp, "bin")
-    write_ipam(bindir, "slow-local", {"ADD": sleeps_then_host_local(0.2, os.path.join(cluster.tmp, "m"))})
-    cluster.cni_path = f"{bindir}:/usr/lib/cni"
+    overlapdir = os.path.join(cluster.tmp, "bin-overlap")
+    slow = sleeps_then_host_local(0.2, os.path.join(cluster.tmp, "m"))
+    write_ipam(bindir, "slow-local", {"ADD": slow, "DEL": slow})
+    write_ipam(overlapdir, "host-local", {"ADD": slow, "DEL": slow})
+    plain_path = f"{bindir}:/usr/lib/cni"
+    cluster.cni_path = plain_path
     assert bench.run("STATUS", {}, cluster.conf(), "warm-up").code == 0
     for n in range(scaled(20)):
         conf = cluster.conf()
-        if rng.random() < 0.3:
+        draw = rng.random()
+        cluster.cni_path = f"{overlapdir}:{plain_path}" if 0.3 <= draw < 0.5 else plain_path
+        if draw < 0.3:
             conf["ipam"]["type"] = "slow-local"
         for verb in ("ADD", "DEL"):
             pod = cluster.pod([{"max_tx_rate": 100}, {}])

@@ -21,6 +21,16 @@ from tests.support.fake_ipam import crashes, hangs, prints, sleeper
 from tests.support.processes import pids_mentioning, wait_gone
 
 
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rpartition(b")")[2].split()[1])
+
+
+def _argv(pid: int) -> list[bytes]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().split(b"\0")
+
+
 def _leases(cluster: Cluster) -> dict[str, int]:
     """Every file host-local keeps for the network, with its size (a killed write leaves 0 bytes)."""
     d = os.path.join(cluster.tmp, "ipam", "rdma-net")
@@ -44,6 +54,9 @@ def test_kill_9_during_ipam_add_then_del_at_once_leaves_no_lease(cluster: Cluste
     proc.wait()
     ipam = pids_mentioning(os.path.join(cluster.tmp, "bin", "slow-local"))
     assert ipam, "IPAM was killed with the plugin"
+    if os.environ.get("RDMA_CNI_BINARY"):
+        # The built binary's guard is its launcher in guard mode (launcher/guard.c), not a fork.
+        assert any(b"--ipam-guard" in _argv(_parent(pid)) for pid in ipam), "no exec'd guard"
     # The runtime's DEL comes at once: it waits for the lock the guard holds
     # until IPAM has written its lease, then releases that lease.
     done = cluster.run("DEL", pod, conf)

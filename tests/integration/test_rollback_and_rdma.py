@@ -53,7 +53,7 @@ STEPS: dict[str, tuple[Any, str]] = {
     "rdma move": (RdmaIsolation, "move_in"),
     "netdev move": (add_cmd, "move_in"),
     "bring up": (add_cmd, "bring_up"),
-    "ipam add": (Ipam, "add"),
+    "ipam add": (Ipam, "finish_add"),
     "addresses": (add_cmd, "apply_addresses"),
 }
 

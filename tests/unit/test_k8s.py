@@ -775,3 +775,96 @@ def test_server_url_userinfo_does_not_replace_the_token(api: ApiServer, tmp_path
 )
 def test_split_userinfo(url: str, expected: tuple[str, str | None]) -> None:
     assert k8s.split_userinfo(url) == expected
+
+
+# --------------------------------------------------------------------------
+# TLS contexts kept by a warm server
+
+
+@pytest.fixture
+def no_contexts(monkeypatch: pytest.MonkeyPatch) -> dict[bytes, Any]:
+    kept: dict[bytes, Any] = {}
+    monkeypatch.setattr(k8s, "_CONTEXTS", kept)
+    monkeypatch.setattr(k8s, "_missed", None)
+    monkeypatch.setattr(k8s, "context_hint_fd", -1)
+    return kept
+
+
+def _no_building(*_args: Any) -> Any:
+    raise AssertionError("a TLS context was built although one was kept for the same content")
+
+
+@pytest.mark.parametrize(
+    ("mode", "ca"), [("token", "file"), ("client-cert-data", "data"), ("insecure", "file")]
+)
+def test_a_kept_context_serves_later_requests(
+    api: ApiServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    no_contexts: dict[bytes, Any],
+    mode: str,
+    ca: str,
+) -> None:
+    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode=mode, ca=ca))
+    assert k8s.keep_context(creds)
+    assert not k8s.keep_context(creds)  # already kept
+    monkeypatch.setattr(k8s, "_ssl_context", _no_building)
+    assert k8s.get_pod(creds, "default", "web-0")["metadata"]["uid"] == "1111-2222"
+
+
+def test_a_changed_ca_file_is_never_served_a_kept_context(
+    api: ApiServer, tmp_path: Path, no_contexts: dict[bytes, Any]
+) -> None:
+    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="file"))
+    assert creds.ca_file is not None
+    own_ca = tmp_path / "ca.crt"
+    own_ca.write_bytes(Path(creds.ca_file).read_bytes())  # a copy: the server's own file stays
+    creds = dataclasses.replace(creds, ca_file=str(own_ca))
+    assert k8s.keep_context(creds)
+    other, _ = make_ca(str(tmp_path), stem="other", common_name="another CA")
+    os.replace(other, own_ca)  # the kubeconfig's CA file now trusts someone else
+    with pytest.raises(KubernetesError, match="TLS connection"):
+        k8s.get_pod(creds, "default", "web-0", **FAST)
+
+
+def test_the_system_trust_store_and_unreadable_files_are_never_kept(
+    api: ApiServer, tmp_path: Path, no_contexts: dict[bytes, Any]
+) -> None:
+    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="client-cert-files"))
+    assert not k8s.keep_context(dataclasses.replace(creds, ca_file=None, ca_data=None))
+    assert creds.client_key_file is not None
+    assert not k8s.keep_context(dataclasses.replace(creds, client_key_file=str(tmp_path / "gone.key")))
+    assert no_contexts == {}
+
+
+def test_the_oldest_kept_context_makes_room(
+    api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_contexts: dict[bytes, Any]
+) -> None:
+    monkeypatch.setattr(k8s, "_MAX_CONTEXTS", 1)
+    first = k8s.load_credentials(api.write_kubeconfig(tmp_path / "a", mode="token", ca="file"))
+    second = k8s.load_credentials(api.write_kubeconfig(tmp_path / "b", mode="insecure"))
+    assert k8s.keep_context(first) and k8s.keep_context(second)
+    assert len(no_contexts) == 1
+    assert k8s.keep_context(first)  # it was dropped, so it is built again
+
+
+def test_a_context_built_by_a_child_is_named_to_the_server_once(
+    api: ApiServer, tmp_path: Path, no_contexts: dict[bytes, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = api.write_kubeconfig(tmp_path / "kc", mode="token", ca="file")
+    creds = k8s.load_credentials(path)
+    r, w = os.pipe2(os.O_NONBLOCK)
+    monkeypatch.setattr(k8s, "context_hint_fd", w)
+    try:
+        k8s.get_pod(creds, "default", "web-0")
+        k8s.note_context_miss(path)
+        k8s.note_context_miss(path)
+        assert os.read(r, 4096) == path.encode() + b"\n"
+        k8s.keep_context(creds)  # what the server does with it
+        k8s.get_pod(creds, "default", "web-0")
+        k8s.note_context_miss(path)
+        with pytest.raises(BlockingIOError):
+            os.read(r, 4096)
+    finally:
+        os.close(r)
+        os.close(w)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni import warm
+from rdma_cni import payload, warm
 from rdma_cni.cli import main
 from tests.support.processes import cache_id, children_of, wait_gone, warm_servers
 
@@ -342,22 +342,22 @@ def test_server_stays_while_any_launcher_it_served_carries_its_payload(node: Nod
 
 def test_payload_id_reads_only_packed_launchers(tmp_path: Path) -> None:
     packed = tmp_path / "packed"
-    packed.write_bytes(b"x" * 100 + warm.TRAILER_MAGIC + b"\0" * 16 + b"0123456789abcdef")
-    assert warm.payload_id(str(packed)) == "0123456789abcdef"
+    packed.write_bytes(b"x" * 100 + payload.TRAILER_MAGIC + b"\0" * 16 + b"0123456789abcdef")
+    assert payload.payload_id(str(packed)) == "0123456789abcdef"
     other = tmp_path / "other"
     other.write_bytes(b"#!/bin/sh\n" * 10)
     short = tmp_path / "short"
     short.write_bytes(b"RDMACNI")
-    assert warm.payload_id(str(other)) is None
-    assert warm.payload_id(str(short)) is None
-    assert warm.payload_id(str(tmp_path / "missing")) is None
+    assert payload.payload_id(str(other)) is None
+    assert payload.payload_id(str(short)) is None
+    assert payload.payload_id(str(tmp_path / "missing")) is None
 
 
 def test_launchers_forget_replaced_paths_and_a_server_started_by_hand_keeps_to_its_tree(
     tmp_path: Path,
 ) -> None:
     launcher = tmp_path / "rdma-cni"
-    launcher.write_bytes(b"x" * 64 + warm.TRAILER_MAGIC + b"\0" * 16 + b"0123456789abcdef")
+    launcher.write_bytes(b"x" * 64 + payload.TRAILER_MAGIC + b"\0" * 16 + b"0123456789abcdef")
     by_hand = warm.Launchers("0123456789abcdef")
     assert by_hand.any_current()  # knows no launcher: bound to its tree only
     by_hand.add("relative/path")
@@ -366,7 +366,7 @@ def test_launchers_forget_replaced_paths_and_a_server_started_by_hand_keeps_to_i
     launchers = warm.Launchers("0123456789abcdef")
     launchers.add(str(launcher))
     assert launchers.any_current()
-    _replace(launcher, b"x" * 64 + warm.TRAILER_MAGIC + b"\0" * 16 + b"fedcba9876543210")
+    _replace(launcher, b"x" * 64 + payload.TRAILER_MAGIC + b"\0" * 16 + b"fedcba9876543210")
     assert not launchers.any_current()
 
 
@@ -548,3 +548,32 @@ def test_preload_covers_the_pod_get(tmp_path: Path) -> None:
     seen = json.loads(out.stdout.splitlines()[-1])
     assert seen["name"] == "web-0"
     assert seen["new"] == [], seen["new"]
+
+
+def test_server_keeps_the_tls_contexts_its_children_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rdma_cni import k8s
+    from tests.support.apiserver import ApiServer
+
+    kept: dict[bytes, object] = {}
+    monkeypatch.setattr(k8s, "_CONTEXTS", kept)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    server = warm.Server(str(tree), None)
+    try:
+        server._keep_contexts()  # nothing said yet: nothing to do
+        with ApiServer() as api:
+            api.add_pod("default", "web-0", {})
+            good = api.write_kubeconfig(tmp_path / "kc", mode="token")
+            # A child names a kubeconfig twice and one that cannot be read: the server keeps going.
+            os.write(server.hint_w, f"{good}\n{tmp_path}/missing\n{good}\n".encode())
+            server._keep_contexts()
+            assert len(kept) == 1
+            creds = k8s.load_credentials(good)
+            monkeypatch.setattr(k8s, "_ssl_context", lambda *_: pytest.fail("the kept context was not used"))
+            assert k8s.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
+    finally:
+        for fd in (server.hint_r, server.hint_w, server.wake_r, server.wake_w, server.dirfd):
+            os.close(fd)
+        server.listener.close()
