@@ -25,7 +25,7 @@ from rdma_cni.errors import InvalidPodRequest
 from rdma_cni.extender import wire
 from rdma_cni.extender.answers import Answers
 from rdma_cni.extender.bind import Binder, PodMemo
-from rdma_cni.extender.decide import Decider, NodeView
+from rdma_cni.extender.decide import Decider, NodeView, Verdict
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.preempt import keep_nodes
 from rdma_cni.extender.reservations import Reservations
@@ -52,6 +52,7 @@ class Extender:
         reservations: Reservations,
         client: Any = None,
         cache_views: Callable[[], dict[str, NodeView]] | None = None,
+        cache_generation: Callable[[], int | None] | None = None,
         annotation: str = nodestate.ANNOTATION,
     ) -> None:
         self.decider = decider
@@ -59,14 +60,18 @@ class Extender:
         self.reservations = reservations
         self.annotation = annotation
         self._cache_views = cache_views or dict
+        # Bumped by the cache after every change of its views; None: lists are never reused.
+        self._cache_generation: Callable[[], int | None] = cache_generation or (lambda: None)
+        self._last_lookup: tuple[int, list[str], list[NodeView | None]] | None = None
         # Views last seen in full-Node requests: bind and preempt fall back to them.
         self.seen: dict[str, NodeView] = {}
         self.memo = PodMemo()
-        # Per pod uid: (when, demand key, scores, the passing list and its encoded priorities, if cached).
+        # Per pod uid: (when, demand key, score of a node, the passing list and its encoded priorities,
+        # if cached).
         self._scores: dict[
-            str, tuple[float, tuple[tuple[int, int], ...], dict[str, int], list[str] | None, bytes]
+            str, tuple[float, tuple[tuple[int, int], ...], Callable[[str], int], list[str] | None, bytes]
         ] = {}
-        self.answers = Answers(reservations, self._decide, decider.max_state_age)
+        self.answers = Answers(reservations, self._judge, decider.max_state_age)
         self.binder = Binder(client, decider, demands, reservations, self.view_of, self.memo)
         self.ready = threading.Event()
 
@@ -96,30 +101,34 @@ class Extender:
             out.append(view)
         return names, out
 
-    def _decide(
-        self, demand: Demand, names: list[str], views: list[NodeView | None]
-    ) -> tuple[list[str], dict[str, str], dict[str, str], dict[str, int]]:
-        """Per node: pass (with score), fail (resolvable) or fail for good; the hot loop of filter."""
+    def _judge(self, demand: Demand, names: list[str], views: list[NodeView | None]) -> list[Verdict]:
+        """The verdict per node (``views`` in the order of ``names``): the hot loop of filter."""
         decider = self.decider
         now = decider.now()
         max_age = decider.max_state_age
         reservations = self.reservations
         reserved = reservations.nodes()
         table = decider.table(demand)
+        out: list[Verdict] = []
+        for name, view in zip(names, views, strict=True):
+            if view is None or view.problem or (max_age is not None and now - view.updated > max_age):
+                out.append(Verdict(False, True, decider.unusable(view, now), 0))
+            elif name in reserved:
+                out.append(decider.verdict(demand, view, reservations.extra(name)))
+            else:
+                verdict = table.get(view.fp)
+                out.append(verdict if verdict is not None else decider.fill(demand, view, table))
+        return out
+
+    def _decide(
+        self, demand: Demand, names: list[str], views: list[NodeView | None]
+    ) -> tuple[list[str], dict[str, str], dict[str, str], dict[str, int]]:
+        """:meth:`_judge` split into passing nodes, failed ones, unresolvable ones and scores."""
         passing: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         scores: dict[str, int] = {}
-        for name, view in zip(names, views, strict=True):
-            if view is None or view.problem or (max_age is not None and now - view.updated > max_age):
-                unresolvable[name] = decider.unusable(view, now)
-                continue
-            if name in reserved:
-                verdict = decider.verdict(demand, view, reservations.extra(name))
-            else:
-                verdict = table.get(view.fp)
-                if verdict is None:
-                    verdict = decider.fill(demand, view, table)
+        for name, verdict in zip(names, self._judge(demand, names, views), strict=True):
             if verdict.fits:
                 passing.append(name)
                 scores[name] = verdict.score
@@ -161,18 +170,36 @@ class Extender:
             return wire.filter_result(args, args.names, {}, {})
         uid = wire.pod_identity(args.pod)[2]
         if args.node_names is not None:
-            cached = self._cache_views()
-            answer = self.answers.filter(
-                demand, args.node_names, list(map(cached.get, args.node_names)), self.decider.now()
-            )
-            self._remember(uid, demand, answer.scores, answer.passing, answer.prioritize_body)
-            if answer.failed and log.isEnabledFor(logging.DEBUG):
-                self._log_detail(args.pod, answer.failed, cached)
+            names, views = self._lookup(args.node_names)
+            answer = self.answers.filter(demand, names, views, self.decider.now())
+            self._remember(uid, demand, answer.score, answer.passing, answer.prioritize_body)
+            if log.isEnabledFor(logging.DEBUG):  # first: answer.failed is built per call
+                self._log_detail(args.pod, answer.failed, self._cache_views())
             return answer.filter_body
         names, views = self._views(args)
         passing, failed, unresolvable, scores = self._decide(demand, names, views)
-        self._remember(uid, demand, scores, None, b"")
+        self._remember(uid, demand, lambda node: scores.get(node, 0), None, b"")
         return wire.filter_result(args, passing, failed, unresolvable)
+
+    def _lookup(self, names: list[str]) -> tuple[list[str], list[NodeView | None]]:
+        """The cached views of ``names``, and ``names`` as a list equal to it.
+
+        kube-scheduler sends the same node list for pod after pod. When the list
+        equals the last one looked up (one C-level comparison) and the cache has
+        not changed since, the last lookup's lists are reused: the names as the
+        same objects, so that :class:`Answers` compares them by identity, and the
+        views without hashing thousands of new strings again.
+        """
+        # The generation is read before the views: a change after this read bumps it, so lists
+        # looked up during a change are never reused (the cache bumps after it changes its views).
+        generation = self._cache_generation()
+        last = self._last_lookup
+        if generation is not None and last is not None and last[0] == generation and last[1] == names:
+            return last[1], last[2]
+        views = list(map(self._cache_views().get, names))
+        if generation is not None:
+            self._last_lookup = (generation, names, views)
+        return names, views
 
     def _log_detail(self, pod: dict[str, Any], failed: dict[str, str], views: dict[str, NodeView]) -> None:
         # Reasons are short and shared; what each node has free is here, for whoever debugs.
@@ -187,13 +214,18 @@ class Extender:
             log.debug("filter %s/%s: %s: %s (%s)", namespace, name, node, reason, placement.free_summary(pfs))
 
     def _remember(
-        self, uid: str, demand: Demand, scores: dict[str, int], passing: list[str] | None, body: bytes
+        self,
+        uid: str,
+        demand: Demand,
+        score: Callable[[str], int],
+        passing: list[str] | None,
+        body: bytes,
     ) -> None:
         # kube-scheduler asks prioritize for the same pod next: its scores are computed now.
         if uid:
             if len(self._scores) >= _SCORES_KEPT:
                 self._scores.clear()
-            self._scores[uid] = (time.monotonic(), demand.key, scores, passing, body)
+            self._scores[uid] = (time.monotonic(), demand.key, score, passing, body)
 
     def prioritize(self, doc: Any) -> bytes:
         """ExtenderArgs -> HostPriorityList, encoded (0 for nodes that do not fit, and for non-RDMA pods)."""
@@ -209,8 +241,8 @@ class Extender:
         if kept is not None and kept[1] == demand.key and time.monotonic() - kept[0] < _SCORES_FRESH:
             if kept[3] is not None and args.names == kept[3]:
                 return kept[4]  # the nodes filter passed, as kube-scheduler usually sends them
-            scores = kept[2]
-            return wire.priority_json((n, scores.get(n, 0)) for n in args.names)
+            score = kept[2]
+            return wire.priority_json((n, score(n)) for n in args.names)
         names, views = self._views(args)
         _, _, _, scores = self._decide(demand, names, views)
         return wire.priority_json((n, scores.get(n, 0)) for n in names)
