@@ -385,10 +385,20 @@ class ApiClient:
             except ssl.SSLError as exc:  # before OSError, which it is: a certificate does not heal
                 conn.close()
                 raise self._tls_error(method, path, exc) from None
-            except (http.client.InvalidURL, ValueError) as exc:
+            except http.client.InvalidURL as exc:
                 conn.close()
                 raise ApiError(
                     0, "RequestFailed", self._clean(f"{method} {path}: {k8s.describe(exc)}")
+                ) from None
+            except ValueError:
+                # http.client refuses a header value with a line break: its text quotes the value
+                # escaped, which redaction would not recognise, so it is not shown.
+                conn.close()
+                raise ApiError(
+                    0,
+                    "RequestFailed",
+                    f"{method} {path}: a header HTTP cannot carry; check the credentials in "
+                    f"{self._creds.source}",
                 ) from None
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
