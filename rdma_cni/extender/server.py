@@ -28,6 +28,7 @@ from rdma_cni.extender.bind import Binder, PodMemo
 from rdma_cni.extender.decide import Decider, NodeView, Verdict
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.preempt import keep_nodes
+from rdma_cni.extender.rawargs import ArgsDecoder
 from rdma_cni.extender.reservations import Reservations
 
 __all__ = ["Extender", "ExtenderServer"]
@@ -314,7 +315,7 @@ class _Handler(BaseHTTPRequestHandler):
         started = time.perf_counter()
         raw = self.rfile.read(int(length))
         try:
-            doc = json.loads(raw)
+            doc = self.server.decoder.loads(raw)
         except (ValueError, RecursionError) as exc:
             doc = exc
         try:
@@ -353,6 +354,7 @@ class ExtenderServer(ThreadingHTTPServer):
             "/bind": extender.bind,
         }
         self.tls = tls
+        self.decoder = ArgsDecoder()
         super().__init__(address, _Handler)
 
     def get_request(self) -> tuple[Any, Any]:
