@@ -30,7 +30,6 @@ is what an extender without a cache costs.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import operator
 import os
@@ -38,6 +37,7 @@ import queue
 import random
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -192,6 +192,53 @@ def pod_object(spec: dict[str, Any]) -> dict[str, Any]:
 # -- processes
 
 
+class Connection:
+    """kube-scheduler's keep-alive HTTP/1.1 connection to the extender, as lean as Python allows.
+
+    http.client parses each answer's headers through the email package; Go's
+    client does far less per request, so this reads the status line and the
+    Content-Length and nothing else (the extender always sends one).
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.address = (host, port)
+        self.sock: socket.socket | None = None
+        self.file: Any = None
+
+    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        """(status, answer body)."""
+        if self.sock is None:
+            self.sock = socket.create_connection(self.address, timeout=120)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.file = self.sock.makefile("rb", buffering=256 * 1024)
+        head = f"{method} {path} HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\n"
+        self.sock.sendall(head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        status_line = self.file.readline(65537)
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+            raise SystemExit(f"{path}: not an HTTP answer: {status_line[:100]!r}")
+        length, close = None, False
+        while (line := self.file.readline(65537)) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.partition(b":")
+            name = name.lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection" and value.strip().lower() == b"close":
+                close = True
+        if length is None:
+            raise SystemExit(f"{path}: an answer without Content-Length")
+        data = self.file.read(length)
+        if close:
+            self.close()
+        return int(parts[1]), data
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.file.close()
+            self.sock.close()
+            self.sock = self.file = None
+
+
 class Processes:
     """The stand-in and the extender, started for one cluster size and stopped after."""
 
@@ -253,28 +300,21 @@ class Processes:
             time.sleep(0.05)
         self.ready_after = time.monotonic() - start
 
-    def connect(self) -> http.client.HTTPConnection:
+    def connect(self) -> Connection:
         """A new keep-alive connection to the extender."""
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        return Connection("127.0.0.1", self.port)
 
     def get(self, path: str) -> int:
-        self.conn.request("GET", path)
-        resp = self.conn.getresponse()
-        resp.read()
-        return resp.status
+        return self.conn.request("GET", path)[0]
 
-    def post(
-        self, path: str, body: bytes, conn: http.client.HTTPConnection | None = None
-    ) -> tuple[float, bytes]:
+    def post(self, path: str, body: bytes, conn: Connection | None = None) -> tuple[float, bytes]:
         """POST a pre-encoded body; returns (seconds from send to the whole answer read, answer)."""
         conn = conn or self.conn
         start = time.perf_counter()
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        data = resp.read()
+        status, data = conn.request("POST", path, body)
         elapsed = time.perf_counter() - start
-        if resp.status != 200:
-            raise SystemExit(f"{path}: HTTP {resp.status}: {data[:300]!r}")
+        if status != 200:
+            raise SystemExit(f"{path}: HTTP {status}: {data[:300]!r}")
         return elapsed, data
 
     def api_get(self, path: str) -> dict[str, Any]:
@@ -392,8 +432,6 @@ class Requests:
             else [names]
         )
         self.encoded = [json.dumps(n).encode() for n in self.lists]
-        # Each name encoded once: a prioritize request joins those of the nodes filter passed.
-        self.quoted = {name: json.dumps(name).encode() for name in names}
         self.next = 0
         self.checked = False
 
@@ -419,7 +457,7 @@ class Requests:
         """The prioritize request for the nodes filter passed."""
         if self.full_nodes is not None:
             return extender_args(pod, kept, [self.by_name[n] for n in kept])
-        return self._splice(pod, b"[" + b", ".join(map(self.quoted.__getitem__, kept)) + b"]")
+        return self._splice(pod, json.dumps(kept).encode())
 
 
 def passing(answer: dict[str, Any], full: bool) -> list[str]:
