@@ -30,13 +30,14 @@ is what an extender without a cache costs.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
+import operator
 import os
 import queue
 import random
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -71,11 +72,14 @@ class Row:
     filter_p99: float
     prio_p50: float
     prio_p99: float
+    names_per_pod: int  # node names in each filter request
     pods_per_s: float  # binds asynchronous, as kube-scheduler's binding cycle
     pods_per_s_serial: float  # filter, prioritize, bind one after the other
     refused: int  # async binds the bind-time check refused (filtered before the previous reservation)
     cpu_ms: float  # the extender's CPU time per pod for filter + prioritize
-    cpu_pods_per_s: float  # pods per second of extender CPU, filter + prioritize + bind
+    cpu_ms_bound: float  # the extender's CPU time per pod scheduled: filter + prioritize + bind (async run)
+    client_ms: float  # this script's CPU time per pod scheduled (kube-scheduler's part)
+    api_ms: float  # the API stand-in's CPU time per pod scheduled (the Bindings)
     passed: float  # mean share of nodes passing filter
     cold_filter: float  # mean filter latency for the first pod of a request shape
     answer_kib: float  # mean size of a filter answer
@@ -188,6 +192,53 @@ def pod_object(spec: dict[str, Any]) -> dict[str, Any]:
 # -- processes
 
 
+class Connection:
+    """kube-scheduler's keep-alive HTTP/1.1 connection to the extender, as lean as Python allows.
+
+    http.client parses each answer's headers through the email package; Go's
+    client does far less per request, so this reads the status line and the
+    Content-Length and nothing else (the extender always sends one).
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.address = (host, port)
+        self.sock: socket.socket | None = None
+        self.file: Any = None
+
+    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        """(status, answer body)."""
+        if self.sock is None:
+            self.sock = socket.create_connection(self.address, timeout=120)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.file = self.sock.makefile("rb", buffering=256 * 1024)
+        head = f"{method} {path} HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\n"
+        self.sock.sendall(head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        status_line = self.file.readline(65537)
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+            raise SystemExit(f"{path}: not an HTTP answer: {status_line[:100]!r}")
+        length, close = None, False
+        while (line := self.file.readline(65537)) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.partition(b":")
+            name = name.lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection" and value.strip().lower() == b"close":
+                close = True
+        if length is None:
+            raise SystemExit(f"{path}: an answer without Content-Length")
+        data = self.file.read(length)
+        if close:
+            self.close()
+        return int(parts[1]), data
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.file.close()
+            self.sock.close()
+            self.sock = self.file = None
+
+
 class Processes:
     """The stand-in and the extender, started for one cluster size and stopped after."""
 
@@ -238,6 +289,8 @@ class Processes:
             self.stop()
             raise SystemExit("the extender did not start")
         self.port = int(json.loads(line)["listening"].rsplit(":", 1)[1])
+        self.node_states = {n["name"]: n["annotations"][nodestate.ANNOTATION] for n in nodes}
+        self.kubeconfig = os.path.join(api_dir, "kubeconfig")
         self.conn = self.connect()
         start = time.monotonic()
         while self.get("/readyz") != 200:
@@ -247,29 +300,33 @@ class Processes:
             time.sleep(0.05)
         self.ready_after = time.monotonic() - start
 
-    def connect(self) -> http.client.HTTPConnection:
+    def connect(self) -> Connection:
         """A new keep-alive connection to the extender."""
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        return Connection("127.0.0.1", self.port)
 
     def get(self, path: str) -> int:
-        self.conn.request("GET", path)
-        resp = self.conn.getresponse()
-        resp.read()
-        return resp.status
+        return self.conn.request("GET", path)[0]
 
-    def post(
-        self, path: str, body: bytes, conn: http.client.HTTPConnection | None = None
-    ) -> tuple[float, bytes]:
+    def post(self, path: str, body: bytes, conn: Connection | None = None) -> tuple[float, bytes]:
         """POST a pre-encoded body; returns (seconds from send to the whole answer read, answer)."""
         conn = conn or self.conn
         start = time.perf_counter()
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        data = resp.read()
+        status, data = conn.request("POST", path, body)
         elapsed = time.perf_counter() - start
-        if resp.status != 200:
-            raise SystemExit(f"{path}: HTTP {resp.status}: {data[:300]!r}")
+        if status != 200:
+            raise SystemExit(f"{path}: HTTP {status}: {data[:300]!r}")
         return elapsed, data
+
+    def api_get(self, path: str) -> dict[str, Any]:
+        """GET from the API stand-in, as the extender's client does."""
+        from rdma_cni.kubeapi import ApiClient
+
+        with ApiClient.from_kubeconfig(self.kubeconfig, timeout=60) as client:
+            return client.get(path)
+
+    def api_cpu_seconds(self) -> float:
+        """CPU time the API stand-in has used so far."""
+        return _cpu_seconds([self.api.pid])
 
     def rss_mib(self) -> float:
         """The extender's resident memory, its whole process tree (the built binary forks)."""
@@ -288,15 +345,7 @@ class Processes:
     def cpu_seconds(self) -> float:
         """CPU time (user + system) the extender's process tree has used so far."""
         assert self.extender is not None
-        ticks = 0
-        for pid in _tree(self.extender.pid):
-            try:
-                with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                ticks += int(fields[11]) + int(fields[12])  # utime, stime
-            except (OSError, IndexError, ValueError):
-                pass
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return _cpu_seconds(_tree(self.extender.pid))
 
     def stop(self) -> None:
         for proc in (self.extender, self.api):
@@ -315,6 +364,18 @@ def _files(nodes_path: str, pods_path: str) -> list[str]:
 
 def _quiet(kubeconfig: str) -> list[str]:
     return ["--kubeconfig", kubeconfig, "--log-level", "warning"]
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _tree(pid: int) -> list[int]:
@@ -345,10 +406,76 @@ def extender_args(pod: dict[str, Any], names: list[str], full_nodes: list[dict[s
     return json.dumps(doc).encode()
 
 
+class Requests:
+    """kube-scheduler's requests for one configuration, encoded as cheaply as Python allows.
+
+    kube-scheduler marshals ExtenderArgs with Go's encoder, far cheaper than
+    Python's json: encoding 5,000 names per pod here would charge this
+    script's CPU to the figure, on the same two cores as the extender. So in
+    cache mode each node list is encoded once and each request is the pod,
+    encoded per pod, spliced into it: the same bytes json.dumps gives. What the
+    extender answers is still parsed in full and used (the passing names for
+    prioritize, the scores for the node to bind to).
+    """
+
+    def __init__(
+        self, names: list[str], full_nodes: list[dict[str, Any]] | None, window: int | None = None
+    ) -> None:
+        self.full_nodes = full_nodes
+        self.by_name = {n["metadata"]["name"]: n for n in full_nodes} if full_nodes is not None else {}
+        # kube-scheduler's default percentageOfNodesToScore stops at the first `window` feasible
+        # nodes, starting where the previous pod stopped: consecutive windows of the node list.
+        size = window or len(names)
+        self.lists = (
+            [(names + names)[start : start + size] for start in range(0, len(names), size)]
+            if window
+            else [names]
+        )
+        self.encoded = [json.dumps(n).encode() for n in self.lists]
+        self.next = 0
+        self.checked = False
+
+    def filter(self, pod: dict[str, Any]) -> tuple[list[str], bytes]:
+        """The next pod's node list and its filter request."""
+        i = self.next
+        self.next = (i + 1) % len(self.lists)
+        names = self.lists[i]
+        if self.full_nodes is not None:
+            return names, extender_args(pod, names, self.full_nodes)
+        body = self._splice(pod, self.encoded[i])
+        if not self.checked:  # the splices give json.dumps' bytes
+            assert body == extender_args(pod, names, None)
+            assert self.prioritize(pod, names[:3]) == extender_args(pod, names[:3], None)
+            self.checked = True
+        return names, body
+
+    @staticmethod
+    def _splice(pod: dict[str, Any], names: bytes) -> bytes:
+        return b'{"Pod": ' + json.dumps(pod).encode() + b', "Nodes": null, "NodeNames": ' + names + b"}"
+
+    def prioritize(self, pod: dict[str, Any], kept: list[str]) -> bytes:
+        """The prioritize request for the nodes filter passed."""
+        if self.full_nodes is not None:
+            return extender_args(pod, kept, [self.by_name[n] for n in kept])
+        return self._splice(pod, json.dumps(kept).encode())
+
+
 def passing(answer: dict[str, Any], full: bool) -> list[str]:
     if full:
         return [n["metadata"]["name"] for n in (answer.get("Nodes") or {}).get("items") or []]
     return list(answer.get("NodeNames") or [])
+
+
+@dataclass
+class Scheduled:
+    """One schedule() run: what it bound, and what it cost."""
+
+    pods_per_s: float
+    refused: int
+    bound: dict[str, str]  # pod name -> node, as the extender's binds answered
+    extender_cpu: float  # seconds, the extender's process tree
+    client_cpu: float  # seconds, this script
+    api_cpu: float  # seconds, the API stand-in
 
 
 def run(
@@ -358,53 +485,57 @@ def run(
     full_nodes: list[dict[str, Any]] | None,
     latency_pods: list[dict[str, Any]],
     bind_pods: list[dict[str, Any]],
+    window: int | None,
+    shapes: dict[str, str],
 ) -> Row:
     full = full_nodes is not None
+    requests = Requests(names, full_nodes, window)
     filter_times, prio_times, shares, cold, sizes = [], [], [], [], []
     # The first pod of each shape pays for placement on every distinct node
     # state; later pods of that shape look verdicts up. Timed apart ("cold").
     for i, rates in enumerate(SHAPES):
         spec = {"namespace": "team-a", "name": f"cold-{i}", "uid": f"uid-cold-{i}"}
         spec["annotations"] = {ANNOTATION: request_value(rates)}
-        seconds, _ = procs.post("/filter", extender_args(pod_object(spec), names, full_nodes))
-        cold.append(seconds)
+        for _ in requests.lists:  # every window, in the windowed variant
+            _, body = requests.filter(pod_object(spec))
+            seconds, _ = procs.post("/filter", body)
+            cold.append(seconds)
     cpu_start = procs.cpu_seconds()
     for spec in latency_pods:
         pod = pod_object(spec)
-        seconds, raw = procs.post("/filter", extender_args(pod, names, full_nodes))
+        asked, body = requests.filter(pod)
+        seconds, raw = procs.post("/filter", body)
         filter_times.append(seconds)
         sizes.append(len(raw))
         answer = json.loads(raw)
         if answer.get("Error"):
             raise SystemExit(f"filter error: {answer['Error']}")
         kept = passing(answer, full)
-        shares.append(len(kept) / len(names))
-        if full_nodes is not None:
-            keep = set(kept)
-            prio_nodes: list[dict[str, Any]] | None = [n for n in full_nodes if n["metadata"]["name"] in keep]
-        else:
-            prio_nodes = None
-        seconds, _ = procs.post("/prioritize", extender_args(pod, kept, prio_nodes))
+        shares.append(len(kept) / len(asked))
+        seconds, _ = procs.post("/prioritize", requests.prioritize(pod, kept))
         prio_times.append(seconds)
-
     cpu_per_pod = (procs.cpu_seconds() - cpu_start) / len(latency_pods)
     half = len(bind_pods) // 2
-    cpu_start = procs.cpu_seconds()
-    serial, _ = schedule(procs, names, full_nodes, bind_pods[:half], pipelined=False)
-    cpu_per_bound = (procs.cpu_seconds() - cpu_start) / half
-    pipelined, refused = schedule(procs, names, full_nodes, bind_pods[half:], pipelined=True)
+    serial = schedule(procs, requests, bind_pods[:half], pipelined=False)
+    pipelined = schedule(procs, requests, bind_pods[half:], pipelined=True)
+    bound = {**serial.bound, **pipelined.bound}
+    check_bound(procs, bound, shapes)
+    pods = len(bind_pods) - half
     return Row(
         mode=mode,
         nodes=len(names),
+        names_per_pod=len(requests.lists[0]),
         filter_p50=percentile(filter_times, 50) * 1000,
         filter_p99=percentile(filter_times, 99) * 1000,
         prio_p50=percentile(prio_times, 50) * 1000,
         prio_p99=percentile(prio_times, 99) * 1000,
-        pods_per_s=pipelined,
-        pods_per_s_serial=serial,
-        refused=refused,
+        pods_per_s=pipelined.pods_per_s,
+        pods_per_s_serial=serial.pods_per_s,
+        refused=pipelined.refused,
         cpu_ms=cpu_per_pod * 1000,
-        cpu_pods_per_s=1 / cpu_per_bound if cpu_per_bound else float("inf"),
+        cpu_ms_bound=pipelined.extender_cpu / pods * 1000,
+        client_ms=pipelined.client_cpu / pods * 1000,
+        api_ms=pipelined.api_cpu / pods * 1000,
         passed=statistics.mean(shares),
         cold_filter=statistics.mean(cold) * 1000,
         answer_kib=statistics.mean(sizes) / 1024,
@@ -413,26 +544,22 @@ def run(
 
 
 def schedule(
-    procs: Processes,
-    names: list[str],
-    full_nodes: list[dict[str, Any]] | None,
-    pods: list[dict[str, Any]],
-    *,
-    pipelined: bool,
-) -> tuple[float, int]:
-    """Schedule ``pods`` one after the other; returns (pods bound per second, binds refused).
+    procs: Processes, requests: Requests, pods: list[dict[str, Any]], *, pipelined: bool
+) -> Scheduled:
+    """Schedule ``pods`` one after the other: filter, prioritize, bind to the best-scored node.
 
     ``pipelined`` binds on a second connection while the next pod is
     filtered, as kube-scheduler's binding cycle runs beside its scheduling cycle.
     """
-    full = full_nodes is not None
-    by_name = {n["metadata"]["name"]: n for n in full_nodes} if full_nodes is not None else {}
+    full = requests.full_nodes is not None
     errors: list[str] = []
     refused: list[str] = []
-    binds: queue.Queue[bytes | None] = queue.Queue()
+    bound: dict[str, str] = {}
+    binds: queue.Queue[tuple[str, str, bytes] | None] = queue.Queue()
     bind_conn = procs.connect()
+    score = operator.itemgetter("Score")
 
-    def bind_one(body: bytes) -> None:
+    def bind_one(name: str, node: str, body: bytes) -> None:
         _, raw = procs.post("/bind", body, bind_conn)
         error = json.loads(raw).get("Error")
         if error and "no longer fits" in error:
@@ -441,44 +568,91 @@ def schedule(
             refused.append(error)
         elif error:
             errors.append(error)
+        else:
+            bound[name] = node
 
     def binder() -> None:
-        while (body := binds.get()) is not None:
-            bind_one(body)
+        while (item := binds.get()) is not None:
+            bind_one(*item)
 
     worker = threading.Thread(target=binder, daemon=True)
     worker.start()
+    extender_start, api_start, client_start = (
+        procs.cpu_seconds(),
+        procs.api_cpu_seconds(),
+        time.process_time(),
+    )
     start = time.perf_counter()
     for spec in pods:
         pod = pod_object(spec)
-        # kube-scheduler encodes each request itself: that cost is in this figure.
-        _, raw = procs.post("/filter", extender_args(pod, names, full_nodes))
+        _, body = requests.filter(pod)
+        _, raw = procs.post("/filter", body)
         kept = passing(json.loads(raw), full)
         if not kept:
             errors.append(f"{spec['name']}: no node passed")
             continue
-        prio_nodes = [by_name[n] for n in kept] if full_nodes is not None else None
-        _, raw = procs.post("/prioritize", extender_args(pod, kept, prio_nodes))
+        _, raw = procs.post("/prioritize", requests.prioritize(pod, kept))
         scores = json.loads(raw)
-        best = max(scores, key=lambda s: s["Score"])["Host"] if scores else kept[0]
+        best = max(scores, key=score)["Host"] if scores else kept[0]
         bind = {
             "PodName": spec["name"],
             "PodNamespace": spec["namespace"],
             "PodUID": spec["uid"],
             "Node": best,
         }
-        body = json.dumps(bind).encode()
+        item = (spec["name"], best, json.dumps(bind).encode())
         if pipelined:
-            binds.put(body)
+            binds.put(item)
         else:
-            bind_one(body)
+            bind_one(*item)
     binds.put(None)
     worker.join()
     elapsed = time.perf_counter() - start
+    done = Scheduled(
+        pods_per_s=(len(pods) - len(refused)) / elapsed,
+        refused=len(refused),
+        bound=bound,
+        extender_cpu=procs.cpu_seconds() - extender_start,
+        client_cpu=time.process_time() - client_start,
+        api_cpu=procs.api_cpu_seconds() - api_start,
+    )
     bind_conn.close()
     if errors:
         raise SystemExit(f"scheduling failed: {errors[:3]}")
-    return (len(pods) - len(refused)) / elapsed, len(refused)
+    return done
+
+
+def check_bound(procs: Processes, bound: dict[str, str], shapes: dict[str, str]) -> None:
+    """Every pod the extender bound is bound in the API, and each node holds what it was bound.
+
+    Read back from the API stand-in: the pods bound to each node, placed together
+    by the plugin's placement on the node's published state, must fit (the
+    published states do not change during the run, so this is the guarantee).
+    """
+    from rdma_cni import placement
+    from rdma_cni.podrequest import parse_request
+
+    items = procs.api_get("/api/v1/pods?fieldSelector=spec.nodeName!%3D")["items"]
+    in_api = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in items}
+    wrong = {name: node for name, node in bound.items() if in_api.get(name) != node}
+    if wrong:
+        raise SystemExit(f"binds answered but not in the API as answered: {list(wrong.items())[:3]}")
+    per_node: dict[str, list[placement.Request]] = {}
+    for name, node in in_api.items():
+        request = parse_request(shapes[name], name)
+        per_node.setdefault(node, []).extend(
+            placement.Request(i.min_tx_rate, i.max_tx_rate) for i in request.interfaces
+        )
+    for node, requests in per_node.items():
+        state = nodestate.decode(procs.node_states[node])
+        try:
+            placement.place(tuple(requests), nodestate.pf_states(state), max_steps=1_000_000)
+        except placement.NoFit as exc:
+            raise SystemExit(f"node {node} is over-committed by the pods bound to it: {exc}") from None
+
+
+# Modes: NodeNames with every node, NodeNames with kube-scheduler's default sample, full Nodes.
+WINDOW = 500  # the default percentageOfNodesToScore at 5,000 nodes: 50 - 5000/125 = 10%
 
 
 def cluster(size: int, modes: tuple[str, ...], args: argparse.Namespace) -> list[Row]:
@@ -495,6 +669,7 @@ def cluster(size: int, modes: tuple[str, ...], args: argparse.Namespace) -> list
     rows = []
     try:
         pods = [p for m in modes for p in latency[m] + binds[m]]
+        shapes = {p["name"]: p["annotations"][ANNOTATION] for p in pods}
         procs = Processes(workdir, specs, pods, args.binary)
         try:
             print(f"# {size} nodes: extender ready after {procs.ready_after:.2f} s", file=sys.stderr)
@@ -510,7 +685,8 @@ def cluster(size: int, modes: tuple[str, ...], args: argparse.Namespace) -> list
                         )
                         for s in specs
                     ]
-                rows.append(run(procs, mode, names, full_nodes, latency[mode], binds[mode]))
+                window = WINDOW if mode == "sample" else None
+                rows.append(run(procs, mode, names, full_nodes, latency[mode], binds[mode], window, shapes))
                 print(f"# {size} nodes, {mode}: done", file=sys.stderr)
         finally:
             procs.stop()
@@ -530,19 +706,25 @@ def _strip(node: dict[str, Any]) -> dict[str, Any]:
 
 def table(rows: list[Row]) -> str:
     lines = [
-        "| mode | nodes | filter p50 ms | filter p99 ms | prioritize p50 ms | prioritize p99 ms "
-        "| pods/s (binds async) | binds refused (async) | pods/s (serial) "
-        "| extender CPU ms per filter+prioritize | pods per extender CPU-second "
+        "| mode | nodes | names per pod | filter p50 / p99 ms | prioritize p50 / p99 ms "
+        "| pods/s async (serial) | binds refused (async) "
+        "| extender CPU ms per pod | extender CPU ms per filter+prioritize "
+        "| client CPU ms per pod | API CPU ms per pod "
         "| first filter of a shape ms | nodes passing | filter answer KiB | extender RSS MiB |",
         "| --- " + "| ---: " * 14 + "|",
     ]
+    labels = {
+        "cache": "cache (NodeNames)",
+        "sample": "cache (NodeNames), default sample",
+        "full": "full Nodes",
+    }
     for r in rows:
-        mode = "cache (NodeNames)" if r.mode == "cache" else "full Nodes"
         lines.append(
-            f"| {mode} | {r.nodes:,} | {r.filter_p50:.1f} | {r.filter_p99:.1f} | {r.prio_p50:.1f} | "
-            f"{r.prio_p99:.1f} | {r.pods_per_s:.0f} | {r.refused} | {r.pods_per_s_serial:.0f} "
-            f"| {r.cpu_ms:.1f} | {r.cpu_pods_per_s:.0f} | {r.cold_filter:.0f} "
-            f"| {r.passed:.0%} | {r.answer_kib:.0f} | {r.rss_mib:.0f} |"
+            f"| {labels[r.mode]} | {r.nodes:,} | {r.names_per_pod:,} "
+            f"| {r.filter_p50:.1f} / {r.filter_p99:.1f} "
+            f"| {r.prio_p50:.1f} / {r.prio_p99:.1f} | {r.pods_per_s:.0f} ({r.pods_per_s_serial:.0f}) "
+            f"| {r.refused} | {r.cpu_ms_bound:.1f} | {r.cpu_ms:.1f} | {r.client_ms:.1f} | {r.api_ms:.1f} "
+            f"| {r.cold_filter:.0f} | {r.passed:.0%} | {r.answer_kib:.0f} | {r.rss_mib:.0f} |"
         )
     return "\n".join(lines)
 
@@ -557,16 +739,28 @@ def main(argv: list[str] | None = None) -> int:
         "--full-pods", type=int, default=40, help="pods per figure in full-Node mode (default 40)"
     )
     parser.add_argument("--quick", action="store_true", help="cache mode at 1,000 nodes only, few pods")
+    parser.add_argument(
+        "--only",
+        metavar="NODES:MODE[,MODE]",
+        help="one configuration, e.g. 5000:cache or 5000:cache,sample (modes: cache, sample, full)",
+    )
     args = parser.parse_args(argv)
+    plan: list[tuple[int, tuple[str, ...]]]
     if args.quick:
         args.latency_pods, args.bind_pods = 20, 20
-        plan: list[tuple[int, tuple[str, ...]]] = [(1000, ("cache",))]
+        plan = [(1000, ("cache",))]
+    elif args.only:
+        size, _, modes = args.only.partition(":")
+        chosen = tuple(m for m in modes.split(",") if m)
+        if not size.isdigit() or not chosen or set(chosen) - {"cache", "sample", "full"}:
+            parser.error(f"--only {args.only!r}: expected NODES:MODE[,MODE] with modes cache, sample, full")
+        plan = [(int(size), chosen)]
     else:
-        plan = [(100, ("full",)), (1000, ("cache", "full")), (5000, ("cache",))]
+        plan = [(100, ("full",)), (1000, ("cache", "full")), (5000, ("cache", "sample"))]
     rows: list[Row] = []
     for size, modes in plan:
         rows += cluster(size, modes, args)
-    rows.sort(key=lambda r: (r.mode != "cache", r.nodes))
+    rows.sort(key=lambda r: (r.mode == "full", r.nodes, r.mode))
     print(table(rows))
     print(f"\n{os.cpu_count()} CPUs; load average over the run's last 5 minutes: {os.getloadavg()[1]:.1f}")
     for r in rows:

@@ -763,3 +763,5 @@ tls_files = _tls_files
 redact = _redact
 snippet = _snippet
 describe = _describe
+target = _target
+ssl_context = _ssl_context

@@ -13,7 +13,11 @@ a timeout, 429 or 5xx: back off and retry) and :class:`ApiError` for the rest
 (refused credentials, TLS failures, malformed answers). Nothing is retried
 here: the callers own their backoff loops.
 
-``requests`` is imported on first use, keeping this module cheap to import.
+Requests that are not watches (GET, LIST, PATCH, POST) go over a small pool of
+keep-alive ``http.client`` connections: a Binding POST through ``requests``
+costs about three times the CPU (the scheduler extender creates one per pod).
+Watches stream through ``requests``, imported on first use (as ``http.client``
+and ``ssl`` are), keeping this module cheap to import.
 """
 
 from __future__ import annotations
@@ -74,6 +78,75 @@ class Unavailable(ApiError):
     """No usable answer: connection failure, timeout (status 0), 429 or 5xx. Retry with backoff."""
 
 
+# Kept unquoted in request paths (requests' choice); everything else is percent-encoded.
+_URL_SAFE = "!#$%&'()*+,/:;=?@[]~"
+# A reused connection failing this way was most likely closed by the server while idle.
+_STALE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
+def _text(body: bytes) -> str:
+    return body.decode("utf-8", errors="replace")
+
+
+class _Pool:
+    """Idle keep-alive connections to one API server (at most _POOL_SIZE kept). Thread-safe."""
+
+    def __init__(self, host: str, port: int, prefix: str, context: Any, timeout: float) -> None:
+        self.host = host
+        self.port = port
+        self.prefix = prefix
+        self.context = context
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._idle: list[Any] = []
+
+    def take(self) -> tuple[Any, bool]:
+        """A connection, and whether it was used before (new ones connect on first request)."""
+        import http.client
+
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                break
+            if not _dropped(conn.sock):
+                return conn, True
+            conn.close()
+        # The timeout bounds connecting and each read, as requests' (connect, read) pair does.
+        if self.context is None:
+            return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout), False
+        return (
+            http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self.context),
+            False,
+        )
+
+    def give(self, conn: Any) -> None:
+        """Return a connection whose answer was read in full."""
+        with self._lock:
+            if len(self._idle) < _POOL_SIZE:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Close every idle connection."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _dropped(sock: Any) -> bool:
+    # An idle connection with something to read (EOF, a TLS close, stray bytes) cannot be reused.
+    import select
+
+    if sock is None:
+        return True
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def _error_class(status: int) -> type[ApiError]:
     known: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
     if status in known:
@@ -110,7 +183,10 @@ class ApiClient:
         self.server = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
         self._lock = threading.Lock()
         self._session: Any = None
+        self._pool: _Pool | None = None
+        # TLS material as files (inline kubeconfig data written out), shared by both transports.
         self._files: contextlib.ExitStack | None = None
+        self._tls: tuple[str | bool, tuple[str, str] | None] = (True, None)
 
     @classmethod
     def from_kubeconfig(cls, path: str | None, **kwargs: Any) -> ApiClient:
@@ -130,10 +206,12 @@ class ApiClient:
     def close(self) -> None:
         """Close the session's connections and remove private TLS files."""
         with self._lock:
-            session, files = self._session, self._files
-            self._session = self._files = None
+            session, pool, files = self._session, self._pool, self._files
+            self._session = self._pool = self._files = None
         if session is not None:
             session.close()
+        if pool is not None:
+            pool.close()
         if files is not None:
             files.close()
 
@@ -254,20 +332,99 @@ class ApiClient:
         accept: str = "application/json",
     ) -> dict[str, Any]:
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        resp = self._send(method, path, params=params, data=data, content_type=content_type, accept=accept)
+        status, raw = self._request(method, path, params, data, content_type, accept)
+        if status >= 400:
+            raise self._answer_error(method, path, status, raw)
         try:
-            doc = resp.json()
+            doc = json.loads(raw)
         except ValueError:
             raise ApiError(
-                resp.status_code,
+                status,
                 "InvalidResponse",
-                self._clean(f"{method} {path}: an answer that is not JSON: {k8s.snippet(resp.text)}"),
+                self._clean(f"{method} {path}: an answer that is not JSON: {k8s.snippet(_text(raw))}"),
             ) from None
         if not isinstance(doc, dict):
-            raise ApiError(
-                resp.status_code, "InvalidResponse", f"{method} {path}: an answer that is not an object"
-            )
+            raise ApiError(status, "InvalidResponse", f"{method} {path}: an answer that is not an object")
         return doc
+
+    def _headers(self, accept: str, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": accept, "User-Agent": self._user_agent}
+        if self._creds.token:
+            headers["Authorization"] = f"Bearer {self._creds.token}"
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        params: dict[str, Any] | None,
+        data: bytes | None,
+        content_type: str | None,
+        accept: str,
+    ) -> tuple[int, bytes]:
+        """One request over a pooled keep-alive connection: (status, body). Errors typed as for _send."""
+        import http.client  # deferred: see the module docstring
+        import ssl
+
+        if not path.startswith("/"):
+            raise ValueError(f"API path must start with '/': {path[:80]!r}")
+        pool = self._connections()
+        # As requests would send it: characters a URL may not hold are quoted, the rest kept.
+        url = pool.prefix + urllib.parse.quote(path, safe=_URL_SAFE)
+        if params:
+            url += "?" + urllib.parse.urlencode(params, doseq=True)
+        headers = self._headers(accept, content_type)
+        while True:
+            conn, reused = pool.take()
+            try:
+                conn.request(method, url, body=data, headers=headers)
+                resp = conn.getresponse()
+                raw = resp.read()
+            except ssl.SSLError as exc:  # before OSError, which it is: a certificate does not heal
+                conn.close()
+                raise self._tls_error(method, path, exc) from None
+            except http.client.InvalidURL as exc:
+                conn.close()
+                raise ApiError(
+                    0, "RequestFailed", self._clean(f"{method} {path}: {k8s.describe(exc)}")
+                ) from None
+            except ValueError:
+                # http.client refuses a header value with a line break: its text quotes the value
+                # escaped, which redaction would not recognise, so it is not shown.
+                conn.close()
+                raise ApiError(
+                    0,
+                    "RequestFailed",
+                    f"{method} {path}: a header HTTP cannot carry; check the credentials in "
+                    f"{self._creds.source}",
+                ) from None
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                if reused and method == "GET" and isinstance(exc, _STALE):
+                    # The server closed an idle connection as we reused it: a read is safe to resend.
+                    continue
+                raise Unavailable(
+                    0,
+                    "NoAnswer",
+                    self._clean(f"{method} {path}: no answer from {self.server}: {k8s.describe(exc)}"),
+                ) from None
+            if resp.will_close:
+                conn.close()
+            else:
+                pool.give(conn)
+            return resp.status, raw
+
+    def _tls_error(self, method: str, path: str, exc: BaseException) -> ApiError:
+        return ApiError(
+            0,
+            "TLSError",
+            self._clean(
+                f"{method} {path}: TLS connection to {self.server} failed: {k8s.describe(exc)}; "
+                f"check the certificate authority in {self._creds.source}"
+            ),
+        )
 
     def _send(
         self,
@@ -285,11 +442,7 @@ class ApiClient:
 
         if not path.startswith("/"):
             raise ValueError(f"API path must start with '/': {path[:80]!r}")
-        headers = {"Accept": accept, "User-Agent": self._user_agent}
-        if self._creds.token:
-            headers["Authorization"] = f"Bearer {self._creds.token}"
-        if content_type:
-            headers["Content-Type"] = content_type
+        headers = self._headers(accept, content_type)
         timeout = (self._timeout, self._timeout if read_timeout is None else read_timeout)
         try:
             resp = self._open().request(
@@ -304,14 +457,7 @@ class ApiClient:
             )
         except requests.exceptions.SSLError as exc:
             # A certificate problem does not heal by retrying: not Unavailable.
-            raise ApiError(
-                0,
-                "TLSError",
-                self._clean(
-                    f"{method} {path}: TLS connection to {self.server} failed: {k8s.describe(exc)}; "
-                    f"check the certificate authority in {self._creds.source}"
-                ),
-            ) from None
+            raise self._tls_error(method, path, exc) from None
         except (
             requests.exceptions.ConnectionError,
             requests.exceptions.Timeout,
@@ -326,21 +472,21 @@ class ApiClient:
             raise ApiError(0, "RequestFailed", self._clean(f"{method} {path}: {k8s.describe(exc)}")) from None
         if resp.status_code >= 400:
             try:
-                raise self._answer_error(method, path, resp)
+                raise self._answer_error(method, path, resp.status_code, resp.content)
             finally:
                 resp.close()
         return resp
 
-    def _answer_error(self, method: str, path: str, resp: Any) -> ApiError:
+    def _answer_error(self, method: str, path: str, status: int, body: bytes) -> ApiError:
         try:
-            doc = resp.json()
+            doc = json.loads(body)
         except ValueError:
             doc = None
         if isinstance(doc, dict) and doc.get("kind") == "Status":
             # The HTTP status is authoritative over the body's code.
-            return self._status_error(method, path, {**doc, "code": resp.status_code})
-        text = f"{method} {path}: HTTP {resp.status_code}: {k8s.snippet(resp.text)}"
-        return _error_class(resp.status_code)(resp.status_code, "Unknown", self._clean(text))
+            return self._status_error(method, path, {**doc, "code": status})
+        text = f"{method} {path}: HTTP {status}: {k8s.snippet(_text(body))}"
+        return _error_class(status)(status, "Unknown", self._clean(text))
 
     def _open(self) -> Any:
         with self._lock:
@@ -348,12 +494,41 @@ class ApiClient:
                 self._session = self._new_session()
             return self._session
 
+    def _connections(self) -> _Pool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = self._new_pool()
+            return self._pool
+
+    def _materialise(self) -> tuple[str | bool, tuple[str, str] | None]:
+        # Called under self._lock; the files live until close().
+        if self._files is None:
+            files = contextlib.ExitStack()
+            self._tls = files.enter_context(k8s.tls_files(self._creds))
+            self._files = files
+            if self._tls[0] is False:
+                log.warning("TLS verification of %s is disabled by %s", self.server, self._creds.source)
+        return self._tls
+
+    def _new_pool(self) -> _Pool:
+        from rdma_cni.errors import CniError
+
+        verify, cert = self._materialise()
+        try:
+            target = k8s.target(self._creds)
+        except CniError as exc:  # not an http(s)://host:port URL
+            raise ApiError(0, "RequestFailed", self._clean(exc.msg)) from None
+        try:
+            context = k8s.ssl_context(verify, cert) if target.tls else None
+        except CniError as exc:  # the client certificate or key cannot be loaded
+            raise ApiError(0, "TLSError", self._clean(f"{exc.msg}: {exc.details}")) from None
+        return _Pool(target.host, target.port, target.prefix, context, self._timeout)
+
     def _new_session(self) -> Any:
         import requests  # deferred: see the module docstring
         import urllib3
 
-        files = contextlib.ExitStack()
-        verify, cert = files.enter_context(k8s.tls_files(self._creds))
+        verify, cert = self._materialise()
         session = requests.Session()
         # As in k8s.get_pod: proxy variables, .netrc and REQUESTS_CA_BUNDLE
         # from the environment must not change where or how we connect.
@@ -362,12 +537,10 @@ class ApiClient:
         if cert is not None:
             session.cert = cert
         if verify is False:
-            log.warning("TLS verification of %s is disabled by %s", self.server, self._creds.source)
             urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=_POOL_SIZE)
         session.mount("https://", adapter)
         session.mount("http://", adapter)
-        self._files = files
         return session
 
     def _clean(self, text: str) -> str:

@@ -8,66 +8,103 @@ kept, with its parts already encoded, and a new request with the same node
 list re-judges only the nodes whose view (compared by identity: the cache
 builds a new view for every new annotation) or reservations changed since.
 What it re-judges goes through the same per-node decision as a full pass
-(:meth:`Extender._decide`), so an answer is always the one a full pass would
+(:meth:`Extender._judge`), so an answer is always the one a full pass would
 give. A full pass runs when the node list differs, when the reservations'
 history was forgotten, or when the oldest node state may have gone stale.
+
+The encoded answer is kept as one JSON fragment per node and part, in request
+order (``,"name"`` in the passing list, ``,"name":"reason"`` in a failed map,
+``,{"Host":"name","Score":7}`` in the priorities; ``""`` where the node is not
+in that part). Re-judging a node replaces its fragments; the bodies are then
+C-level joins of those lists, so a request costs Python work only per changed node.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import compress
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 
-from rdma_cni.extender.decide import NodeView
+from rdma_cni.extender.decide import NodeView, Verdict
 from rdma_cni.extender.demand import Demand
 from rdma_cni.extender.reservations import Reservations
 
 __all__ = ["Answer", "Answers"]
 
-# Shapes kept; each holds a few structures the size of the node list.
+# Shapes kept; each holds a few lists the size of the node list.
 _SHAPES_KEPT = 32
+# The four encoded parts of an answer, by position in _Shape.parts.
+_PASSING, _FAILED, _UNRESOLVABLE, _PRIORITY = range(4)
 
-Judge = Callable[
-    [Demand, list[str], list[NodeView | None]],
-    tuple[list[str], dict[str, str], dict[str, str], dict[str, int]],
-]
-
-
-def _dumps(value: object) -> str:
-    return json.dumps(value, separators=(",", ":"))
+Judge = Callable[[Demand, list[str], list[NodeView | None]], list[Verdict]]
 
 
-def _fragment(name: str, score: int) -> str:
-    return f'{{"Host":{encode_basestring_ascii(name)},"Score":{score}}}'
+def _fragments(name: str, verdict: Verdict) -> tuple[str, str, str, str]:
+    """The node's fragment in each part (see the module docstring)."""
+    quoted = encode_basestring_ascii(name)
+    if verdict.fits:
+        return "," + quoted, "", "", f',{{"Host":{quoted},"Score":{verdict.score}}}'
+    entry = f",{quoted}:{encode_basestring_ascii(verdict.reason)}"
+    if verdict.unresolvable:
+        return "", "", entry, ""
+    return "", entry, "", ""
+
+
+def _join(parts: list[str], open_: str, close: str) -> str:
+    # Every fragment starts with a comma: drop the first one.
+    return open_ + "".join(parts)[1:] + close
 
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """One filter answer: its parts (never changed once built) and both encoded bodies."""
+    """One filter answer: the verdict per requested node (never changed once built) and both bodies."""
 
+    names: list[str]
+    index: dict[str, int]
+    verdicts: list[Verdict]
     passing: list[str]
-    failed: dict[str, str]
-    unresolvable: dict[str, str]
-    scores: dict[str, int]
     filter_body: bytes
     prioritize_body: bytes
+
+    def score(self, name: str) -> int:
+        """The node's score (0 when it did not pass or was not asked about)."""
+        i = self.index.get(name)
+        return 0 if i is None else self.verdicts[i].score
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """FailedNodes: node -> reason, for nodes that are merely full."""
+        return {
+            n: v.reason
+            for n, v in zip(self.names, self.verdicts, strict=True)
+            if not v.fits and not v.unresolvable
+        }
+
+    @property
+    def unresolvable(self) -> dict[str, str]:
+        """FailedAndUnresolvableNodes: node -> reason."""
+        return {n: v.reason for n, v in zip(self.names, self.verdicts, strict=True) if v.unresolvable}
+
+    @property
+    def scores(self) -> dict[str, int]:
+        """Scores of the passing nodes."""
+        return {n: v.score for n, v in zip(self.names, self.verdicts, strict=True) if v.fits}
 
 
 @dataclass(slots=True)
 class _Shape:
     names: list[str]
-    name_set: frozenset[str]
+    index: dict[str, int]
     views: list[NodeView | None]
     version: int
     deadline: float
-    fragments: dict[str, str]
-    names_json: str
-    failed_json: str
-    unresolvable_json: str
+    verdicts: list[Verdict]
+    # Per part (_PASSING ...): one fragment per requested node, and the part joined.
+    parts: tuple[list[str], list[str], list[str], list[str]]
+    joined: list[str]
     answer: Answer
 
 
@@ -94,11 +131,11 @@ class Answers:
                 or touched is None
                 or now >= shape.deadline
                 or shape.names != names
-                or len(shape.name_set) != len(names)  # a repeated name: updates assume none
+                or len(shape.index) != len(names)  # a repeated name: updates assume none
             ):
                 shape = self._full(demand, names, views, version, now)
             elif touched or shape.views != views:
-                self._update(shape, demand, names, views, version, touched, now)
+                self._update(shape, demand, views, version, touched, now)
             return shape.answer
 
     def _deadline(self, views: list[NodeView | None], now: float) -> float:
@@ -115,25 +152,28 @@ class Answers:
     def _full(
         self, demand: Demand, names: list[str], views: list[NodeView | None], version: int, now: float
     ) -> _Shape:
-        passing, failed, unresolvable, scores = self.judge(demand, names, views)
+        verdicts = self.judge(demand, names, views)
         self.full_passes += 1
-        fragments = {name: _fragment(name, scores[name]) for name in passing}
-        names_json = _dumps(passing)
-        failed_json = _dumps(failed)
-        unresolvable_json = _dumps(unresolvable)
+        columns = list(zip(*map(_fragments, names, verdicts), strict=True)) or [(), (), (), ()]
+        parts = tuple(list(column) for column in columns)
+        joined = [
+            _join(parts[_PASSING], "[", "]"),
+            _join(parts[_FAILED], "{", "}"),
+            _join(parts[_UNRESOLVABLE], "{", "}"),
+            _join(parts[_PRIORITY], "[", "]"),
+        ]
+        index = {name: i for i, name in enumerate(names)}
+        passing = list(compress(names, parts[_PASSING]))
         shape = _Shape(
             names=names,
-            name_set=frozenset(names),
+            index=index,
             views=views,
             version=version,
             deadline=self._deadline(views, now),
-            fragments=fragments,
-            names_json=names_json,
-            failed_json=failed_json,
-            unresolvable_json=unresolvable_json,
-            answer=self._answer(
-                passing, failed, unresolvable, scores, fragments, (names_json, failed_json, unresolvable_json)
-            ),
+            verdicts=verdicts,
+            parts=parts,  # type: ignore[arg-type]
+            joined=joined,
+            answer=self._answer(names, index, verdicts, passing, joined),
         )
         if len(self._shapes) >= _SHAPES_KEPT:
             self._shapes.clear()
@@ -142,87 +182,63 @@ class Answers:
 
     @staticmethod
     def _answer(
+        names: list[str],
+        index: dict[str, int],
+        verdicts: list[Verdict],
         passing: list[str],
-        failed: dict[str, str],
-        unresolvable: dict[str, str],
-        scores: dict[str, int],
-        fragments: dict[str, str],
-        encoded: tuple[str, str, str],
+        joined: list[str],
     ) -> Answer:
-        # The same bytes json.dumps would give for wire.filter_result's document.
+        # The same document wire.filter_result builds, encoded as json.dumps would.
         body = (
-            f'{{"Nodes":null,"NodeNames":{encoded[0]},"FailedNodes":{encoded[1]},'
-            f'"FailedAndUnresolvableNodes":{encoded[2]},"Error":""}}'
+            f'{{"Nodes":null,"NodeNames":{joined[_PASSING]},"FailedNodes":{joined[_FAILED]},'
+            f'"FailedAndUnresolvableNodes":{joined[_UNRESOLVABLE]},"Error":""}}'
         )
-        prioritize = "[" + ",".join(map(fragments.__getitem__, passing)) + "]"
-        return Answer(passing, failed, unresolvable, scores, body.encode(), prioritize.encode())
+        return Answer(names, index, verdicts, passing, body.encode(), joined[_PRIORITY].encode())
 
     def _update(
         self,
         shape: _Shape,
         demand: Demand,
-        names: list[str],
         views: list[NodeView | None],
         version: int,
         touched: set[str],
         now: float,
     ) -> None:
-        changed = touched & shape.name_set
+        index = shape.index
+        changed = {index[name] for name in touched if name in index}
         if shape.views != views:  # in C, and true at once when every view is the same object
             changed.update(
-                names[i]
-                for i, (old, new) in enumerate(zip(shape.views, views, strict=True))
-                if old is not new
+                i for i, (old, new) in enumerate(zip(shape.views, views, strict=True)) if old is not new
             )
-        index = {name: i for i, name in enumerate(names)} if len(changed) > 64 else None
-        order = sorted(changed, key=index.__getitem__ if index else names.index)
-        part_views = [views[index[n] if index else names.index(n)] for n in order]
-        _, failed, unresolvable, scores = self.judge(demand, order, part_views)
+        order = sorted(changed)
+        names = shape.names
+        part_views = [views[i] for i in order]
+        judged = self.judge(demand, [names[i] for i in order], part_views)
         self.rejudged += len(order)
+        verdicts = list(shape.verdicts)  # the old answer keeps its own
+        parts = shape.parts
+        dirty = [False] * 4
+        for i, verdict in zip(order, judged, strict=True):
+            if verdicts[i] == verdict:
+                continue
+            verdicts[i] = verdict
+            for part, fragment in enumerate(_fragments(names[i], verdict)):
+                if parts[part][i] != fragment:
+                    parts[part][i] = fragment
+                    dirty[part] = True
+        if dirty[_PASSING]:
+            shape.joined[_PASSING] = _join(parts[_PASSING], "[", "]")
+        if dirty[_FAILED]:
+            shape.joined[_FAILED] = _join(parts[_FAILED], "{", "}")
+        if dirty[_UNRESOLVABLE]:
+            shape.joined[_UNRESOLVABLE] = _join(parts[_UNRESOLVABLE], "{", "}")
+        if dirty[_PRIORITY]:
+            shape.joined[_PRIORITY] = _join(parts[_PRIORITY], "[", "]")
         old = shape.answer
-        new_scores = dict(old.scores)
-        new_failed = dict(old.failed)
-        new_unresolvable = dict(old.unresolvable)
-        joined = False
-        left: list[str] = []
-        for name in order:
-            was_passing = new_scores.pop(name, None) is not None
-            new_failed.pop(name, None)
-            new_unresolvable.pop(name, None)
-            if name in scores:
-                new_scores[name] = scores[name]
-                shape.fragments[name] = _fragment(name, scores[name])
-                joined |= not was_passing
-            else:
-                shape.fragments.pop(name, None)
-                if was_passing:
-                    left.append(name)
-                if name in failed:
-                    new_failed[name] = failed[name]
-                else:
-                    new_unresolvable[name] = unresolvable[name]
-        new_passing = old.passing
-        if joined:
-            new_passing = [name for name in names if name in new_scores]  # in request order
-        elif left:
-            # The usual change after a bind: a node fills up. list.remove runs in C.
-            new_passing = list(old.passing)
-            for name in left:
-                new_passing.remove(name)
-        if joined or left:
-            shape.names_json = _dumps(new_passing)
-        if new_failed != old.failed:
-            shape.failed_json = _dumps(new_failed)
-        if new_unresolvable != old.unresolvable:
-            shape.unresolvable_json = _dumps(new_unresolvable)
-        shape.answer = self._answer(
-            new_passing,
-            new_failed,
-            new_unresolvable,
-            new_scores,
-            shape.fragments,
-            (shape.names_json, shape.failed_json, shape.unresolvable_json),
-        )
+        passing = list(compress(names, parts[_PASSING])) if dirty[_PASSING] else old.passing
+        if any(dirty):
+            shape.answer = self._answer(names, index, verdicts, passing, shape.joined)
+        shape.verdicts = verdicts
         shape.views = views
         shape.version = version
         shape.deadline = min(shape.deadline, self._deadline(part_views, now))

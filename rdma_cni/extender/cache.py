@@ -61,6 +61,8 @@ class NodeCache:
         # Replaced wholesale on a relist, updated key by key on events: a reader
         # sees either the old or the new dict, each consistent.
         self.views: dict[str, NodeView] = {}
+        # Bumped after every change of ``views`` (see Extender._lookup).
+        self.generation = 0
         self.synced = threading.Event()
         self.resource_version = ""
         self.relists = 0
@@ -81,6 +83,7 @@ class NodeCache:
     def _set(self, name: str, text: str | None) -> None:
         view = self.decider.view(text)
         self.views[name] = view
+        self.generation += 1
         if self.on_view is not None:
             self.on_view(name, view)
 
@@ -93,6 +96,7 @@ class NodeCache:
             if name:
                 views[name] = self.decider.view(text)
         self.views = views
+        self.generation += 1
         if self.on_view is not None:
             for name, view in views.items():
                 self.on_view(name, view)
@@ -112,6 +116,7 @@ class NodeCache:
                 self._set(name, text)
             elif kind == "DELETED" and name:
                 self.views.pop(name, None)
+                self.generation += 1
             if rv:
                 self.resource_version = rv
             if self._stop.is_set():

@@ -173,6 +173,10 @@ class Decider:
         self._tables: dict[tuple[tuple[int, int], ...], dict[int, Verdict]] = {}
         self._entries = 0
         self._views: dict[str | None, NodeView] = {}
+        self._extra_states: dict[
+            tuple[int, tuple[tuple[str, tuple[int, int]], ...]],
+            tuple[NodeView, tuple[placement.PfState, ...], int],
+        ] = {}
 
     # -- views -------------------------------------------------------------
 
@@ -259,9 +263,28 @@ class Decider:
         """
         assert view.state is not None
         if extra:
-            pfs = tuple(nodestate.pf_states(view.state, extra))
-            return self._final(demand, pfs, self._intern((pfs, view.capacity_vfs)), view, table)
+            pfs, fp = self._with_extra(view, extra)
+            return self._final(demand, pfs, fp, view, table)
         return self._final(demand, view.pfs, view.fp, view, table)
+
+    def _with_extra(self, view: NodeView, extra: Extra) -> tuple[tuple[placement.PfState, ...], int]:
+        """The view's PF states with ``extra`` applied, and their id: built once per (view, extra).
+
+        A bind changes one node's reservations, and then every request shape
+        judges that node again: they share these states instead of each building them.
+        """
+        key = (id(view), tuple(sorted(extra.items())))
+        got = self._extra_states.get(key)
+        if got is not None and got[0] is view:  # the view is kept in the value: its id is not reused
+            return got[1], got[2]
+        assert view.state is not None
+        pfs = tuple(nodestate.pf_states(view.state, extra))
+        fp = self._intern((pfs, view.capacity_vfs))
+        with self._lock:
+            if len(self._extra_states) >= _VIEW_LIMIT:
+                self._extra_states.clear()
+            self._extra_states[key] = (view, pfs, fp)
+        return pfs, fp
 
     @staticmethod
     def _empty(state: nodestate.NodeState) -> tuple[placement.PfState, ...]:

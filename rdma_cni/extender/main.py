@@ -174,6 +174,7 @@ class Service:
             reservations=self.reservations,
             client=client,
             cache_views=lambda: self.cache.views,
+            cache_generation=lambda: self.cache.generation,
         )
         self.server = ExtenderServer(listen, self.extender, tls)
         self.sweep_interval = sweep_interval

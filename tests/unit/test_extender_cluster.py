@@ -172,6 +172,9 @@ def test_cache_follows_the_watch_through_drops_and_410(harness: Harness, api: Ap
     # Deleted nodes leave the cache; bookmarks keep the resourceVersion moving.
     api.remove_node("n1")
     wait_for("the node's removal", lambda: "n1" not in service.cache.views)
+    # The same node list as before: the lookup kept from it must not be reused.
+    gone = sched.post("filter", so.args_names(pod, ["n1"]))["FailedAndUnresolvableNodes"]
+    assert gone == {"n1": "rdma-cni: node is not known to the extender yet"}
     rv = service.cache.resource_version
     api.add_node("other")
     api.send_bookmarks()

@@ -204,6 +204,34 @@ def test_reservations_count_in_the_verdict() -> None:
     assert not decider.verdict(demand((0, 0)), v, {"p0": (2, 0)}).fits
 
 
+def test_states_with_reservations_are_shared_per_view_and_reservations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    text = nodestate.encode(so.state([("p0", 25_000, 2), ("p1", 25_000, 2)]))
+    small, large = demand((10_000, 0)), demand((20_000, 0))
+    one, two = {"p0": (1, 15_000)}, {"p0": (1, 15_000), "p1": (1, 10_000)}
+
+    def fresh(d: Demand, extra: dict[str, tuple[int, int]]) -> decide.Verdict:
+        other = Decider()  # has seen nothing
+        return other.verdict(d, other.view(text), extra)
+
+    expected = {(id(d), id(e)): fresh(d, e) for d in (small, large) for e in (one, two)}
+    decider = Decider()
+    v = decider.view(text)
+    built = []
+    real = nodestate.pf_states
+    monkeypatch.setattr(nodestate, "pf_states", lambda *a: built.append(a[1:]) or real(*a))
+    for extra in (one, two, one):
+        for d in (small, large):
+            assert decider.verdict(d, v, extra) == expected[id(d), id(extra)]
+    # Built once per distinct reservations, not per request shape or repeat.
+    assert built == [(one,), (two,)]
+    # Another view with the same reservations gets its own states.
+    full = view(decider, [("p0", 25_000, 2), ("p1", 25_000, 2)], [("u", [("p1", 20_000, 0)])])
+    assert not decider.verdict(large, full, one).fits
+    assert decider.verdict(large, v, one).fits
+
+
 def test_views_without_usable_state() -> None:
     decider = Decider(max_state_age=60)
     now = decider.now()

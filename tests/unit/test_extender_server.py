@@ -237,3 +237,79 @@ def test_prioritize_reuses_the_scores_its_filter_computed(served: tuple[Extender
     assert reused == client.post("/prioritize", so.args_nodes(pod, before)) != fresh
     # ... once: the next one decides again.
     assert client.post("/prioritize", so.args_nodes(pod, after)) == fresh
+
+
+def exchange(port: int, data: bytes, *, read_all: bool = True) -> bytes:
+    """Send raw bytes; what the server answers until it closes the connection (or 2 s pass)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as raw:
+        raw.sendall(data)
+        out = b""
+        try:
+            while chunk := raw.recv(65536):
+                out += chunk
+                if not read_all:
+                    break
+        except TimeoutError:
+            pass
+        return out
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"GET /" + b"x" * 70_000 + b" HTTP/1.1\r\n\r\n", b"414"),
+        (b"HELLO\r\n\r\n", b"400"),
+        (b"GET /healthz SPDY/3\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n", b"431"),
+        (b"GET /healthz HTTP/1.1\r\nX: " + b"y" * 70_000 + b"\r\n\r\n", b"431"),
+        (b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/1.1\r\n Folded: x\r\n\r\n", b"400"),
+        (b"POST /filter HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", b"411"),
+        (b"POST /filter HTTP/1.1\r\nContent-Length: -1\r\n\r\n", b"400"),
+        (b"PUT /filter HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", b"405"),
+    ],
+)
+def test_requests_that_cannot_be_read_are_refused_and_closed(
+    served: tuple[Extender, Client], request_bytes: bytes, status: bytes
+) -> None:
+    _, client = served
+    out = exchange(client.conn.port, request_bytes + b"GET /healthz HTTP/1.1\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 " + status + b" ")
+    # One answer, with Connection: close, and nothing for the request behind it.
+    assert out.count(b"HTTP/1.1 ") == 1 and b"\r\nConnection: close\r\n" in out
+
+
+def test_connections_are_kept_or_closed_as_the_client_asks(served: tuple[Extender, Client]) -> None:
+    _, client = served
+    port = client.conn.port
+    health = b"GET /healthz HTTP/1.1\r\n\r\n"
+    # Keep-alive by default in HTTP/1.1: both answered on one connection.
+    assert exchange(port, health + health).count(b"HTTP/1.1 200 OK") == 2
+    # Connection: close, HTTP/1.0, and a GET with a body end the connection after one answer.
+    for first in (
+        b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET /healthz HTTP/1.0\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+    ):
+        out = exchange(port, first + health)
+        assert out.count(b"HTTP/1.1 200 OK") == 1 and b"\r\nConnection: close\r\n" in out
+    # HTTP/1.0 asking for keep-alive gets it.
+    assert (
+        exchange(port, b"GET /readyz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" + health).count(b" 200 ")
+        == 2
+    )
+
+
+def test_expect_100_continue_and_a_client_gone_mid_body(served: tuple[Extender, Client]) -> None:
+    _, client = served
+    port = client.conn.port
+    body = json.dumps({"PodName": "p", "PodNamespace": "ns", "Node": "a"}).encode()
+    head = b"POST /bind HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        raw.sendall(head)
+        assert raw.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        raw.sendall(body)
+        assert raw.recv(65536).startswith(b"HTTP/1.1 200 OK\r\n")
+    # Half a body, then the client leaves: nothing is answered, and the server goes on serving.
+    assert exchange(port, head.replace(b"Expect: 100-continue\r\n", b"") + body[:5]) == b""
+    assert client.raw("GET", "/healthz") == (200, b"ok\n")

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import socket
+import socketserver
 import subprocess
 import sys
 import threading
@@ -484,3 +485,159 @@ def test_request_that_cannot_be_made() -> None:
     with ApiClient(creds) as c, pytest.raises(ApiError) as info:
         c.get("/api/v1/nodes")
     assert type(info.value) is ApiError and info.value.reason == "RequestFailed"
+
+
+# -- the keep-alive connections of requests that are not watches
+
+
+class _Connections(socketserver.ThreadingTCPServer):
+    """A plain-HTTP server whose connections misbehave on purpose, counting connections and requests.
+
+    ``answer_close``: each answer says ``Connection: close``. ``close_idle``: the
+    server closes the connection right after its first answer (an idle timeout).
+    ``drop_second``: it reads a connection's second request and closes without answering.
+    """
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.connections = 0
+        self.requests: list[str] = []
+        super().__init__(("127.0.0.1", 0), _ConnectionsHandler)
+
+
+class _ConnectionsHandler(socketserver.StreamRequestHandler):
+    server: _Connections
+
+    def _read_request(self) -> str | None:
+        line = self.rfile.readline()
+        if not line:
+            return None
+        length = 0
+        while (header := self.rfile.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = header.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        self.rfile.read(length)
+        return line.decode("latin-1").split(" ")[0]
+
+    def handle(self) -> None:
+        self.server.connections += 1
+        method = self._read_request()
+        if method is None:
+            return
+        self.server.requests.append(method)
+        body = b'{"kind": "Status", "status": "Success"}'
+        close = "Connection: close\r\n" if self.server.mode == "answer_close" else ""
+        head = (
+            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{close}\r\n"
+        )
+        self.wfile.write(head.encode() + body)
+        self.wfile.flush()
+        if self.server.mode == "drop_second":
+            second = self._read_request()
+            if second is not None:
+                self.server.requests.append(second)
+        # Every mode ends the connection here: after the answer, or after an unanswered request.
+
+
+@contextlib.contextmanager
+def connections(mode: str) -> Iterator[tuple[_Connections, ApiClient]]:
+    server = _Connections(mode)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    creds = k8s.ClusterCredentials(
+        server=f"http://127.0.0.1:{server.server_address[1]}", source="t", token="t0"
+    )
+    try:
+        with ApiClient(creds, timeout=3.0) as c:
+            yield server, c
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("mode", ["answer_close", "close_idle"])
+def test_a_connection_the_server_closed_is_not_reused(mode: str) -> None:
+    with connections(mode) as (server, c):
+        for _ in range(3):
+            assert c.get("/api/v1/nodes/a")["status"] == "Success"
+            if mode == "close_idle":
+                time.sleep(0.05)  # the server's close reaches the client while the connection is idle
+        assert c.post("/api/v1/namespaces/a/pods/p/binding", {})["status"] == "Success"
+        assert server.connections == 4 and server.requests == ["GET"] * 3 + ["POST"]
+
+
+def test_a_read_on_a_connection_dropped_under_it_is_sent_again_a_write_is_not() -> None:
+    with connections("drop_second") as (server, c):
+        c.get("/api/v1/nodes/a")
+        # The pooled connection looks alive; the server drops it on the next request.
+        assert c.get("/api/v1/nodes/a")["status"] == "Success"
+        assert server.requests == ["GET", "GET", "GET"] and server.connections == 2
+        with pytest.raises(Unavailable) as info:
+            c.post("/api/v1/namespaces/a/pods/p/binding", {})
+        # A Binding may have been applied: the caller decides (bind checks the pod on a 409).
+        assert info.value.reason == "NoAnswer" and server.requests[-1] == "POST"
+        assert server.requests.count("POST") == 1
+
+
+def test_at_most_the_pool_size_of_idle_connections_is_kept() -> None:
+    closed: list[int] = []
+
+    class Conn:
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def close(self) -> None:
+            closed.append(self.i)
+
+    pool = kubeapi._Pool("127.0.0.1", 1, "", None, 1.0)
+    for i in range(kubeapi._POOL_SIZE + 2):
+        pool.give(Conn(i))
+    assert closed == [kubeapi._POOL_SIZE, kubeapi._POOL_SIZE + 1]
+    pool.close()
+    assert sorted(closed) == list(range(kubeapi._POOL_SIZE + 2))
+
+
+def test_a_client_certificate_that_cannot_be_loaded_is_a_tls_error(api: ApiServer, tmp_path: Path) -> None:
+    (tmp_path / "bad.crt").write_text("not a certificate\n")
+    creds = k8s.ClusterCredentials(
+        server=api.url,
+        source="test creds",
+        ca_file=api.ca_path,
+        client_cert_file=str(tmp_path / "bad.crt"),
+        client_key_file=str(tmp_path / "bad.crt"),
+    )
+    with ApiClient(creds) as c, pytest.raises(ApiError) as info:
+        c.get("/api/v1/nodes")
+    assert type(info.value) is ApiError and info.value.reason == "TLSError" and info.value.status == 0
+    assert "client certificate" in info.value.message
+
+
+def test_a_request_http_cannot_carry_is_refused_before_sending(api: ApiServer, tmp_path: Path) -> None:
+    api.reset()
+    creds = k8s.ClusterCredentials(
+        server=api.url, source="t", ca_file=api.ca_path, token="secret\r\nX-Evil: 1"
+    )
+    with ApiClient(creds) as c, pytest.raises(ApiError) as info:
+        c.get("/api/v1/nodes")
+    assert type(info.value) is ApiError and info.value.reason == "RequestFailed"
+    assert "secret" not in info.value.message and not api.requests_seen
+
+
+def test_paths_and_parameters_are_quoted_as_requests_quotes_them(api: ApiServer, client: ApiClient) -> None:
+    api.reset()
+    with pytest.raises(NotFound):
+        client.get("/api/v1/nodes/a b", {"labelSelector": "a in (x,y)", "limit": 2})
+    assert api.requests_seen[-1].path == "/api/v1/nodes/a%20b?labelSelector=a+in+%28x%2Cy%29&limit=2"
+
+
+def test_a_server_path_http_cannot_carry_is_refused(api: ApiServer) -> None:
+    api.reset()
+    creds = k8s.ClusterCredentials(server=api.url + "/a b", source="t", ca_file=api.ca_path, token="t")
+    with ApiClient(creds) as c, pytest.raises(ApiError) as info:
+        c.get("/api/v1/nodes")
+    assert type(info.value) is ApiError and info.value.reason == "RequestFailed"
+    assert "InvalidURL" in info.value.message and not api.requests_seen
