@@ -15,8 +15,10 @@ history was forgotten, or when the oldest node state may have gone stale.
 The encoded answer is kept as one JSON fragment per node and part, in request
 order (``,"name"`` in the passing list, ``,"name":"reason"`` in a failed map,
 ``,{"Host":"name","Score":7}`` in the priorities; ``""`` where the node is not
-in that part). Re-judging a node replaces its fragments; the bodies are then
-C-level joins of those lists, so a request costs Python work only per changed node.
+in that part, and in the priorities where it scores 0: see
+:func:`wire.priority_json`). Re-judging a node replaces its fragments; the
+bodies are then C-level joins of those lists, so a request costs Python work
+only per changed node.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def _fragments(name: str, verdict: Verdict) -> tuple[str, str, str, str]:
     """The node's fragment in each part (see the module docstring)."""
     quoted = encode_basestring_ascii(name)
     if verdict.fits:
-        return "," + quoted, "", "", f',{{"Host":{quoted},"Score":{verdict.score}}}'
+        priority = f',{{"Host":{quoted},"Score":{verdict.score}}}' if verdict.score else ""
+        return "," + quoted, "", "", priority
     entry = f",{quoted}:{encode_basestring_ascii(verdict.reason)}"
     if verdict.unresolvable:
         return "", "", entry, ""

@@ -234,7 +234,8 @@ class Extender:
             self._scores[uid] = (time.monotonic(), demand.key, score, passing, body)
 
     def prioritize(self, doc: Any) -> bytes:
-        """ExtenderArgs -> HostPriorityList, encoded (0 for nodes that do not fit, and for non-RDMA pods)."""
+        """ExtenderArgs -> HostPriorityList, encoded; nodes that score 0 (that do not fit; all of them
+        for a non-RDMA pod) are left out (see :func:`wire.priority_json`)."""
         try:
             args = wire.parse_filter(doc)
             demand = self._demand(args.pod)
@@ -242,7 +243,7 @@ class Extender:
             # Prioritize has no error field; filter already failed such a pod.
             return b"[]"
         if demand is None:
-            return wire.priority_json((n, 0) for n in args.names)
+            return b"[]"
         kept = self._scores.pop(wire.pod_identity(args.pod)[2], None)
         if kept is not None and kept[1] == demand.key and time.monotonic() - kept[0] < _SCORES_FRESH:
             if kept[3] is not None and args.names == kept[3]:

@@ -192,10 +192,18 @@ def priority_list(scores: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
 
 
 def priority_json(scores: Iterable[tuple[str, int]]) -> bytes:
-    """:func:`priority_list` already encoded (thousands of small dicts through json.dumps cost ms)."""
+    """:func:`priority_list` already encoded, without the nodes that score 0.
+
+    kube-scheduler adds an extender's score to the nodes the answer lists and
+    nothing to the others (``prioritizeNodes``), so a 0 need not travel: at
+    thousands of nodes the answer is JSON both sides pay for. Encoded here
+    because thousands of small dicts through json.dumps cost milliseconds.
+    """
     quote = encode_basestring_ascii
     return (
-        "[" + ",".join(f'{{"Host":{quote(host)},"Score":{int(score)}}}' for host, score in scores) + "]"
+        "["
+        + ",".join(f'{{"Host":{quote(host)},"Score":{int(score)}}}' for host, score in scores if score)
+        + "]"
     ).encode()
 
 

@@ -77,6 +77,8 @@ def test_priority_list_shape() -> None:
     assert wire.priority_list([("a", 3), ('b"\u00e9', 10)]) == expected
     assert json.loads(wire.priority_json([("a", 3), ('b"\u00e9', 10)])) == expected
     assert wire.priority_json([]) == b"[]"
+    # A 0 is left out: kube-scheduler adds nothing for a node an extender does not list.
+    assert json.loads(wire.priority_json([("z", 0), ("a", 3), ("y", 0)])) == [{"Host": "a", "Score": 3}]
 
 
 def test_preempt_args_meta_victims_and_full_victims() -> None:
