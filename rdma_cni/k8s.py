@@ -587,17 +587,18 @@ def _ssl_context(
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-    elif ca_data is not None:
+    else:
         try:
-            # PEM blocks are ASCII; text around them (a CA file's comments) may
-            # not be, and OpenSSL skips it when it reads the file itself.
-            context = ssl.create_default_context(cadata=ca_data.decode("ascii", errors="ignore"))
-        except (ValueError, ssl.SSLError) as exc:
+            if ca_data is not None:
+                # PEM blocks are ASCII; text around them (a CA file's comments)
+                # may not be, and OpenSSL skips it when it reads a file itself.
+                context = ssl.create_default_context(cadata=ca_data.decode("ascii", errors="ignore"))
+            else:
+                context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+        except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError: no certificate in it
             raise KubernetesError(
                 "cannot load the API server's certificate authority", _describe(exc)
             ) from exc
-    else:
-        context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
     if cert is not None:
         try:
             context.load_cert_chain(cert[0], cert[1])

@@ -520,7 +520,7 @@ class ApiClient:
             raise ApiError(0, "RequestFailed", self._clean(exc.msg)) from None
         try:
             context = k8s.ssl_context(verify, cert) if target.tls else None
-        except CniError as exc:  # the client certificate or key cannot be loaded
+        except CniError as exc:  # the certificate authority, client certificate or key cannot be loaded
             raise ApiError(0, "TLSError", self._clean(f"{exc.msg}: {exc.details}")) from None
         return _Pool(target.host, target.port, target.prefix, context, self._timeout)
 

@@ -868,3 +868,13 @@ def test_a_context_built_by_a_child_is_named_to_the_server_once(
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_a_ca_file_that_holds_no_certificate_is_a_clear_error(api: ApiServer, tmp_path: Path) -> None:
+    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token"))
+    (tmp_path / "ca.crt").write_text("no certificate here\n")
+    creds = dataclasses.replace(creds, ca_file=str(tmp_path / "ca.crt"), ca_data=None)
+    with pytest.raises(KubernetesError) as info:
+        k8s.get_pod(creds, "default", "web-0", **FAST)
+    assert info.value.msg == "cannot load the API server's certificate authority"
+    assert api.request_count == 0

@@ -641,3 +641,17 @@ def test_a_server_path_http_cannot_carry_is_refused(api: ApiServer) -> None:
         c.get("/api/v1/nodes")
     assert type(info.value) is ApiError and info.value.reason == "RequestFailed"
     assert "InvalidURL" in info.value.message and not api.requests_seen
+
+
+@pytest.mark.parametrize("content", ["not a certificate\n", ""])
+def test_a_ca_file_that_holds_no_certificate_is_a_tls_error(
+    api: ApiServer, tmp_path: Path, content: str
+) -> None:
+    (tmp_path / "ca.crt").write_text(content)
+    creds = k8s.ClusterCredentials(
+        server=api.url, source="test creds", ca_file=str(tmp_path / "ca.crt"), token="secret-token-0123"
+    )
+    with ApiClient(creds) as c, pytest.raises(ApiError) as info:
+        c.get("/api/v1/nodes")
+    assert type(info.value) is ApiError and info.value.reason == "TLSError" and info.value.status == 0
+    assert "certificate authority" in info.value.message
