@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -114,55 +115,80 @@ def wait_for_warm_server(tree: str, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+@dataclass
+class Rig:
+    """A simulated node, the API stand-in holding one pod, its netns, and what rdma-cni is run with."""
+
+    node: SimNode
+    api: ApiServer
+    netns_name: str
+    ipam: dict[str, object]
+    cni_env: dict[str, str]  # the CNI_* a runtime sets for the pod (what host-device gets too)
+    env: dict[str, str]  # cni_env, the pod's CNI_ARGS and the simulated node's variables
+    conf: dict[str, object]  # rdma-cni's network config, host-local as IPAM
+
+    def down(self) -> None:
+        del_netns(self.netns_name)
+        self.api.stop()
+        self.node.down()
+
+
+def one_pod_rig(tmp: str, name: str, pfs: list[SimPf], prefix: str, subnet: str) -> Rig:
+    """Set up the node the data-path benchmarks share; the pod ``default/<name>`` asks for one VF."""
+    node = SimNode(os.path.join(tmp, "node"), pfs, prefix=prefix)
+    node.up()
+    api = ApiServer(os.path.join(tmp, "api"))
+    api.start()
+    api.add_pod("default", name, {"rdma_interfaces_required": '[{"max_tx_rate": 1000}]'})
+    kubeconfig = api.write_kubeconfig(os.path.join(tmp, "kubeconfig"), mode="token")
+    netns_name = f"rdma-{name}"
+    ipam: dict[str, object] = {
+        "type": "host-local",
+        "ranges": [[{"subnet": subnet}]],
+        "dataDir": os.path.join(tmp, "ipam"),
+    }
+    cni_env = {
+        "PATH": os.environ.get("PATH", ""),
+        "CNI_PATH": "/usr/lib/cni",
+        "CNI_CONTAINERID": name,
+        "CNI_NETNS": add_netns(netns_name),
+        "CNI_IFNAME": "net1",
+    }
+    env = {
+        **cni_env,
+        **node.env(),
+        "CNI_ARGS": f"IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}",
+    }
+    conf: dict[str, object] = {
+        "cniVersion": "1.0.0",
+        "name": name,
+        "type": "rdma-cni",
+        "kubeconfig": kubeconfig,
+        "stateDir": os.path.join(tmp, "state"),
+        "lockFile": os.path.join(tmp, "lock"),
+        "ipam": ipam,
+        "logFile": os.path.join(tmp, "rdma-cni.log"),
+    }
+    return Rig(node, api, netns_name, ipam, cni_env, env, conf)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--binary", default="dist/rdma-cni")
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="rdma-cni-bench-")
-    node = SimNode(os.path.join(tmp, "node"), [SimPf("benchpf0", 1, 25000)], prefix="bn")
-    node.up()
-    api = ApiServer(os.path.join(tmp, "api"))
-    api.start()
-    api.add_pod("default", "bench", {"rdma_interfaces_required": '[{"max_tx_rate": 1000}]'})
-    kubeconfig = api.write_kubeconfig(os.path.join(tmp, "kubeconfig"), mode="token")
-    netns = add_netns("rdma-bench")
-    ipam = {
-        "type": "host-local",
-        "ranges": [[{"subnet": "10.88.0.0/24"}]],
-        "dataDir": os.path.join(tmp, "ipam"),
-    }
-    base = {
-        "PATH": os.environ.get("PATH", ""),
-        "CNI_PATH": "/usr/lib/cni",
-        "CNI_CONTAINERID": "bench",
-        "CNI_NETNS": netns,
-        "CNI_IFNAME": "net1",
-    }
-    log = os.path.join(tmp, "rdma-cni.log")
+    rig = one_pod_rig(tmp, "bench", [SimPf("benchpf0", 1, 25000)], "bn", "10.88.0.0/24")
+    node, base, ours = rig.node, rig.cni_env, rig.conf
+    log = str(ours["logFile"])
     cache, tree = private_cache(tmp, args.binary)
-    ours = {
-        "cniVersion": "1.0.0",
-        "name": "bench",
-        "type": "rdma-cni",
-        "kubeconfig": kubeconfig,
-        "stateDir": os.path.join(tmp, "state"),
-        "lockFile": os.path.join(tmp, "lock"),
-        "ipam": ipam,
-        "logFile": log,
-    }
-    ours_env = {
-        **base,
-        **node.env(),
-        "CNI_ARGS": "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=bench",
-        "RDMA_CNI_CACHE_DIR": cache,
-    }
+    ours_env = {**rig.env, "RDMA_CNI_CACHE_DIR": cache}
     theirs = {
         "cniVersion": "1.0.0",
         "name": "bench-hd",
         "type": "host-device",
         "device": node.vf_netdev(0, 0),
-        "ipam": {**ipam, "dataDir": os.path.join(tmp, "ipam-hd")},
+        "ipam": {**rig.ipam, "dataDir": os.path.join(tmp, "ipam-hd")},
     }
     modes = {"rdma-cni (warm start)": {}, "rdma-cni (cold, RDMA_CNI_WARM=0)": {"RDMA_CNI_WARM": "0"}}
     results: dict[str, dict[str, list[float]]] = {
@@ -206,10 +232,8 @@ def main() -> int:
         server_memory = memory_of(servers[0]) if servers else {}
     finally:
         stop_private_cache(cache, tree)
-        del_netns("rdma-bench")
         ip("link", "del", node.vf_wire(0, 0), check=False)
-        api.stop()
-        node.down()
+        rig.down()
     print("| plugin | ADD median ms | DEL median ms | ADD+DEL ms |")
     print("| --- | ---: | ---: | ---: |")
     cycle = {}

@@ -28,8 +28,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.support.apiserver import ApiServer
-from tests.support.simnode import SimNode, SimPf, add_netns, del_netns
+from benchmarks.datapath_bench import one_pod_rig
+from tests.support.simnode import SimPf
 
 SPLIT: dict[str, list[tuple[float, float, int]]] = {"ADD": [], "DEL": []}
 # As a warm server does: children name the kubeconfigs whose TLS context they
@@ -121,37 +121,8 @@ def main() -> int:
         ipam_module._launcher = (os.open(args.launcher, os.O_RDONLY | os.O_CLOEXEC), args.launcher)
     tmp = tempfile.mkdtemp(prefix="rdma-cni-prof-")
     pfs = [SimPf(f"profpf{k}", args.vfs, 25000) for k in range(args.pfs)]
-    node = SimNode(os.path.join(tmp, "node"), pfs, prefix="pq")
-    node.up()
-    api = ApiServer(os.path.join(tmp, "api"))
-    api.start()
-    api.add_pod("default", "prof", {"rdma_interfaces_required": '[{"max_tx_rate": 1000}]'})
-    kubeconfig = api.write_kubeconfig(os.path.join(tmp, "kubeconfig"), mode="token")
-    netns = add_netns("rdma-prof")
-    ipam = {
-        "type": "host-local",
-        "ranges": [[{"subnet": "10.89.0.0/24"}]],
-        "dataDir": os.path.join(tmp, "ipam"),
-    }
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "CNI_PATH": "/usr/lib/cni",
-        "CNI_CONTAINERID": "prof",
-        "CNI_NETNS": netns,
-        "CNI_IFNAME": "net1",
-        "CNI_ARGS": "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=prof",
-        **node.env(),
-    }
-    conf = {
-        "cniVersion": "1.0.0",
-        "name": "prof",
-        "type": "rdma-cni",
-        "kubeconfig": kubeconfig,
-        "stateDir": os.path.join(tmp, "state"),
-        "lockFile": os.path.join(tmp, "lock"),
-        "ipam": ipam,
-        "logFile": os.path.join(tmp, "rdma-cni.log"),
-    }
+    rig = one_pod_rig(tmp, "prof", pfs, "pq", "10.89.0.0/24")
+    env, conf = rig.env, rig.conf
     from rdma_cni.warm import preload
 
     preload()
@@ -173,7 +144,7 @@ def main() -> int:
                     profiles[verb].append(out)
         # host-local alone, ADD and DEL, for the floor nothing here can cut.
         hl_env = {**env, "CNI_IFNAME": "hl0"}
-        hl_conf = json.dumps({"cniVersion": "1.0.0", "name": "prof", "ipam": ipam}).encode()
+        hl_conf = json.dumps({"cniVersion": "1.0.0", "name": "prof", "ipam": rig.ipam}).encode()
         import subprocess
 
         for _ in range(args.runs):
@@ -189,9 +160,7 @@ def main() -> int:
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             hl_cpu.append((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000)
     finally:
-        del_netns("rdma-prof")
-        api.stop()
-        node.down()
+        rig.down()
     print("| verb | wall median ms | CPU median ms (children included) |")
     print("| --- | ---: | ---: |")
     for verb in ("ADD", "DEL"):

@@ -20,7 +20,6 @@ import base64
 import binascii
 import contextlib
 import dataclasses
-import hashlib
 import http.client
 import json
 import logging
@@ -525,6 +524,8 @@ def _material(creds: ClusterCredentials) -> tuple[bytes, ClusterCredentials] | N
         key = content(creds.client_key_data, creds.client_key_file)
     except OSError:
         return None
+    import hashlib  # here: only a warm server and its children keep contexts (~1.5 ms of a cold start)
+
     digest = hashlib.sha256()
     for part in (ca, cert, key):
         digest.update(b"-" if part is None else b"+" + len(part).to_bytes(8, "big") + part)
@@ -540,16 +541,22 @@ def _material(creds: ClusterCredentials) -> tuple[bytes, ClusterCredentials] | N
     return digest.digest(), inline
 
 
+def _build_context(creds: ClusterCredentials) -> ssl.SSLContext:
+    with _tls_files(creds, ca_in_memory=True) as (verify, cert):
+        return _ssl_context(verify, cert, creds.ca_data)
+
+
 def client_context(creds: ClusterCredentials) -> ssl.SSLContext:
     """The client TLS context for ``creds``: one built for the same content before, else a new one."""
     global _missed
-    material = _material(creds)
+    # Only a warm server keeps contexts, and only its children can say they
+    # built one: a cold start reads and hashes nothing for them.
+    material = _material(creds) if _CONTEXTS or context_hint_fd >= 0 else None
     context = _CONTEXTS.get(material[0]) if material is not None else None
     if context is not None:
         return context
     _missed = creds.source if material is not None else None
-    with _tls_files(creds, ca_in_memory=True) as (verify, cert):
-        return _ssl_context(verify, cert, creds.ca_data)
+    return _build_context(creds)
 
 
 def keep_context(creds: ClusterCredentials) -> bool:
@@ -558,8 +565,7 @@ def keep_context(creds: ClusterCredentials) -> bool:
     if material is None or material[0] in _CONTEXTS:
         return False
     key, inline = material
-    with _tls_files(inline, ca_in_memory=True) as (verify, cert):
-        context = _ssl_context(verify, cert, inline.ca_data)
+    context = _build_context(inline)
     if len(_CONTEXTS) >= _MAX_CONTEXTS:
         del _CONTEXTS[next(iter(_CONTEXTS))]  # the oldest: a kubeconfig since rotated, most likely
     _CONTEXTS[key] = context

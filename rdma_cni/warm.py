@@ -76,6 +76,9 @@ PRELOAD = (
     "rdma_cni.commands.gc",
     "rdma_cni.isolation",
     "rdma_cni.k8s",
+    # rdma_cni.k8s hashes kubeconfigs' certificates to keep TLS contexts
+    # (only in a warm server and its children).
+    "hashlib",
     # The pod GET resolves the API server's name, which loads the idna codec
     # (and unicodedata, a shared library) on first use; the built binary's
     # children also loaded the ascii codec on every ADD.

@@ -812,6 +812,21 @@ def test_a_kept_context_serves_later_requests(
     assert k8s.get_pod(creds, "default", "web-0")["metadata"]["uid"] == "1111-2222"
 
 
+def test_a_ca_file_with_text_around_its_pem_block_is_kept(
+    api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_contexts: dict[bytes, Any]
+) -> None:
+    """Kept contexts load the CA from its bytes: non-ASCII text outside the PEM block, which
+    OpenSSL skips in a file, is skipped there too."""
+    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="file"))
+    assert creds.ca_file is not None
+    own_ca = tmp_path / "ca.crt"
+    own_ca.write_bytes("Zertifikat für die Tests ✓\n".encode() + Path(creds.ca_file).read_bytes())
+    creds = dataclasses.replace(creds, ca_file=str(own_ca))
+    assert k8s.keep_context(creds)
+    monkeypatch.setattr(k8s, "_ssl_context", _no_building)
+    assert k8s.get_pod(creds, "default", "web-0")["metadata"]["uid"] == "1111-2222"
+
+
 def test_a_changed_ca_file_is_never_served_a_kept_context(
     api: ApiServer, tmp_path: Path, no_contexts: dict[bytes, Any]
 ) -> None:
@@ -868,6 +883,24 @@ def test_a_context_built_by_a_child_is_named_to_the_server_once(
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_a_cold_start_neither_hashes_certificates_nor_imports_hashlib(api: ApiServer, tmp_path: Path) -> None:
+    """Only a warm server keeps contexts: a process that cannot keep one builds it and hashes nothing."""
+    from tests.unit.test_startup import run
+
+    path = api.write_kubeconfig(tmp_path / "kc", mode="token", ca="file")
+    out = run(
+        f"""
+        import json, sys
+        from rdma_cni.startup import defer_unused
+        defer_unused()  # as the built binary's entry point does
+        from rdma_cni import k8s
+        k8s.client_context(k8s.load_credentials({str(path)!r}))
+        print(json.dumps({{"hashlib": "hashlib" in sys.modules, "kept": len(k8s._CONTEXTS)}}))
+        """
+    )
+    assert out == {"hashlib": False, "kept": 0}
 
 
 def test_a_ca_file_that_holds_no_certificate_is_a_clear_error(api: ApiServer, tmp_path: Path) -> None:
