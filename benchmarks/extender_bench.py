@@ -51,7 +51,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from rdma_cni import nodestate  # noqa: E402
-from rdma_cni.nodestate import Allocation, InterfaceUse, NodeState, PfSummary  # noqa: E402
+from rdma_cni.shared.nodestate import Allocation, InterfaceUse, NodeState, PfSummary  # noqa: E402
 from tests.support.apiserver import make_node  # noqa: E402
 
 SEED = 20_261_122
@@ -319,7 +319,7 @@ class Processes:
 
     def api_get(self, path: str) -> dict[str, Any]:
         """GET from the API stand-in, as the extender's client does."""
-        from rdma_cni.kubeapi import ApiClient
+        from rdma_cni.kube.client import ApiClient
 
         with ApiClient.from_kubeconfig(self.kubeconfig, timeout=60) as client:
             return client.get(path)
@@ -629,8 +629,8 @@ def check_bound(procs: Processes, bound: dict[str, str], shapes: dict[str, str])
     by the plugin's placement on the node's published state, must fit (the
     published states do not change during the run, so this is the guarantee).
     """
-    from rdma_cni import placement
-    from rdma_cni.podrequest import parse_request
+    from rdma_cni.shared import placement
+    from rdma_cni.shared.podrequest import parse_request
 
     items = procs.api_get("/api/v1/pods?fieldSelector=spec.nodeName!%3D")["items"]
     in_api = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in items}

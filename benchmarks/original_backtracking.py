@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from rdma_cni.placement import PfState, Request
+from rdma_cni.shared.placement import PfState, Request
 
 # Reading the clock on every step would dominate the cost of a step.
 _CLOCK_EVERY = 4096

@@ -1,4 +1,4 @@
-"""Benchmark rdma_cni.placement.place against the original system's backtracking placement.
+"""Benchmark rdma_cni.shared.placement.place against the original system's backtracking placement.
 
 Run with ``.venv/bin/python benchmarks/placement_bench.py``; prints a Markdown
 table. Every instance family comes from a fixed seed, so two runs measure the
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from original_backtracking import Timeout, place_backtracking
 
-from rdma_cni.placement import DEFAULT_MAX_STEPS, NoFit, PfState, Request, place
+from rdma_cni.shared.placement import DEFAULT_MAX_STEPS, NoFit, PfState, Request, place
 from tests.support.placement_oracle import assignment_ok
 
 SEED = 20_240_611
@@ -245,7 +245,7 @@ FAMILIES: dict[str, tuple[Callable[[random.Random], Instance], int]] = {
     "stress: VF- and bandwidth-tight": (vf_and_bandwidth_tight, 300),
     # Large samples of the two hardest families, to measure how often the
     # default budget runs out (it does on a handful: see "Step budget" in
-    # rdma_cni/placement.py).
+    # rdma_cni/shared/placement.py).
     "stress: tight 16x32, 5000 more": (tight_stress, 5000),
     "stress: VF- and bandwidth-tight, 3000 more": (vf_and_bandwidth_tight, 3000),
 }

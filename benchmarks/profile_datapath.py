@@ -39,7 +39,7 @@ HINT_R, HINT_W = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
 def keep_hinted_contexts() -> None:
     """What rdma_cni.warm.Server does with its children's hints."""
-    from rdma_cni import k8s
+    from rdma_cni.kube import podget as k8s
 
     try:
         data = os.read(HINT_R, 65536)
@@ -63,8 +63,9 @@ def run_child(
             os.environ.clear()
             os.environ.update(env)
             os.environ["CNI_COMMAND"] = verb
-            from rdma_cni import k8s, log
+            from rdma_cni import log
             from rdma_cni.cli import run_cni
+            from rdma_cni.kube import podget as k8s
 
             log.start_kind = "warm"
             k8s.context_hint_fd = HINT_W
@@ -116,7 +117,7 @@ def main() -> int:
         )
         if not probe.stdout.endswith(b"\nR 0 0 0 0\n"):
             raise SystemExit(f"{args.launcher} has no IPAM guard mode: make build, or --launcher ''")
-        from rdma_cni import ipam as ipam_module
+        from rdma_cni.node import ipam as ipam_module
 
         ipam_module._launcher = (os.open(args.launcher, os.O_RDONLY | os.O_CLOEXEC), args.launcher)
     tmp = tempfile.mkdtemp(prefix="rdma-cni-prof-")

@@ -1,5 +1,5 @@
 /*
- * The IPAM guard, exec'd rather than forked (rdma_cni/ipam.py starts it with
+ * The IPAM guard, exec'd rather than forked (rdma_cni/node/ipam.py starts it with
  * posix_spawn). A fork of the plugin cost ~3 ms of CPU per IPAM call here:
  * page tables and copied pages of a ~37 MB Python process, for a process that
  * only waits. This one is a few pages.

@@ -20,8 +20,8 @@ from typing import Any, BinaryIO, TextIO
 
 from rdma_cni import __version__
 from rdma_cni import log as rdma_log
-from rdma_cni.errors import CniError, InternalError
-from rdma_cni.protocol import (
+from rdma_cni.cni.errors import CniError, InternalError
+from rdma_cni.cni.protocol import (
     LATEST_VERSION,
     MAX_CONFIG_BYTES,
     check_version,

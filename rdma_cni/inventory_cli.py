@@ -6,13 +6,13 @@ import argparse
 import json
 from typing import Any, TextIO
 
-from rdma_cni.errors import CniError
+from rdma_cni.cni.errors import CniError
 from rdma_cni.startup import quiet_pydantic
 
 
 def _rdma_view(node_doc: dict[str, Any]) -> None:
     """Add the RDMA netns mode and, per VF device, where the device is now."""
-    from rdma_cni import rdma
+    from rdma_cni.kernel import rdma
 
     try:
         with rdma.RdmaClient() as client:
@@ -59,13 +59,13 @@ def main(argv: list[str], out: TextIO) -> int:
 
 
 def _collect(config_path: str | None) -> dict[str, Any]:
-    from rdma_cni.config import DEFAULT_STATE_DIR, load_netconf
-    from rdma_cni.identity import VfFinder
-    from rdma_cni.inventory import report, scan
-    from rdma_cni.netlink import Rtnl
-    from rdma_cni.protocol import decode_stdin
-    from rdma_cni.record import RecordStore
-    from rdma_cni.vfcontrol import vf_control
+    from rdma_cni.cni.config import DEFAULT_STATE_DIR, load_netconf
+    from rdma_cni.cni.protocol import decode_stdin
+    from rdma_cni.kernel.identity import VfFinder
+    from rdma_cni.kernel.netlink import Rtnl
+    from rdma_cni.kernel.vfcontrol import vf_control
+    from rdma_cni.node.inventory import report, scan
+    from rdma_cni.node.record import RecordStore
 
     pfs: list[str] | None = None
     capacity: dict[str, int] = {}

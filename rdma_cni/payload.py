@@ -1,7 +1,7 @@
 """The packed launcher's trailer (launcher/launcher.c): which build a launcher file carries.
 
 Standard library only, so that the IPAM delegate can check its guard (see
-rdma_cni.ipam) without importing the warm server and the entry points it
+rdma_cni.node.ipam) without importing the warm server and the entry points it
 reaches.
 """
 

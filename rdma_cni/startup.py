@@ -84,7 +84,7 @@ UNUSED_AT_START: dict[str, tuple[str, ...]] = {
     # with it go hmac, hashlib and OpenSSL's libcrypto set-up.
     "secrets": (),
     # pyroute2.config binds Pipe, Queue and Process for its process-based
-    # namespace helpers; the plugin enters namespaces itself (rdma_cni.netns).
+    # namespace helpers; the plugin enters namespaces itself (rdma_cni.kernel.netns).
     "multiprocessing": ("Pipe", "Queue", "Process"),
 }
 

@@ -20,7 +20,7 @@ Safety:
 * The child leads its own process group; when its caller disappears (a
   runtime killing the plugin on a timeout), that group is killed, as killing
   a cold plugin's process group would. An IPAM call under way is not in it:
-  its guard has a session of its own and lets it finish (rdma_cni.ipam).
+  its guard has a session of its own and lets it finish (rdma_cni.node.ipam).
 * One server per tree: it holds ``warm.lock`` (flock) for its lifetime; a
   second one exits at once.
 
@@ -63,20 +63,20 @@ NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts")
 # Modules the verbs import lazily; importing them here is the point of the server.
 PRELOAD = (
     "rdma_cni.startup",
-    "rdma_cni.config",
-    # rdma_cni.config imports it for configs with unknown keys (GC's always
+    "rdma_cni.cni.config",
+    # rdma_cni.cni.config imports it for configs with unknown keys (GC's always
     # carry cni.dev/valid-attachments).
     "difflib",
-    # rdma_cni.k8s imports it for kubeconfigs with inline client keys.
+    # rdma_cni.kube.podget imports it for kubeconfigs with inline client keys.
     "tempfile",
     "rdma_cni.commands.add",
     "rdma_cni.commands.delete",
     "rdma_cni.commands.check",
     "rdma_cni.commands.status",
     "rdma_cni.commands.gc",
-    "rdma_cni.isolation",
-    "rdma_cni.k8s",
-    # rdma_cni.k8s hashes kubeconfigs' certificates to keep TLS contexts
+    "rdma_cni.node.isolation",
+    "rdma_cni.kube.podget",
+    # rdma_cni.kube.podget hashes kubeconfigs' certificates to keep TLS contexts
     # (only in a warm server and its children).
     "hashlib",
     # The pod GET resolves the API server's name, which loads the idna codec
@@ -155,7 +155,7 @@ def preload() -> None:
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     for name in PRELOAD:
         importlib.import_module(name)
-    from rdma_cni import netlink, rdma
+    from rdma_cni.kernel import netlink, rdma
 
     # pyroute2's message classes are built on first use; build them once here.
     netlink._cls("ifinfmsg")
@@ -220,7 +220,7 @@ class Server:
         self.last_activity = time.monotonic()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # Children name the kubeconfigs whose TLS context they had to build
-        # (rdma_cni.k8s.note_context_miss); the server builds and keeps them.
+        # (rdma_cni.kube.podget.note_context_miss); the server builds and keeps them.
         self.hint_r, self.hint_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.dirfd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -338,7 +338,7 @@ class Server:
             data = os.read(self.hint_r, 65536)
         except BlockingIOError:
             return
-        from rdma_cni import k8s
+        from rdma_cni.kube import podget as k8s
 
         kept = False
         for path in set(data.split(b"\n")):
@@ -377,7 +377,7 @@ class Server:
             self.selector.close()
             for fd in (self.wake_r, self.wake_w, self.dirfd, self.hint_r):
                 os.close(fd)
-            from rdma_cni import k8s
+            from rdma_cni.kube import podget as k8s
 
             k8s.context_hint_fd = self.hint_w
             for target, fd in enumerate(fds):

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from rdma_cni.agent.publish import Publisher
 from rdma_cni.agent.snapshot import NetworkView, snapshot, unusable
-from rdma_cni.errors import CniError, IOFailure, TryAgainLater
+from rdma_cni.cni.errors import CniError, IOFailure, TryAgainLater
 
 log = logging.getLogger("rdma_cni.agent")
 
@@ -133,9 +133,9 @@ def setup_agent(
     heartbeat: float | None = None,
 ) -> Agent:
     """Build an agent from the installer's options; ValueError saying what the operator must fix."""
-    from rdma_cni import kubeapi
     from rdma_cni.agent.publish import DEFAULT_HEARTBEAT, check_node_name
     from rdma_cni.agent.snapshot import default_view, load_view
+    from rdma_cni.kube import client as kubeapi
 
     check_node_name(node_name)
     try:

@@ -4,7 +4,7 @@ The write is a JSON merge patch of ``metadata.annotations`` (only our key:
 labels and other annotations are untouched, and no resourceVersion is
 needed). ``generation`` counts publishes: it continues from the value found
 on the Node, so a restarted agent never goes backwards. A state whose content
-(:func:`rdma_cni.nodestate.same_content`) equals the last one written is not
+(:func:`rdma_cni.shared.nodestate.same_content`) equals the last one written is not
 written, except once per ``heartbeat`` so that readers can tell a live agent
 from a dead one by ``updated``.
 
@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from rdma_cni import nodestate
+from rdma_cni.shared import nodestate
 
 if TYPE_CHECKING:
-    from rdma_cni.kubeapi import ApiClient
+    from rdma_cni.kube.client import ApiClient
 
 log = logging.getLogger("rdma_cni.agent")
 
@@ -122,7 +122,7 @@ class Publisher:
         """Try to write the pending state if its time has come; True when the Node was patched."""
         if self._pending is None or time.monotonic() < self._next_attempt:
             return False
-        from rdma_cni import kubeapi
+        from rdma_cni.kube import client as kubeapi
 
         state = fit(self._pending)
         try:
@@ -184,7 +184,7 @@ class Publisher:
         return full
 
     def _failed(self, exc: Exception) -> None:
-        from rdma_cni import kubeapi
+        from rdma_cni.kube import client as kubeapi
 
         self.failures += 1
         # After a conflict or a 404 the Node may differ from what we think:
@@ -205,7 +205,7 @@ class Publisher:
         self.last_error = message
 
     def _reconnect_client(self) -> None:
-        from rdma_cni.errors import CniError
+        from rdma_cni.cni.errors import CniError
 
         assert self._reconnect is not None
         try:

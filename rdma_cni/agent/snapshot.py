@@ -2,14 +2,14 @@
 
 For every network the agent is told about (its ``pfs``, ``capacityMbps``,
 ``rdmaIsolation``, ``stateDir`` and ``lockFile``), the node is read exactly
-as ADD reads it: the allocation records, then :func:`rdma_cni.inventory.scan`,
+as ADD reads it: the allocation records, then :func:`rdma_cni.node.inventory.scan`,
 under the node lock so the records and the kernel are seen at one instant.
 Per PF:
 
 - ``used_vfs`` / ``used_tx_rate``: VFs some readable record holds and the sum of their
   ``min_tx_rate`` (what ADD counts as reserved);
 - ``capacity_vfs``: ``used_vfs`` plus the VFs ADD could hand out now under the
-  network's ``rdmaIsolation`` (:meth:`rdma_cni.inventory.Vf.available`, the
+  network's ``rdmaIsolation`` (:meth:`rdma_cni.node.inventory.Vf.available`, the
   very method ADD's choice calls), so
   ``capacity_vfs - used_vfs`` is exactly ADD's pool. A VF in neither set
   counts in neither: no netdev, a userspace driver, no RDMA device under
@@ -33,12 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rdma_cni import nodestate
-from rdma_cni.errors import InvalidConfig
+from rdma_cni.cni.errors import InvalidConfig
+from rdma_cni.shared import nodestate
 
 if TYPE_CHECKING:
-    from rdma_cni.inventory import Node
-    from rdma_cni.record import Attachment
+    from rdma_cni.node.inventory import Node
+    from rdma_cni.node.record import Attachment
 
 log = logging.getLogger("rdma_cni.agent")
 
@@ -61,7 +61,7 @@ class NetworkView:
 
 def default_view() -> NetworkView:
     """The plugin's defaults: every SR-IOV PF, link speed as capacity, ``auto``."""
-    from rdma_cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR
+    from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR
 
     return NetworkView(name="(defaults)", state_dir=DEFAULT_STATE_DIR, lock_file=DEFAULT_LOCK_FILE)
 
@@ -83,7 +83,7 @@ def load_view(path: str) -> NetworkView:
     except ValueError as exc:
         raise InvalidConfig(f"network config {path} is not JSON: {exc}") from exc
     entry = _plugin_entry(doc, path)
-    from rdma_cni.config import load_netconf
+    from rdma_cni.cni.config import load_netconf
 
     try:
         conf = load_netconf(entry)
@@ -185,11 +185,11 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
     records cannot be listed (ADD refuses every pod then, and so must the
     state: see :func:`unusable`), and other CniErrors or OSErrors from the scan.
     """
-    from rdma_cni.identity import VfFinder
-    from rdma_cni.inventory import scan
-    from rdma_cni.netlink import Rtnl
-    from rdma_cni.record import RecordStore, node_lock
-    from rdma_cni.vfcontrol import vf_control
+    from rdma_cni.kernel.identity import VfFinder
+    from rdma_cni.kernel.netlink import Rtnl
+    from rdma_cni.kernel.vfcontrol import vf_control
+    from rdma_cni.node.inventory import scan
+    from rdma_cni.node.record import RecordStore, node_lock
 
     pfs: dict[str, _PfView] = {}
     seen: dict[tuple[str, str, str], Attachment] = {}

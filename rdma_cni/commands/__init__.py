@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from rdma_cni.protocol import CniEnv
+from rdma_cni.cni.protocol import CniEnv
 
 _MODULES = {"ADD": "add", "DEL": "delete", "CHECK": "check", "STATUS": "status", "GC": "gc"}
 
@@ -15,9 +15,9 @@ def dispatch(env: CniEnv, doc: dict[str, Any]) -> dict[str, Any] | None:
     from rdma_cni.startup import defer_unused
 
     defer_unused()
-    from rdma_cni import ipam
-    from rdma_cni.config import load_netconf
+    from rdma_cni.cni.config import load_netconf
     from rdma_cni.log import configure
+    from rdma_cni.node import ipam
 
     conf = load_netconf(doc)
     configure(conf.logFile, conf.logLevel, f"{env.command} {env.container_id}/{env.ifname}")

@@ -8,10 +8,10 @@ reverse, and drops the record; if a kernel-side step of that release fails
 the record stays, so the runtime's DEL finishes the job and no VF is lost.
 An IPAM DEL that fails during the rollback does not keep the VFs: they go
 home, the record goes, and the IPAM release is remembered apart
-(:mod:`rdma_cni.ipam_pending`). The error reported is always ADD's own.
+(:mod:`rdma_cni.node.ipam_pending`). The error reported is always ADD's own.
 
 A VF is free only when no record lists it and its netdev is proven, by
-kernel identity, to be home in the host (:mod:`rdma_cni.identity`): a VF
+kernel identity, to be home in the host (:mod:`rdma_cni.kernel.identity`): a VF
 still in the pod of a lost or set-aside record is never handed out again.
 """
 
@@ -21,29 +21,29 @@ import logging
 import time
 from typing import Any
 
-from rdma_cni import placement
-from rdma_cni.attach import (
+from rdma_cni.cni.config import NetConf, first_interface_mac
+from rdma_cni.cni.errors import CniError, KernelError, NoCapacity, StateError
+from rdma_cni.cni.protocol import CniEnv, Interface, Result, Route
+from rdma_cni.commands.common import ipam_for, release_vfs, settle
+from rdma_cni.kernel.identity import VfFinder
+from rdma_cni.kernel.netlink import Rtnl
+from rdma_cni.kernel.netns import Netns
+from rdma_cni.kernel.vfcontrol import VfControl, describe, vf_control
+from rdma_cni.node.attach import (
     Progress,
     apply_addresses,
     apply_pf_settings,
     bring_up,
     move_in,
 )
-from rdma_cni.commands.common import ipam_for, release_vfs, settle
-from rdma_cni.config import NetConf, first_interface_mac
-from rdma_cni.errors import CniError, KernelError, NoCapacity, StateError
-from rdma_cni.identity import VfFinder
-from rdma_cni.inventory import Node, Vf, scan
-from rdma_cni.ipam import Ipam, IpamCall
-from rdma_cni.ipam_pending import PendingStore, retry
-from rdma_cni.isolation import RdmaIsolation
-from rdma_cni.netlink import Rtnl
-from rdma_cni.netns import Netns
-from rdma_cni.podmeta import pod_side_names, resolve_request
-from rdma_cni.podrequest import InterfaceRequest
-from rdma_cni.protocol import CniEnv, Interface, Result, Route
-from rdma_cni.record import Attachment, PodInfo, RecordStore, VfRecord, node_lock
-from rdma_cni.vfcontrol import VfControl, describe, vf_control
+from rdma_cni.node.inventory import Node, Vf, scan
+from rdma_cni.node.ipam import Ipam, IpamCall
+from rdma_cni.node.ipam_pending import PendingStore, retry
+from rdma_cni.node.isolation import RdmaIsolation
+from rdma_cni.node.podmeta import pod_side_names, resolve_request
+from rdma_cni.node.record import Attachment, PodInfo, RecordStore, VfRecord, node_lock
+from rdma_cni.shared import placement
+from rdma_cni.shared.podrequest import InterfaceRequest
 
 log = logging.getLogger("rdma_cni.add")
 

@@ -1,23 +1,23 @@
 """CHECK: is everything ADD made still there, as ADD made it?
 
 Each pod-side interface must be the VF the record names by kernel identity
-(:mod:`rdma_cni.identity`), not by name or alias, which the pod controls.
+(:mod:`rdma_cni.kernel.identity`), not by name or alias, which the pod controls.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from rdma_cni.cni.config import NetConf
+from rdma_cni.cni.errors import CheckFailed, InvalidConfig
+from rdma_cni.cni.protocol import CniEnv, Result
 from rdma_cni.commands.common import ipam_for
-from rdma_cni.config import NetConf
-from rdma_cni.errors import CheckFailed, InvalidConfig
-from rdma_cni.identity import VfFinder
-from rdma_cni.isolation import RdmaIsolation
-from rdma_cni.netlink import Rtnl
-from rdma_cni.netns import Netns
-from rdma_cni.protocol import CniEnv, Result
-from rdma_cni.record import RecordStore, node_lock
-from rdma_cni.vfcontrol import vf_control
+from rdma_cni.kernel.identity import VfFinder
+from rdma_cni.kernel.netlink import Rtnl
+from rdma_cni.kernel.netns import Netns
+from rdma_cni.kernel.vfcontrol import vf_control
+from rdma_cni.node.isolation import RdmaIsolation
+from rdma_cni.node.record import RecordStore, node_lock
 
 
 def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:

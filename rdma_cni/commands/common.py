@@ -5,18 +5,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rdma_cni import sysfs
-from rdma_cni.attach import Progress, Released, fallback_name, release
-from rdma_cni.config import NetConf
-from rdma_cni.errors import CniError, IpamError, KernelError
-from rdma_cni.identity import VfFinder
-from rdma_cni.ipam import Ipam
-from rdma_cni.ipam_pending import PendingStore, ipam_acting_for, remember
-from rdma_cni.isolation import RdmaIsolation
-from rdma_cni.netlink import Rtnl
-from rdma_cni.protocol import CniEnv
-from rdma_cni.record import Attachment, RecordStore, VfRecord
-from rdma_cni.vfcontrol import VfControl
+from rdma_cni.cni.config import NetConf
+from rdma_cni.cni.errors import CniError, IpamError, KernelError
+from rdma_cni.cni.protocol import CniEnv
+from rdma_cni.kernel import sysfs
+from rdma_cni.kernel.identity import VfFinder
+from rdma_cni.kernel.netlink import Rtnl
+from rdma_cni.kernel.vfcontrol import VfControl
+from rdma_cni.node.attach import Progress, Released, fallback_name, release
+from rdma_cni.node.ipam import Ipam
+from rdma_cni.node.ipam_pending import PendingStore, ipam_acting_for, remember
+from rdma_cni.node.isolation import RdmaIsolation
+from rdma_cni.node.record import Attachment, RecordStore, VfRecord
 
 log = logging.getLogger("rdma_cni.commands")
 
@@ -42,7 +42,7 @@ def release_vfs(
     conf: NetConf,
     progress: Progress | None = None,
 ) -> Released:
-    """Give VFs back to the host (see :func:`rdma_cni.attach.release`)."""
+    """Give VFs back to the host (see :func:`rdma_cni.node.attach.release`)."""
     return release(
         vfs,
         host=host,

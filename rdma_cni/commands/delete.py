@@ -20,19 +20,19 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from rdma_cni.attach import Released
+from rdma_cni.cni.config import NetConf
+from rdma_cni.cni.errors import CniError
+from rdma_cni.cni.protocol import CniEnv
 from rdma_cni.commands.common import ipam_for, release_vfs, settle, stray_vfs
-from rdma_cni.config import NetConf
-from rdma_cni.errors import CniError
-from rdma_cni.identity import VfFinder
-from rdma_cni.ipam import Ipam
-from rdma_cni.ipam_pending import PendingStore, retry
-from rdma_cni.netlink import Rtnl
-from rdma_cni.netns import Netns
-from rdma_cni.nlsock import NotAPodNetns, open_pod_netns
-from rdma_cni.protocol import CniEnv
-from rdma_cni.record import Attachment, RecordStore, node_lock
-from rdma_cni.vfcontrol import vf_control
+from rdma_cni.kernel.identity import VfFinder
+from rdma_cni.kernel.netlink import Rtnl
+from rdma_cni.kernel.netns import Netns
+from rdma_cni.kernel.nlsock import NotAPodNetns, open_pod_netns
+from rdma_cni.kernel.vfcontrol import vf_control
+from rdma_cni.node.attach import Released
+from rdma_cni.node.ipam import Ipam
+from rdma_cni.node.ipam_pending import PendingStore, retry
+from rdma_cni.node.record import Attachment, RecordStore, node_lock
 
 log = logging.getLogger("rdma_cni.delete")
 

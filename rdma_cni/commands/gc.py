@@ -2,7 +2,7 @@
 
 Also, under the node lock: sets corrupt records aside (logged; not a GC
 failure, the node keeps serving), retries this network's pending IPAM
-releases (:mod:`rdma_cni.ipam_pending`), and removes temporary files that a
+releases (:mod:`rdma_cni.node.ipam_pending`), and removes temporary files that a
 killed writer left in the state directories. A release whose IPAM DEL fails
 still returns the VFs and drops the record; the IPAM release becomes pending
 and GC reports it (108).
@@ -13,16 +13,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from rdma_cni.cni.config import NetConf
+from rdma_cni.cni.errors import CniError, GarbageCollectionFailed, InvalidConfig
+from rdma_cni.cni.protocol import CniEnv
 from rdma_cni.commands.common import describe, ipam_for, release_vfs, settle
-from rdma_cni.config import NetConf
-from rdma_cni.errors import CniError, GarbageCollectionFailed, InvalidConfig
-from rdma_cni.identity import VfFinder
-from rdma_cni.ipam_pending import PendingStore, retry
-from rdma_cni.netlink import Rtnl
-from rdma_cni.netns import Netns
-from rdma_cni.protocol import CniEnv
-from rdma_cni.record import RecordStore, node_lock, remove_orphaned_temporaries
-from rdma_cni.vfcontrol import vf_control
+from rdma_cni.kernel.identity import VfFinder
+from rdma_cni.kernel.netlink import Rtnl
+from rdma_cni.kernel.netns import Netns
+from rdma_cni.kernel.vfcontrol import vf_control
+from rdma_cni.node.ipam_pending import PendingStore, retry
+from rdma_cni.node.record import RecordStore, node_lock, remove_orphaned_temporaries
 
 log = logging.getLogger("rdma_cni.gc")
 

@@ -17,12 +17,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from rdma_cni import nodestate, placement
-from rdma_cni.errors import InvalidPodRequest
+from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.reservations import Reservations
 from rdma_cni.extender.wire import BindArgs, pod_identity
+from rdma_cni.shared import nodestate, placement
 
 __all__ = ["Binder", "PodMemo"]
 
@@ -87,7 +87,7 @@ class Binder:
 
     def bind(self, args: BindArgs) -> str:
         """Bind the pod; the ``Error`` to answer ("" on success)."""
-        from rdma_cni import kubeapi
+        from rdma_cni.kube import client as kubeapi
 
         who = f"pod {args.pod_namespace}/{args.pod_name}"
         try:
@@ -142,7 +142,7 @@ class Binder:
         return ""
 
     def _post(self, args: BindArgs) -> None:
-        from rdma_cni import kubeapi
+        from rdma_cni.kube import client as kubeapi
 
         body: dict[str, Any] = {
             "apiVersion": "v1",

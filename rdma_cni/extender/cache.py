@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rdma_cni import nodestate
 from rdma_cni.extender.decide import Decider, NodeView
+from rdma_cni.shared import nodestate
 
 __all__ = ["NodeCache"]
 
@@ -124,7 +124,7 @@ class NodeCache:
 
     def run(self) -> None:
         """List, then watch; relist on 410 Gone, reconnect with backoff on anything else."""
-        from rdma_cni import kubeapi
+        from rdma_cni.kube import client as kubeapi
 
         delay = self.backoff[0]
         need_list = True

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, NamedTuple
 
-from rdma_cni import nodestate, placement
 from rdma_cni.extender.demand import Demand
+from rdma_cni.shared import nodestate, placement
 
 __all__ = ["Decider", "NodeView", "Policy", "Verdict", "cannot_fit", "greedy_fits"]
 
@@ -76,7 +76,7 @@ def greedy_fits(wants: Sequence[tuple[int, int]], pfs: Sequence[placement.PfStat
     """Whether best fit puts every ``(min, max)`` (largest first) on a PF, under placement's rules.
 
     True proves a fit (the assignment is one); False proves nothing. Rules, as in
-    :mod:`rdma_cni.placement`: one free VF per request; a cap (max) not above the
+    :mod:`rdma_cni.shared.placement`: one free VF per request; a cap (max) not above the
     PF's capacity; a min rate only on a PF of known capacity, within what is free.
     """
     if len(wants) == 1:

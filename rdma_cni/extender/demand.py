@@ -1,7 +1,7 @@
 """What a pod asks of the extender: its RDMA request, or None when it is not an RDMA pod.
 
 The request comes from the same annotation and parser as the plugin's ADD
-(:mod:`rdma_cni.podrequest`: same limits, same error text). A pod without the
+(:mod:`rdma_cni.shared.podrequest`: same limits, same error text). A pod without the
 annotation that selects one of ``--networks`` in Multus' network annotation is
 placed with ``--default-request``, as the plugin would place it with the
 network's ``defaultRequest``; any other pod without it is not ours.
@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdma_cni import placement
 from rdma_cni.extender.wire import pod_annotations, pod_identity
-from rdma_cni.podrequest import MAX_REQUEST_BYTES, PodRequest, parse_request
+from rdma_cni.shared import placement
+from rdma_cni.shared.podrequest import MAX_REQUEST_BYTES, PodRequest, parse_request
 
 __all__ = ["NETWORKS_ANNOTATION", "Demand", "Demands", "selected_networks"]
 

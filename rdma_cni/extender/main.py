@@ -19,14 +19,14 @@ import threading
 import time
 from typing import Any, TextIO
 
-from rdma_cni import placement
-from rdma_cni.errors import InvalidPodRequest
+from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender.cache import NodeCache
 from rdma_cni.extender.decide import Decider, Policy
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.reservations import Reservations
 from rdma_cni.extender.server import Extender, ExtenderServer
-from rdma_cni.podrequest import PodRequest, parse_request
+from rdma_cni.shared import placement
+from rdma_cni.shared.podrequest import PodRequest, parse_request
 
 __all__ = ["Service", "main", "parser", "rebuild_reservations"]
 
@@ -209,7 +209,7 @@ class Service:
         self.server.server_close()
 
     def _startup(self) -> None:
-        from rdma_cni import kubeapi
+        from rdma_cni.kube import client as kubeapi
 
         self.cache.start()
         delay = self.backoff[0]
@@ -240,7 +240,7 @@ class Service:
 
     def check_pods(self) -> None:
         """End the reservations of pods deleted, replaced (other uid) or finished."""
-        from rdma_cni import kubeapi
+        from rdma_cni.kube import client as kubeapi
 
         for res in self.reservations.all():
             try:
@@ -272,8 +272,8 @@ def main(argv: list[str], out: TextIO) -> int:
     networks = frozenset(n.strip() for n in args.networks.split(",") if n.strip())
     if networks and args.default_request is None:
         args.default_request = parse_request("[{}]", "--default-request")
-    from rdma_cni import kubeapi
-    from rdma_cni.errors import CniError
+    from rdma_cni.cni.errors import CniError
+    from rdma_cni.kube import client as kubeapi
 
     tls = None
     if args.tls_cert:

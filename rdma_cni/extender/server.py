@@ -22,8 +22,7 @@ from http import HTTPStatus
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from rdma_cni import nodestate
-from rdma_cni.errors import InvalidPodRequest
+from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender import wire
 from rdma_cni.extender.answers import Answers
 from rdma_cni.extender.bind import Binder, PodMemo
@@ -32,6 +31,7 @@ from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.preempt import keep_nodes
 from rdma_cni.extender.rawargs import ArgsDecoder
 from rdma_cni.extender.reservations import Reservations
+from rdma_cni.shared import nodestate
 
 __all__ = ["Extender", "ExtenderServer"]
 
@@ -209,7 +209,7 @@ class Extender:
 
     def _log_detail(self, pod: dict[str, Any], failed: dict[str, str], views: dict[str, NodeView]) -> None:
         # Reasons are short and shared; what each node has free is here, for whoever debugs.
-        from rdma_cni import placement
+        from rdma_cni.shared import placement
 
         namespace, name, _ = wire.pod_identity(pod)
         for node, reason in failed.items():

@@ -520,7 +520,7 @@ def test_s5_exclusive_mode_refuses_to_move_rxe(
     """In exclusive mode the kernel cannot move rxe (EOPNOTSUPP): code 105 and a full rollback.
 
     ``auto`` moves RDMA devices whenever the system is in exclusive mode
-    (rdma_cni/isolation.py decide()), so a refused move fails it like ``required``.
+    (rdma_cni/node/isolation.py decide()), so a refused move fails it like ``required``.
     """
     s = _scenario(plugin_run, "s5_rdma_exclusive")
     before, after = s.dump("before"), s.dump(f"after-add-{isolation}")

@@ -3,7 +3,7 @@
 Everything runs as root against the real kernel: veth VFs, network
 namespaces, netlink, the real host-local IPAM binary, and a real HTTPS
 server for the Kubernetes API. The one replaced seam is PF-side VF
-configuration (see rdma_cni.vfcontrol).
+configuration (see rdma_cni.kernel.vfcontrol).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from rdma_cni import nodestate
 from rdma_cni.agent import loop, publish, snapshot
+from rdma_cni.shared import nodestate
 from tests.integration.conftest import REPO, Cluster, plugin_command
 
 _names = itertools.count()

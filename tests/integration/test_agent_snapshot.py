@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from rdma_cni import nodestate
 from rdma_cni.agent import snapshot
-from rdma_cni.errors import IOFailure, TryAgainLater
-from rdma_cni.record import node_lock
+from rdma_cni.cni.errors import IOFailure, TryAgainLater
+from rdma_cni.node.record import node_lock
+from rdma_cni.shared import nodestate
 from tests.integration.conftest import Cluster
 from tests.integration.test_inventory import inventory
 from tests.support.simnode import SimPf

@@ -397,7 +397,7 @@ def test_del_names_the_vf_spare_when_its_host_name_was_taken(
     in the pod names nothing (or whatever the pod put there). DEL finds it
     again by identity. With both names taken the kernel refuses the move.
     """
-    from rdma_cni.attach import fallback_name
+    from rdma_cni.node.attach import fallback_name
 
     conf = cluster.conf()
     pod = cluster.pod([{}])
@@ -488,8 +488,8 @@ def test_a_corrupt_pending_ipam_release_is_set_aside_not_blocking(cluster: Clust
 
 def test_ethtool_driver_info_answers_in_the_pod(cluster: Cluster) -> None:
     """The pre-5.16 identity source, on this kernel: a veth in a pod has no PCI bus-info."""
-    from rdma_cni.identity import drvinfo
-    from rdma_cni.netns import Netns
+    from rdma_cni.kernel.identity import drvinfo
+    from rdma_cni.kernel.netns import Netns
 
     conf = cluster.conf(ipam=None)
     pod = cluster.pod([{}])

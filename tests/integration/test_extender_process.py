@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from rdma_cni import nodestate
+from rdma_cni.shared import nodestate
 from tests.integration.conftest import plugin_command
 from tests.support import sched_objects as so
 from tests.support.apiserver import ApiServer

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from rdma_cni import attach
+from rdma_cni.cni.errors import KernelError
 from rdma_cni.commands import add as add_cmd
-from rdma_cni.errors import KernelError
+from rdma_cni.node import attach
 from tests.integration.conftest import Cluster, addresses_in, assert_node_pristine, ns_name, use_ipam
 from tests.support.fake_ipam import HOST_LOCAL
 

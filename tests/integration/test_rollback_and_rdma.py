@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from rdma_cni import rdma
+from rdma_cni.cni.errors import IOFailure, KernelError
 from rdma_cni.commands import add as add_cmd
-from rdma_cni.errors import IOFailure, KernelError
-from rdma_cni.ipam import Ipam
-from rdma_cni.isolation import RdmaIsolation
-from rdma_cni.netns import Netns
-from rdma_cni.record import RecordStore
+from rdma_cni.kernel import rdma
+from rdma_cni.kernel.netns import Netns
+from rdma_cni.node.ipam import Ipam
+from rdma_cni.node.isolation import RdmaIsolation
+from rdma_cni.node.record import RecordStore
 from tests.integration.conftest import Cluster, addresses_in, assert_node_pristine, ns_name
 from tests.support.fake_rdma import FakeDevice, FakeRdmaKernel
 from tests.support.simnode import SimPf
@@ -118,9 +118,9 @@ def test_rollback_that_fails_keeps_the_record_for_del(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(add_cmd, "apply_addresses", _fail_on_call(add_cmd.apply_addresses, 1, True))
-    real_restore = __import__("rdma_cni.attach", fromlist=["move_out"]).move_out
+    real_restore = __import__("rdma_cni.node.attach", fromlist=["move_out"]).move_out
     monkeypatch.setattr(
-        "rdma_cni.attach.move_out",
+        "rdma_cni.node.attach.move_out",
         lambda *a, **k: (_ for _ in ()).throw(KernelError("cannot move back")),
     )
     pod = cluster.pod([{}])
@@ -128,7 +128,7 @@ def test_rollback_that_fails_keeps_the_record_for_del(
     out = cluster.run_inproc("ADD", pod, conf)
     assert out.code == 1
     assert len(cluster.records) == 1, "a failed rollback must leave the record so DEL can finish"
-    monkeypatch.setattr("rdma_cni.attach.move_out", real_restore)
+    monkeypatch.setattr("rdma_cni.node.attach.move_out", real_restore)
     assert cluster.run("DEL", pod, conf).ok
     assert_node_pristine(cluster)
 

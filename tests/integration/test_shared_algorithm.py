@@ -23,11 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rdma_cni import nodestate
 from rdma_cni.agent import snapshot
 from rdma_cni.extender.decide import Decider, Verdict
 from rdma_cni.extender.demand import Demand
-from rdma_cni.podrequest import parse_request
+from rdma_cni.shared import nodestate
+from rdma_cni.shared.podrequest import parse_request
 from tests.integration.conftest import Cluster, assert_node_pristine
 from tests.support.simnode import SimPf
 

@@ -1,4 +1,4 @@
-"""A fake RDMA netlink kernel, plugged in at the socket boundary of ``rdma_cni.rdma``.
+"""A fake RDMA netlink kernel, plugged in at the socket boundary of ``rdma_cni.kernel.rdma``.
 
 The fake parses requests and builds replies with ``struct`` alone, never with
 the client's own encoder or decoder, so a wrong layout in either shows up as a
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rdma_cni.rdma import RdmaClient
+    from rdma_cni.kernel.rdma import RdmaClient
 
 HOST = "host"
 FAKE_PORT_ID = 0x4D2  # the netlink port id replies are addressed to
@@ -259,19 +259,19 @@ class FakeRdmaKernel:
         return sock
 
     def open_socket(self, netns_path: str | None = None, timeout: float | None = None) -> FakeRdmaSocket:
-        """Drop-in replacement for ``rdma_cni.rdma.open_rdma_socket``."""
+        """Drop-in replacement for ``rdma_cni.kernel.rdma.open_rdma_socket``."""
         if netns_path is None:
             return self.socket(HOST)
         try:
             return self.socket(self.netns_label(netns_path))
         except OSError as exc:
-            from rdma_cni.rdma import RdmaNetlinkError
+            from rdma_cni.kernel.rdma import RdmaNetlinkError
 
             raise RdmaNetlinkError(exc.errno or errno.EIO, f"open network namespace {netns_path}") from exc
 
     def client(self, netns_path: str | None = None) -> RdmaClient:
         """An ``RdmaClient`` talking to this fake."""
-        from rdma_cni.rdma import RdmaClient
+        from rdma_cni.kernel.rdma import RdmaClient
 
         return RdmaClient(sock=self.open_socket(netns_path))
 

@@ -75,7 +75,7 @@ def _pending_network(state_dir: str, name: str) -> str | None:
 
 
 def pending_releases(state_dir: str) -> list[str]:
-    """The IPAM releases the plugin still keeps pending (rdma_cni.ipam_pending), by file name."""
+    """The IPAM releases the plugin still keeps pending (rdma_cni.node.ipam_pending), by file name."""
     d = os.path.join(state_dir, "ipam-pending")
     return (
         sorted(n for n in os.listdir(d) if n.endswith(".json") and not n.startswith("."))

@@ -1,6 +1,6 @@
 """An independent checker for placements, shared by the placement tests and benchmark.
 
-Written straight from the rules in rdma_cni.placement's docstring, sharing no
+Written straight from the rules in rdma_cni.shared.placement's docstring, sharing no
 code with the module, so that agreement with it means something.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rdma_cni.placement import PfState, Request
+from rdma_cni.shared.placement import PfState, Request
 
 
 def allowed_on(req: Request, pf: PfState) -> bool:

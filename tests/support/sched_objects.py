@@ -7,8 +7,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from rdma_cni import nodestate
-from rdma_cni.nodestate import Allocation, InterfaceUse, NodeState, PfSummary
+from rdma_cni.shared import nodestate
+from rdma_cni.shared.nodestate import Allocation, InterfaceUse, NodeState, PfSummary
 
 PodUse = tuple[str, list[tuple[str, int, int]]]  # uid, [(pf, min, max)]
 

@@ -10,7 +10,7 @@ netns moves, renames, addresses and routes are real kernel operations. The
 wire is the VF's identity: ``bus/pci/devices/<pci>/rdma_cni_sim_wire`` names
 it, and the plugin (with ``RDMA_CNI_FAKE_VF_IDENTITY`` set) takes a netdev
 for that VF only when the kernel reports the wire as its peer, which a pod
-cannot forge (see rdma_cni.identity).
+cannot forge (see rdma_cni.kernel.identity).
 
 Test code may use ``ip`` freely; only the plugin is held to netlink.
 

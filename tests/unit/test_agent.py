@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from rdma_cni import nodestate
 from rdma_cni.agent import publish, snapshot
-from rdma_cni.errors import InvalidConfig
-from rdma_cni.inventory import Node, Owner, Pf, Vf
-from rdma_cni.record import Attachment, PodInfo, VfRecord
+from rdma_cni.cni.errors import InvalidConfig
+from rdma_cni.node.inventory import Node, Owner, Pf, Vf
+from rdma_cni.node.record import Attachment, PodInfo, VfRecord
+from rdma_cni.shared import nodestate
 
 
 def vf(

@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from rdma_cni import nodestate, placement
+from rdma_cni.cni.errors import NoCapacity
 from rdma_cni.commands import add
-from rdma_cni.errors import NoCapacity
-from rdma_cni.inventory import Node, Owner, Pf, Vf
-from rdma_cni.isolation import RdmaIsolation
-from rdma_cni.podrequest import InterfaceRequest
+from rdma_cni.node.inventory import Node, Owner, Pf, Vf
+from rdma_cni.node.isolation import RdmaIsolation
+from rdma_cni.shared import nodestate, placement
+from rdma_cni.shared.podrequest import InterfaceRequest
 
 
 def pf(name: str, cap: int | None, vfs: int, taken: dict[int, int] | None = None, rdma: bool = True) -> Pf:

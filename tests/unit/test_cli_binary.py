@@ -220,7 +220,7 @@ NOT_IN_CONFIG_VERBS = (
     "secrets",
     "hashlib",
     "multiprocessing",
-    "difflib",  # only a config with an unknown key needs it (rdma_cni.config.suggest_field)
+    "difflib",  # only a config with an unknown key needs it (rdma_cni.cni.config.suggest_field)
 )
 
 
@@ -271,5 +271,5 @@ def test_cold_config_verb_does_not_load_importlib_metadata(binary: str, sysfs: P
         modules = modules_loaded(binary, sysfs, tmp_path, conf(tmp_path), **DEL_ENV, CNI_NETNS=netns)
     finally:
         del_netns(name)
-    assert {"rdma_cni.config", "pydantic.types", "pyroute2.config"} <= modules
+    assert {"rdma_cni.cni.config", "pydantic.types", "pyroute2.config"} <= modules
     assert loaded_from(modules, NOT_IN_CONFIG_VERBS) == []

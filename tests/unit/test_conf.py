@@ -15,11 +15,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rdma_cni import install, k8s
-from rdma_cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, load_netconf
-from rdma_cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
-from rdma_cni.nodestate import ANNOTATION
-from rdma_cni.podrequest import parse_request
+from rdma_cni import install
+from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, load_netconf
+from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
+from rdma_cni.kube import podget as k8s
+from rdma_cni.shared.nodestate import ANNOTATION
+from rdma_cni.shared.podrequest import parse_request
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

@@ -374,8 +374,9 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
     root = str(Path(__file__).resolve().parents[2])
     if root not in sys.path:
         sys.path.insert(0, root)
-    from rdma_cni import kubeapi, nodestate
     from rdma_cni.extender.main import Service
+    from rdma_cni.kube import client as kubeapi
+    from rdma_cni.shared import nodestate
     from tests.support import sched_objects as so
     from tests.support.apiserver import ApiServer
 

@@ -12,11 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rdma_cni import config as config_module
 from rdma_cni.cli import run_cni
-from rdma_cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, NetConf, load_netconf, suggest_field
-from rdma_cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
-from rdma_cni.podrequest import (
+from rdma_cni.cni import config as config_module
+from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, NetConf, load_netconf, suggest_field
+from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
+from rdma_cni.cni.protocol import SUPPORTED_VERSIONS, valid_ifname
+from rdma_cni.shared.podrequest import (
     DEFAULT_ANNOTATION,
     MAX_INTERFACES,
     MAX_RATE_MBPS,
@@ -25,7 +26,6 @@ from rdma_cni.podrequest import (
     PodRequest,
     parse_request,
 )
-from rdma_cni.protocol import SUPPORTED_VERSIONS, valid_ifname
 
 SOURCE = "pod team-a/trainer-0 annotation rdma_interfaces_required"
 
@@ -51,7 +51,7 @@ class _Records(logging.Handler):
 
 @pytest.fixture
 def config_log() -> Iterator[_Records]:
-    """What rdma_cni.config logs, whatever handlers the CLI installed on the parent logger."""
+    """What rdma_cni.cni.config logs, whatever handlers the CLI installed on the parent logger."""
     logger = logging.getLogger("rdma_cni.config")
     handler = _Records()
     old_level = logger.level

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from rdma_cni import nodestate
 from rdma_cni.extender import wire
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demands
 from rdma_cni.extender.reservations import Reservations
 from rdma_cni.extender.server import Extender
+from rdma_cni.shared import nodestate
 from tests.support import sched_objects as so
 
 PFS = [("ens1f0", 25_000, 4), ("ens1f1", 25_000, 4)]

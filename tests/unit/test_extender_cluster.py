@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from rdma_cni import kubeapi, nodestate, placement
 from rdma_cni.extender.main import Service
-from rdma_cni.nodestate import NodeState
+from rdma_cni.kube import client as kubeapi
+from rdma_cni.shared import nodestate, placement
+from rdma_cni.shared.nodestate import NodeState
 from tests.support import sched_objects as so
 from tests.support.apiserver import ApiServer
 

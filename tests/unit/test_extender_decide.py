@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rdma_cni import nodestate, placement
-from rdma_cni.errors import InvalidPodRequest
+from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender import decide
 from rdma_cni.extender.decide import Decider, cannot_fit, greedy_fits
 from rdma_cni.extender.demand import Demand, Demands, selected_networks
 from rdma_cni.extender.preempt import keep_nodes
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.podrequest import parse_request
+from rdma_cni.shared import nodestate, placement
+from rdma_cni.shared.podrequest import parse_request
 from tests.support import sched_objects as so
 
 TWO_PFS = [("p0", 25_000, 4), ("p1", 25_000, 4)]

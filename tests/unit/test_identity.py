@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from rdma_cni import identity
-from rdma_cni.identity import FAKE_ENV, ParentDevice, VfFinder, kernel_reports_parent
-from rdma_cni.netlink import Link
+from rdma_cni.kernel import identity
+from rdma_cni.kernel.identity import FAKE_ENV, ParentDevice, VfFinder, kernel_reports_parent
+from rdma_cni.kernel.netlink import Link
 
 PCI = "0000:3b:02.1"
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni import install, k8s
-from rdma_cni.config import load_netconf
+from rdma_cni import install
+from rdma_cni.cni.config import load_netconf
+from rdma_cni.kube import podget as k8s
 
 _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:

@@ -1,4 +1,5 @@
-"""The guard that runs IPAM (rdma_cni.ipam.run_guarded): output, timeouts, groups, outliving its caller."""
+"""The guard that runs IPAM (rdma_cni.node.ipam.run_guarded): output, timeouts, groups, outliving its caller.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni.errors import IpamError, TryAgainLater
-from rdma_cni.ipam import run_guarded
-from rdma_cni.record import node_lock
+from rdma_cni.cni.errors import IpamError, TryAgainLater
+from rdma_cni.node.ipam import run_guarded
+from rdma_cni.node.record import node_lock
 from tests.support.processes import pids_mentioning, wait_gone
 
 ENV = {"PATH": "/usr/bin:/bin"}
@@ -31,7 +32,7 @@ def _built_launcher() -> str:
 @pytest.fixture(autouse=True, params=["forked", "exec'd"])
 def guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Every test runs against both guards: a fork of the plugin, and the launcher's guard mode."""
-    from rdma_cni import ipam
+    from rdma_cni.node import ipam
 
     if request.param == "forked":
         monkeypatch.setattr(ipam, "_launcher", None)
@@ -87,7 +88,7 @@ def test_ipam_that_closes_its_output_but_keeps_running_is_still_cut_at_the_deadl
 
 
 def test_a_grandchild_that_left_the_group_holding_the_pipes_does_not_hold_the_guard(tmp_path: Path) -> None:
-    from rdma_cni import ipam
+    from rdma_cni.node import ipam
 
     tagged = tmp_path / f"guardescape{os.getpid()}"
     tagged.symlink_to("/bin/sleep")
@@ -116,12 +117,12 @@ def test_ipam_that_exits_without_reading_a_large_stdin_is_reported() -> None:
 CALLER = textwrap.dedent(
     """
     import sys
-    from rdma_cni.ipam import run_guarded
-    from rdma_cni.record import node_lock
+    from rdma_cni.node.ipam import run_guarded
+    from rdma_cni.node.record import node_lock
     lock, out = sys.argv[1], sys.argv[2]
     if sys.argv[3]:  # the launcher to guard with (else a fork)
         import os
-        from rdma_cni import ipam
+        from rdma_cni.node import ipam
         ipam._launcher = (os.open(sys.argv[3], os.O_RDONLY), sys.argv[3])
     with node_lock(lock, 5):
         print("locked", flush=True)
@@ -150,8 +151,8 @@ def test_killing_the_caller_leaves_ipam_to_finish_holding_the_lock(tmp_path: Pat
 def test_a_spent_budget_runs_nothing_until_the_next_verb(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rdma_cni import ipam
-    from rdma_cni.protocol import parse_env
+    from rdma_cni.cni.protocol import parse_env
+    from rdma_cni.node import ipam
 
     marker = tmp_path / "ran"
     plugin = tmp_path / "fake-ipam"
@@ -172,7 +173,7 @@ def test_a_spent_budget_runs_nothing_until_the_next_verb(
 
 
 def test_a_started_guard_runs_while_the_caller_works_and_collect_is_idempotent(tmp_path: Path) -> None:
-    from rdma_cni.ipam import start_guarded
+    from rdma_cni.node.ipam import start_guarded
 
     go = tmp_path / "go"
     # The program waits for a file the caller creates only after start_guarded returned:
@@ -187,8 +188,8 @@ def test_a_started_guard_runs_while_the_caller_works_and_collect_is_idempotent(t
 
 
 def test_an_ipam_call_never_run_has_no_result_and_a_moot_del(tmp_path: Path) -> None:
-    from rdma_cni import ipam
-    from rdma_cni.protocol import parse_env
+    from rdma_cni.cni.protocol import parse_env
+    from rdma_cni.node import ipam
 
     plugin = tmp_path / "old-ipam"
     plugin.write_text(
@@ -212,7 +213,8 @@ def test_an_ipam_call_never_run_has_no_result_and_a_moot_del(tmp_path: Path) -> 
 def test_only_a_launcher_carrying_this_very_build_is_run_as_the_guard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rdma_cni import ipam, payload
+    from rdma_cni import payload
+    from rdma_cni.node import ipam
 
     launcher = _built_launcher()
     own = payload.payload_id(launcher)

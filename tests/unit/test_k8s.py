@@ -1,4 +1,4 @@
-"""rdma_cni.k8s against a real HTTPS API server stand-in (no mocked HTTP)."""
+"""rdma_cni.kube.podget against a real HTTPS API server stand-in (no mocked HTTP)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from rdma_cni import __version__, k8s
-from rdma_cni.errors import CniError, InvalidConfig, KubernetesError, TryAgainLater
+from rdma_cni import __version__
+from rdma_cni.cni.errors import CniError, InvalidConfig, KubernetesError, TryAgainLater
+from rdma_cni.kube import podget as k8s
 
 # tests/ is not a package on sys.path when pytest runs from the venv's script.
 _ROOT = Path(__file__).resolve().parents[2]
@@ -665,7 +666,7 @@ def test_token_never_appears_in_logs_or_errors(
 
 def test_import_does_not_load_requests() -> None:
     code = (
-        "import sys, rdma_cni.k8s\n"
+        "import sys, rdma_cni.kube.podget\n"
         "heavy = [m for m in ('requests', 'urllib3', 'yaml') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )
@@ -674,7 +675,7 @@ def test_import_does_not_load_requests() -> None:
     )
     assert proc.stdout.strip() == ""
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
-    assert "rdma_cni.k8s" in imported
+    assert "rdma_cni.kube.podget" in imported
     assert not {"requests", "urllib3", "yaml"} & imported
 
 
@@ -895,7 +896,7 @@ def test_a_cold_start_neither_hashes_certificates_nor_imports_hashlib(api: ApiSe
         import json, sys
         from rdma_cni.startup import defer_unused
         defer_unused()  # as the built binary's entry point does
-        from rdma_cni import k8s
+        from rdma_cni.kube import podget as k8s
         k8s.client_context(k8s.load_credentials({str(path)!r}))
         print(json.dumps({{"hashlib": "hashlib" in sys.modules, "kept": len(k8s._CONTEXTS)}}))
         """

@@ -1,4 +1,4 @@
-"""rdma_cni.kubeapi against the real HTTPS API stand-in: verbs, watches, every error type, redaction."""
+"""rdma_cni.kube.client against the real HTTPS API stand-in: verbs, watches, every error type, redaction."""
 
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
-from rdma_cni import __version__, k8s, kubeapi
-from rdma_cni.errors import InvalidConfig
-from rdma_cni.kubeapi import ApiClient, ApiError, Conflict, Gone, Invalid, NotFound, Unavailable
+from rdma_cni import __version__
+from rdma_cni.cni.errors import InvalidConfig
+from rdma_cni.kube import client as kubeapi
+from rdma_cni.kube import podget as k8s
+from rdma_cni.kube.client import ApiClient, ApiError, Conflict, Gone, Invalid, NotFound, Unavailable
 
 _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
@@ -321,7 +323,7 @@ def test_url_userinfo_is_never_sent_nor_shown(api: ApiServer, tmp_path: Path) ->
 
 
 def test_importing_kubeapi_does_not_import_requests() -> None:
-    code = "import sys, rdma_cni.kubeapi; print('requests' in sys.modules)"
+    code = "import sys, rdma_cni.kube.client; print('requests' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=_ROOT)
     assert out.stdout.strip() == "False"
 

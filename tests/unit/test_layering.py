@@ -21,22 +21,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = "rdma_cni"
 
-KERNEL_LAYER = (
-    "sysfs",
-    "netlink",
-    "nlsock",
-    "rdma",
-    "vfcontrol",
-    "record",
-    "attach",
-    "isolation",
-    "ipam",
-    "inventory",
-    "commands",
-)
+# Layers are folders: a rule names a folder and covers every module in it.
+KERNEL_LAYER = ("kernel", "node", "commands")
 # The executable's entry points dispatch to every half, by design.
 ENTRY_POINTS = ("__main__", "cli", "warm", "install")
-SHARED_STDLIB_ONLY = ("placement", "nodestate")
+SHARED_STDLIB_ONLY = ("shared.placement", "shared.nodestate")
 
 
 def module_name(path: str, root: str = ROOT) -> str:
@@ -157,7 +146,7 @@ RULES = [
         "shared modules import only each other",
         SHARED_STDLIB_ONLY,
         ("",),
-        allowed=SHARED_STDLIB_ONLY,
+        allowed=("shared",),
     ),
 ]
 
@@ -234,22 +223,25 @@ def _fake_package(tmp_path: object, files: dict[str, str]) -> Graph:
 
 BASE = {
     "__init__.py": "",
-    "sysfs.py": "import os\n",
-    "placement.py": "from __future__ import annotations\nimport math\n",
-    "nodestate.py": "import json\nfrom rdma_cni import placement\n",
-    "errors.py": "",
-    "config.py": "import json\n",
+    "kernel/__init__.py": "",
+    "kernel/sysfs.py": "import os\n",
+    "shared/__init__.py": "",
+    "shared/placement.py": "from __future__ import annotations\nimport math\n",
+    "shared/nodestate.py": "import json\nfrom rdma_cni.shared import placement\n",
+    "cni/__init__.py": "",
+    "cni/errors.py": "",
+    "cni/config.py": "import json\n",
     "agent/__init__.py": "",
-    "agent/loop.py": "from rdma_cni import sysfs\n",
+    "agent/loop.py": "from rdma_cni.kernel import sysfs\n",
     "extender/__init__.py": "",
-    "extender/decide.py": "from rdma_cni import placement, nodestate\n",
+    "extender/decide.py": "from rdma_cni.shared import placement, nodestate\n",
 }
 
 
 def test_clean_fake_package_passes(tmp_path: object) -> None:
     graph = _fake_package(tmp_path, BASE)
     assert all(violations(rule, graph) == [] for rule in RULES)
-    assert non_stdlib(graph, "rdma_cni.placement") == set()
+    assert non_stdlib(graph, "rdma_cni.shared.placement") == set()
 
 
 @pytest.mark.parametrize(
@@ -257,33 +249,40 @@ def test_clean_fake_package_passes(tmp_path: object) -> None:
     [
         # a kernel import hidden inside a function of the extender
         (
-            {"extender/decide.py": "def f():\n    from rdma_cni.sysfs import net_devices\n"},
+            {"extender/decide.py": "def f():\n    from rdma_cni.kernel.sysfs import net_devices\n"},
             0,
-            "rdma_cni.extender.decide reaches rdma_cni.sysfs",
+            "rdma_cni.extender.decide reaches rdma_cni.kernel.sysfs",
         ),
         # ... or one module away, through a relative import
         (
-            {"extender/decide.py": "from .. import config\n", "config.py": "from rdma_cni import sysfs\n"},
+            {
+                "extender/decide.py": "from ..cni import config\n",
+                "cni/config.py": "from rdma_cni.kernel import sysfs\n",
+            },
             0,
-            "rdma_cni.extender.decide reaches rdma_cni.sysfs via rdma_cni.extender.decide -> "
-            "rdma_cni.config -> rdma_cni.sysfs",
+            "rdma_cni.extender.decide reaches rdma_cni.kernel.sysfs via rdma_cni.extender.decide -> "
+            "rdma_cni.cni.config -> rdma_cni.kernel.sysfs",
         ),
         # a node-side module importing the agent lazily
         (
-            {"config.py": "def f():\n    import rdma_cni.agent.loop\n"},
+            {"cni/config.py": "def f():\n    import rdma_cni.agent.loop\n"},
             1,
-            "rdma_cni.config reaches rdma_cni.agent",
+            "rdma_cni.cni.config reaches rdma_cni.agent",
         ),
         ({"agent/loop.py": "if True:\n    from rdma_cni.extender import decide\n"}, 2, "rdma_cni.agent.loop"),
-        ({"nodestate.py": "from rdma_cni import config\n"}, 3, "rdma_cni.nodestate reaches rdma_cni.config"),
+        (
+            {"shared/nodestate.py": "from rdma_cni.cni import config\n"},
+            3,
+            "rdma_cni.shared.nodestate reaches rdma_cni.cni",
+        ),
         # allowed: nodestate -> placement; but not what placement would then reach
         (
             {
-                "nodestate.py": "from rdma_cni import placement\n",
-                "placement.py": "from rdma_cni import errors\n",
+                "shared/nodestate.py": "from rdma_cni.shared import placement\n",
+                "shared/placement.py": "from rdma_cni.cni import errors\n",
             },
             3,
-            "rdma_cni.nodestate reaches rdma_cni.errors via rdma_cni.nodestate -> rdma_cni.placement",
+            "rdma_cni.shared.nodestate reaches rdma_cni.cni",
         ),
     ],
 )
@@ -296,5 +295,5 @@ def test_each_rule_catches_its_violation(
 
 
 def test_third_party_import_in_shared_module_is_caught(tmp_path: object) -> None:
-    graph = _fake_package(tmp_path, {**BASE, "placement.py": "def f():\n    import pydantic\n"})
-    assert non_stdlib(graph, "rdma_cni.placement") == {"pydantic"}
+    graph = _fake_package(tmp_path, {**BASE, "shared/placement.py": "def f():\n    import pydantic\n"})
+    assert non_stdlib(graph, "rdma_cni.shared.placement") == {"pydantic"}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni.errors import IOFailure, TryAgainLater
-from rdma_cni.record import node_lock
+from rdma_cni.cni.errors import IOFailure, TryAgainLater
+from rdma_cni.node.record import node_lock
 
 
 def _holder(path: Path, seconds: float) -> int:

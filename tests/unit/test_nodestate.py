@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rdma_cni import nodestate, placement
-from rdma_cni.nodestate import Allocation, InterfaceUse, NodeState, NodeStateError, PfSummary
+from rdma_cni.shared import nodestate, placement
+from rdma_cni.shared.nodestate import Allocation, InterfaceUse, NodeState, NodeStateError, PfSummary
 
 
 def _state(**over: Any) -> NodeState:

@@ -1,4 +1,4 @@
-"""Tests for rdma_cni.placement: exactness against brute force, policy, errors, purity.
+"""Tests for rdma_cni.shared.placement: exactness against brute force, policy, errors, purity.
 
 No root and no wall-clock assertions: timing is the benchmark's job
 (benchmarks/placement_bench.py); here the worst cases only have to finish
@@ -20,8 +20,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rdma_cni import placement
-from rdma_cni.placement import DEFAULT_MAX_STEPS, NoFit, PfState, Placement, Request, free_summary, place
+from rdma_cni.shared import placement
+from rdma_cni.shared.placement import (
+    DEFAULT_MAX_STEPS,
+    NoFit,
+    PfState,
+    Placement,
+    Request,
+    free_summary,
+    place,
+)
 from tests.support.placement_oracle import allowed_on, assignment_ok
 
 ROOT = Path(__file__).resolve().parents[2]

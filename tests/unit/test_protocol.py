@@ -21,14 +21,14 @@ import pytest
 
 from rdma_cni import __version__
 from rdma_cni.cli import run_cni
-from rdma_cni.errors import (
+from rdma_cni.cni.errors import (
     CniError,
     DecodeFailure,
     IncompatibleVersion,
     InternalError,
     InvalidEnvironment,
 )
-from rdma_cni.protocol import (
+from rdma_cni.cni.protocol import (
     LATEST_VERSION,
     MIN_VERSION_FOR_VERB,
     REQUIRED_ENV,
@@ -1185,7 +1185,7 @@ def test_heavy_modules_are_really_used_by_config_verbs(node: Node) -> None:
     environ = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "net1"}
     out = _probe_imports(node, environ, json.dumps(node.conf()))
     assert out["code"] == 0, out["doc"]
-    assert {"pydantic", "rdma_cni.record"} <= set(out["modules"])
+    assert {"pydantic", "rdma_cni.node.record"} <= set(out["modules"])
 
 
 @pytest.mark.parametrize(

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni import rdma
-from rdma_cni.rdma import (
+from rdma_cni.kernel import rdma
+from rdma_cni.kernel.rdma import (
     RdmaClient,
     RdmaDevice,
     RdmaNetlinkError,
@@ -165,7 +165,7 @@ def test_port_dump_request() -> None:
 
 def test_pyroute2_is_imported_late_and_only_in_part() -> None:
     code = (
-        "import sys, rdma_cni.rdma as r\n"
+        "import sys, rdma_cni.kernel.rdma as r\n"
         "print(any(m.split('.')[0] == 'pyroute2' for m in sys.modules))\n"
         "r.decode_messages(r.encode_move(1, 2, 3))\n"
         "print(*(m in sys.modules for m in ('pyroute2.netlink', 'pyroute2.iproute', 'asyncio')))\n"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni.errors import IOFailure
-from rdma_cni.record import Attachment, RecordStore, remove_orphaned_temporaries, write_atomic
+from rdma_cni.cni.errors import IOFailure
+from rdma_cni.node.record import Attachment, RecordStore, remove_orphaned_temporaries, write_atomic
 
 DEAD_PID = 2**22 + 1  # above the kernel's largest pid_max
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni import record
-from rdma_cni.record import Attachment, RecordStore
+from rdma_cni.node import record
+from rdma_cni.node.record import Attachment, RecordStore
 
 
 def test_only_a_new_record_name_fsyncs_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from rdma_cni.cli import run_cni
-from rdma_cni.config import first_interface_mac, load_netconf, parse_mac
-from rdma_cni.errors import InvalidConfig, InvalidPodRequest
-from rdma_cni.podmeta import CRI_ANNOTATIONS, resolve_request, runtime_annotations
-from rdma_cni.protocol import parse_env
+from rdma_cni.cni.config import first_interface_mac, load_netconf, parse_mac
+from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest
+from rdma_cni.cni.protocol import parse_env
+from rdma_cni.node.podmeta import CRI_ANNOTATIONS, resolve_request, runtime_annotations
 
 pytestmark = pytest.mark.usefixtures("no_real_sysfs")
 

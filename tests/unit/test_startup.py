@@ -142,7 +142,7 @@ def test_quiet_pydantic_validates_a_config_without_importlib_metadata() -> None:
         import json, sys
         from rdma_cni.startup import quiet_pydantic
         quiet_pydantic()
-        from rdma_cni.config import load_netconf
+        from rdma_cni.cni.config import load_netconf
         conf = load_netconf({"cniVersion": "1.0.0", "name": "net", "ipam": {"type": "host-local"}})
         untouched = [m for m in ("email", "zipfile", "csv") if m in sys.modules]
         from importlib.metadata import version
@@ -162,7 +162,7 @@ def test_plugins_enabled_after_all_still_scan_through_the_real_module() -> None:
         import json, sys
         from rdma_cni.startup import quiet_pydantic
         quiet_pydantic()
-        from rdma_cni.config import load_netconf
+        from rdma_cni.cni.config import load_netconf
         load_netconf({"cniVersion": "1.0.0", "name": "net"})
         print(json.dumps({"loaded": "email" in sys.modules,
                           "real": sys.modules["importlib.metadata"].entry_points.__module__}))
@@ -180,8 +180,8 @@ def test_defer_unused_keeps_what_the_verbs_never_use_out() -> None:
         from rdma_cni.startup import defer_unused
         defer_unused()
         from rdma_cni import log
-        from rdma_cni.config import load_netconf
-        from rdma_cni.nlsock import pyroute2_module
+        from rdma_cni.cni.config import load_netconf
+        from rdma_cni.kernel.nlsock import pyroute2_module
         load_netconf({"cniVersion": "1.0.0", "name": "net"})
         ifinfmsg = pyroute2_module("pyroute2.netlink.rtnl.ifinfmsg")
         logging.getLogger("rdma_cni.test").warning("a record")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni import sysfs
+from rdma_cni.kernel import sysfs
 
 PCI = "0000:3b:02.1"
 

@@ -488,7 +488,7 @@ PRELOAD_CHECK = """
 import json, os, sys
 from rdma_cni import warm
 from rdma_cni.cli import run_cni
-heavy = ("pydantic", "http.client", "rdma_cni.record", "pyroute2.netlink.rtnl.ifinfmsg",
+heavy = ("pydantic", "http.client", "rdma_cni.node.record", "pyroute2.netlink.rtnl.ifinfmsg",
          "rdma_cni.commands.add")
 assert not any(name in sys.modules for name in heavy)
 warm.preload()
@@ -523,7 +523,8 @@ def test_preload_imports_what_a_verb_would_import(tmp_path: Path) -> None:
 GET_AFTER_PRELOAD = """
 import json, sys
 sys.path.insert(0, sys.argv[2])
-from rdma_cni import k8s, warm
+from rdma_cni.kube import podget as k8s
+from rdma_cni import warm
 from tests.support.apiserver import ApiServer
 warm.preload()
 with ApiServer() as api:
@@ -553,7 +554,7 @@ def test_preload_covers_the_pod_get(tmp_path: Path) -> None:
 def test_server_keeps_the_tls_contexts_its_children_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rdma_cni import k8s
+    from rdma_cni.kube import podget as k8s
     from tests.support.apiserver import ApiServer
 
     kept: dict[bytes, object] = {}

@@ -1,4 +1,4 @@
-"""RDMA device isolation policy (netconf ``rdmaIsolation``) on top of :mod:`rdma_cni.rdma`.
+"""RDMA device isolation policy (netconf ``rdmaIsolation``) on top of :mod:`rdma_cni.kernel.rdma`.
 
 - ``off``: never touch RDMA devices.
 - ``auto``: in exclusive netns mode, the VF's RDMA device follows its netdev
@@ -17,10 +17,10 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from rdma_cni.errors import RdmaError
+from rdma_cni.cni.errors import RdmaError
 
 if TYPE_CHECKING:
-    from rdma_cni.netns import Netns
+    from rdma_cni.kernel.netns import Netns
 
 log = logging.getLogger("rdma_cni.isolation")
 
@@ -37,7 +37,7 @@ class RdmaIsolation:
     def system_mode(self) -> str | None:
         """The kernel's RDMA netns mode, or None without an RDMA stack (asked once)."""
         if not self._probed:
-            from rdma_cni import rdma
+            from rdma_cni.kernel import rdma
 
             self._probed = True
             try:
@@ -86,7 +86,7 @@ class RdmaIsolation:
 
     def move_in(self, device: str, pod: Netns) -> None:
         """Move ``device`` from the host into the pod's namespace."""
-        from rdma_cni import rdma
+        from rdma_cni.kernel import rdma
 
         try:
             with rdma.RdmaClient() as client:
@@ -99,14 +99,14 @@ class RdmaIsolation:
 
     def move_out(self, device: str, pod: Netns | None) -> None:
         """Return ``device`` to the host; fine if it is already there (the pod's netns died)."""
-        from rdma_cni import rdma
+        from rdma_cni.kernel import rdma
 
         try:
             if pod is not None:
                 with rdma.RdmaClient(pod.path) as client:
                     dev = client.find_by_name(device)
                     if dev is not None:
-                        from rdma_cni.netns import host_netns_fd
+                        from rdma_cni.kernel.netns import host_netns_fd
 
                         hostfd = host_netns_fd()
                         try:
@@ -122,7 +122,7 @@ class RdmaIsolation:
 
     def where(self, device: str, pod: Netns) -> str:
         """ "pod", "host" or "" (nowhere visible), for CHECK."""
-        from rdma_cni import rdma
+        from rdma_cni.kernel import rdma
 
         with rdma.RdmaClient(pod.path) as client:
             if client.find_by_name(device) is not None:

@@ -1,9 +1,9 @@
 """A small Kubernetes API client for the long-running components (node agent, scheduler extender).
 
-The plugin itself reads one pod per run (:mod:`rdma_cni.k8s`); the node agent
+The plugin itself reads one pod per run (:mod:`rdma_cni.kube.podget`); the node agent
 and the extender instead keep one client for their lifetime: GET, LIST (full
 or metadata only), WATCH, merge PATCH and POST over one keep-alive session.
-Credentials, TLS file handling and secret redaction are :mod:`rdma_cni.k8s`'s,
+Credentials, TLS file handling and secret redaction are :mod:`rdma_cni.kube.podget`'s,
 so both clients accept the same kubeconfigs and leak nothing either.
 
 Failures are typed by what the caller can do about them: :class:`NotFound`
@@ -30,7 +30,8 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
-from rdma_cni import __version__, k8s
+from rdma_cni import __version__
+from rdma_cni.kube import podget as k8s
 
 log = logging.getLogger("rdma_cni.kubeapi")
 
@@ -192,8 +193,8 @@ class ApiClient:
     def from_kubeconfig(cls, path: str | None, **kwargs: Any) -> ApiClient:
         """A client for the kubeconfig at ``path``, or the in-cluster service account when None.
 
-        Raises :class:`rdma_cni.errors.InvalidConfig` naming what is wrong with
-        the credentials (see :func:`rdma_cni.k8s.load_credentials`).
+        Raises :class:`rdma_cni.cni.errors.InvalidConfig` naming what is wrong with
+        the credentials (see :func:`rdma_cni.kube.podget.load_credentials`).
         """
         return cls(k8s.load_credentials(path), **kwargs)
 
@@ -511,7 +512,7 @@ class ApiClient:
         return self._tls
 
     def _new_pool(self) -> _Pool:
-        from rdma_cni.errors import CniError
+        from rdma_cni.cni.errors import CniError
 
         verify, cert = self._materialise()
         try:

@@ -40,8 +40,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rdma_cni.errors import DecodeFailure, IpamError, TryAgainLater
-from rdma_cni.protocol import CniEnv, Result, version_tuple
+from rdma_cni.cni.errors import DecodeFailure, IpamError, TryAgainLater
+from rdma_cni.cni.protocol import CniEnv, Result, version_tuple
 
 log = logging.getLogger("rdma_cni.ipam")
 
@@ -340,7 +340,7 @@ def _spawn_guard(
     posix_spawn is glibc's vfork-like clone: no copy of this process's
     pages or page tables, which a fork of a ~37 MB Python process costs.
     """
-    from rdma_cni.record import held_lock
+    from rdma_cni.node.record import held_lock
 
     fd, path = launcher
     r, w = os.pipe()

@@ -1,6 +1,6 @@
 """rtnetlink operations the data path needs: links, addresses, routes, PF-side VF settings.
 
-Each :class:`Rtnl` is bound to one network namespace (see :mod:`rdma_cni.nlsock`).
+Each :class:`Rtnl` is bound to one network namespace (see :mod:`rdma_cni.kernel.nlsock`).
 Messages are pyroute2's ``ifinfmsg``/``ifaddrmsg``/``rtmsg``.
 """
 
@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdma_cni.nlsock import (
+from rdma_cni.kernel.nlsock import (
     NLM_F_ACK,
     NLM_F_CREATE,
     NLM_F_DUMP,
@@ -210,7 +210,7 @@ class Rtnl:
         current name is free in the target it is moved under that name and
         renamed afterwards, so a clash with ``name`` there (EEXIST) can leave
         it moved but not renamed; an undo finds it by kernel identity wherever
-        it is, under whatever name (:mod:`rdma_cni.identity`).
+        it is, under whatever name (:mod:`rdma_cni.kernel.identity`).
         """
         msg = _cls("ifinfmsg")()
         msg["family"] = socket.AF_UNSPEC

@@ -1,7 +1,7 @@
 """Typed model for the network configuration.
 
 The netconf a runtime sends on stdin is validated here, at the edge (the pod's
-request has its own module, :mod:`rdma_cni.podrequest`). Errors name the field
+request has its own module, :mod:`rdma_cni.shared.podrequest`). Errors name the field
 path and the reason. pydantic is imported by this module, so only verbs that
 need a full config import it.
 """
@@ -25,15 +25,15 @@ from pydantic import (
     model_validator,
 )
 
-from rdma_cni.errors import InvalidConfig, UnsupportedField
-from rdma_cni.podrequest import (
+from rdma_cni.cni.errors import InvalidConfig, UnsupportedField
+from rdma_cni.cni.protocol import SUPPORTED_VERSIONS, valid_ifname
+from rdma_cni.shared.podrequest import (
     DEFAULT_ANNOTATION,
     MAX_INTERFACES,
     MAX_RATE_MBPS,
     InterfaceRequest,
     format_errors,
 )
-from rdma_cni.protocol import SUPPORTED_VERSIONS, valid_ifname
 
 log = logging.getLogger("rdma_cni.config")
 

@@ -23,7 +23,7 @@ Design choices:
   number. Four request/reply exchanges need none of that, and a plain socket
   makes the test seam trivial: anything with ``send``/``recv``/``close``.
 * pyroute2 is imported on the first encode or decode, through
-  :func:`rdma_cni.nlsock.pyroute2_module`: a plain ``import pyroute2.netlink``
+  :func:`rdma_cni.kernel.nlsock.pyroute2_module`: a plain ``import pyroute2.netlink``
   runs the package ``__init__``, which imports the whole library (~130 ms).
   Importing this module costs only the standard library.
 
@@ -32,7 +32,7 @@ that creates it, and only shows and accepts devices of that netns. To move a
 device out of a pod (on DEL), the socket must be opened inside the pod's
 netns: ``RdmaClient(netns_path=...)`` does that by switching the calling
 thread into the namespace just for the ``socket()`` call (with
-:func:`rdma_cni.nlsock.in_netns`, shared with the rtnetlink code).
+:func:`rdma_cni.kernel.nlsock.in_netns`, shared with the rtnetlink code).
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ class NetlinkMessage:
 def _message_class() -> type[nlmsg]:
     # Built on first use so that importing this module does not import pyroute2,
     # and through pyroute2_module so that the package __init__ does not run.
-    from rdma_cni.nlsock import pyroute2_module
+    from rdma_cni.kernel.nlsock import pyroute2_module
 
     base: type[nlmsg] = pyroute2_module("pyroute2.netlink").nlmsg
 
@@ -443,7 +443,7 @@ def _create_socket() -> socket.socket:
 
 
 def _create_socket_in(netns_path: str) -> socket.socket:
-    from rdma_cni.nlsock import in_netns
+    from rdma_cni.kernel.nlsock import in_netns
 
     try:
         with in_netns(netns_path):

@@ -1,7 +1,7 @@
 """The node's SR-IOV state: PFs, their VFs, capacities, and who holds what.
 
-Read-only. Topology comes from sysfs (:mod:`rdma_cni.sysfs`), VF settings from
-the PF over netlink (:mod:`rdma_cni.vfcontrol`), and ownership from the
+Read-only. Topology comes from sysfs (:mod:`rdma_cni.kernel.sysfs`), VF settings from
+the PF over netlink (:mod:`rdma_cni.kernel.vfcontrol`), and ownership from the
 allocation record, passed in by the caller so the data path and the
 ``inventory`` subcommand see the same truth.
 """
@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdma_cni import nodestate, sysfs
-from rdma_cni.netlink import Link, VfInfo
-from rdma_cni.placement import PfState
-from rdma_cni.record import Attachment
-from rdma_cni.vfcontrol import VfControl
+from rdma_cni.kernel import sysfs
+from rdma_cni.kernel.netlink import Link, VfInfo
+from rdma_cni.kernel.vfcontrol import VfControl
+from rdma_cni.node.record import Attachment
+from rdma_cni.shared import nodestate
+from rdma_cni.shared.placement import PfState
 
 # VFs bound to these drivers have no netdev to hand to a pod (one list, shared with the node state).
 USERSPACE_DRIVERS = nodestate.USERSPACE_DRIVERS
@@ -146,7 +147,7 @@ def scan(
     """Read the node. ``pfs`` limits the PFs considered (None: every SR-IOV PF).
 
     ``home`` (the node agent) gives a VF's netdev when the kernel proves it is
-    in the host (:meth:`rdma_cni.identity.VfFinder.in_host`): a VF no record
+    in the host (:meth:`rdma_cni.kernel.identity.VfFinder.in_host`): a VF no record
     holds then counts as free only if it is home, as ADD's choice of VFs
     judges it (:func:`rdma_cni.commands.add.choose_proven`, which proves only
     the VFs it picks).

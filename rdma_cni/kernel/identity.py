@@ -30,11 +30,11 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from rdma_cni import sysfs
-from rdma_cni.netlink import Link, Rtnl
+from rdma_cni.kernel import sysfs
+from rdma_cni.kernel.netlink import Link, Rtnl
 
 if TYPE_CHECKING:
-    from rdma_cni.netns import Netns
+    from rdma_cni.kernel.netns import Netns
 
 log = logging.getLogger("rdma_cni.identity")
 
@@ -77,7 +77,7 @@ def drvinfo(ifname: str, netns_fd: int | None = None) -> tuple[str, str]:
     import socket
     import struct
 
-    from rdma_cni.nlsock import in_netns
+    from rdma_cni.kernel.nlsock import in_netns
 
     buf = array.array("B", struct.pack("=I", ETHTOOL_GDRVINFO) + bytes(_DRVINFO_SIZE - 4))
     ifreq = struct.pack("16sP", ifname.encode()[:15], buf.buffer_info()[0]).ljust(40, b"\0")

@@ -3,7 +3,7 @@
 The host's namespace is the one this process started in (a CNI plugin runs in
 the host's). A pod's namespace is opened by path once and kept as an fd, so a
 move names the same namespace however the path changes meanwhile, and an
-:class:`~rdma_cni.netlink.Rtnl` bound to it answers for it.
+:class:`~rdma_cni.kernel.netlink.Rtnl` bound to it answers for it.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import os
 
-from rdma_cni.errors import InvalidEnvironment, UnknownContainer
-from rdma_cni.netlink import Rtnl
-from rdma_cni.nlsock import NotAPodNetns, open_pod_netns
+from rdma_cni.cni.errors import InvalidEnvironment, UnknownContainer
+from rdma_cni.kernel.netlink import Rtnl
+from rdma_cni.kernel.nlsock import NotAPodNetns, open_pod_netns
 
 log = logging.getLogger("rdma_cni.netns")
 

@@ -6,10 +6,10 @@ import json
 import logging
 from typing import Any
 
-from rdma_cni.config import NetConf
-from rdma_cni.errors import InvalidConfig, InvalidPodRequest
-from rdma_cni.podrequest import InterfaceRequest, PodRequest, parse_request
-from rdma_cni.protocol import IFNAMSIZ, CniEnv
+from rdma_cni.cni.config import NetConf
+from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest
+from rdma_cni.cni.protocol import IFNAMSIZ, CniEnv
+from rdma_cni.shared.podrequest import InterfaceRequest, PodRequest, parse_request
 
 log = logging.getLogger("rdma_cni.podmeta")
 
@@ -64,7 +64,7 @@ def _resolve(env: CniEnv, conf: NetConf) -> tuple[PodRequest, str]:
         source = f"{who} annotation {conf.annotation} (from the runtime's annotations)"
         return parse_request(raw, source), source
     if pod is not None:
-        from rdma_cni import k8s
+        from rdma_cni.kube import podget as k8s
 
         creds = k8s.load_credentials(conf.kubeconfig)
         obj = k8s.get_pod(creds, pod.namespace, pod.name)

@@ -20,10 +20,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rdma_cni.errors import CniError, IOFailure, IpamError
-from rdma_cni.ipam import Ipam
-from rdma_cni.protocol import CniEnv
-from rdma_cni.record import QUARANTINE, attachment_files, quarantine, write_atomic
+from rdma_cni.cni.errors import CniError, IOFailure, IpamError
+from rdma_cni.cni.protocol import CniEnv
+from rdma_cni.node.ipam import Ipam
+from rdma_cni.node.record import QUARANTINE, attachment_files, quarantine, write_atomic
 
 log = logging.getLogger("rdma_cni.ipam_pending")
 

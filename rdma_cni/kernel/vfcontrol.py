@@ -17,10 +17,10 @@ import logging
 import os
 from typing import Any, Protocol
 
-from rdma_cni import sysfs
-from rdma_cni.errors import KernelError
-from rdma_cni.netlink import Rtnl, VfInfo
-from rdma_cni.nlsock import NetlinkError
+from rdma_cni.cni.errors import KernelError
+from rdma_cni.kernel import sysfs
+from rdma_cni.kernel.netlink import Rtnl, VfInfo
+from rdma_cni.kernel.nlsock import NetlinkError
 
 log = logging.getLogger("rdma_cni.vfcontrol")
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdma_cni.errors import DecodeFailure, IncompatibleVersion, InvalidConfig, InvalidEnvironment
+from rdma_cni.cni.errors import DecodeFailure, IncompatibleVersion, InvalidConfig, InvalidEnvironment
 
 # 0.1.0 and 0.2.0 results hold a single ip4/ip6 pair and no interface list, so
 # they cannot describe a pod with several VFs: refused on purpose.

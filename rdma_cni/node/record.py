@@ -10,7 +10,7 @@ DEL has undone everything. Every record is read strictly. A file that cannot
 be parsed is set aside into ``<stateDir>/quarantine/`` (kept for the
 operator, logged) by the verbs that hold the node lock, so one bad file does
 not stop the node; its VFs are then judged from the kernel's view (a VF that
-is not proven home in the host is not free, see :mod:`rdma_cni.identity`),
+is not proven home in the host is not free, see :mod:`rdma_cni.kernel.identity`),
 so setting it aside never hands its VFs to another pod.
 
 A writer killed between creating its temporary file and renaming it leaves
@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from rdma_cni.errors import IOFailure, TryAgainLater
+from rdma_cni.cni.errors import IOFailure, TryAgainLater
 
 log = logging.getLogger("rdma_cni.record")
 
@@ -428,7 +428,7 @@ def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
 
     The lock lives on this process's open file description, so an IPAM guard
     forked while it is held keeps holding it after this process is killed
-    (see rdma_cni.ipam). Leaving the block closes our descriptor (it never
+    (see rdma_cni.node.ipam). Leaving the block closes our descriptor (it never
     unlocks explicitly, which would free the guard's share too): the lock is
     free as soon as no guard shares it either.
 

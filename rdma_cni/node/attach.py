@@ -10,7 +10,7 @@ ADD order per VF, and why:
    doing it before the netdev means a pod never sees a netdev without its
    RDMA device.
 3. The netdev into the pod: the one proven to be the VF by its kernel
-   identity (:mod:`rdma_cni.identity`), moved, renamed and labelled with the
+   identity (:mod:`rdma_cni.kernel.identity`), moved, renamed and labelled with the
    alias ``rdma-cni:<pci>`` (for operators only: a pod can rewrite it, so
    nothing trusts it) in one RTM_NEWLINK. The kernel only renames on the way
    in when the current name is taken in the pod, so the pod-side name never
@@ -29,7 +29,7 @@ crash) it undoes everything that can still be undone, tolerating steps that
 never happened. A netdev goes back to the host only when its kernel identity
 proves it is the VF, wherever it sits and whatever it is called. An IPAM DEL
 that fails does not keep the VF: release reports it apart
-(:class:`Released`), and the caller remembers it (:mod:`rdma_cni.ipam_pending`).
+(:class:`Released`), and the caller remembers it (:mod:`rdma_cni.node.ipam_pending`).
 """
 
 from __future__ import annotations
@@ -41,17 +41,17 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rdma_cni.errors import CniError, KernelError
-from rdma_cni.identity import VfFinder
-from rdma_cni.ipam import Ipam, IpamCall
-from rdma_cni.netlink import Link, Rtnl
-from rdma_cni.netns import Netns, host_netns_fd
-from rdma_cni.nlsock import NetlinkError
-from rdma_cni.record import VfRecord
-from rdma_cni.vfcontrol import VfControl
+from rdma_cni.cni.errors import CniError, KernelError
+from rdma_cni.kernel.identity import VfFinder
+from rdma_cni.kernel.netlink import Link, Rtnl
+from rdma_cni.kernel.netns import Netns, host_netns_fd
+from rdma_cni.kernel.nlsock import NetlinkError
+from rdma_cni.kernel.vfcontrol import VfControl
+from rdma_cni.node.ipam import Ipam, IpamCall
+from rdma_cni.node.record import VfRecord
 
 if TYPE_CHECKING:
-    from rdma_cni.isolation import RdmaIsolation
+    from rdma_cni.node.isolation import RdmaIsolation
 
 log = logging.getLogger("rdma_cni.attach")
 
@@ -184,7 +184,7 @@ def bring_up(pod: Netns, link: Link, vf: VfRecord) -> None:
 
 def apply_addresses(pod: Netns, link: Link, ipam_result: dict[str, Any]) -> None:
     """Addresses and routes of one interface's IPAM result, inside the pod."""
-    from rdma_cni.protocol import Result
+    from rdma_cni.cni.protocol import Result
 
     res = Result.from_dict(ipam_result)
     try:

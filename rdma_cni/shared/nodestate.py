@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from rdma_cni import placement
+from rdma_cni.shared import placement
 
 __all__ = [
     "ANNOTATION",

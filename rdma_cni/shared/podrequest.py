@@ -22,8 +22,8 @@ from pydantic import (
     model_validator,
 )
 
-from rdma_cni.errors import InvalidPodRequest
-from rdma_cni.protocol import IFNAMSIZ, valid_ifname
+from rdma_cni.cni.errors import InvalidPodRequest
+from rdma_cni.cni.protocol import IFNAMSIZ, valid_ifname
 
 __all__ = [
     "DEFAULT_ANNOTATION",
@@ -119,7 +119,7 @@ def parse_request(raw: Any, source: str) -> PodRequest:
 
     ``raw`` is the annotation string (JSON) or an already decoded value from
     the config's ``args``; either way it must be a list of objects. Raises
-    :class:`~rdma_cni.errors.InvalidPodRequest` (code 101).
+    :class:`~rdma_cni.cni.errors.InvalidPodRequest` (code 101).
     """
     value = raw
     if isinstance(raw, str):

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni import __version__
-from rdma_cni.errors import InvalidConfig, KubernetesError, TryAgainLater
+from rdma_cni.cni.errors import InvalidConfig, KubernetesError, TryAgainLater
 
 log = logging.getLogger("rdma_cni.k8s")
 
@@ -764,7 +764,7 @@ def _redact(text: str, creds: ClusterCredentials) -> str:
     return text
 
 
-# Shared with rdma_cni.kubeapi, the long-running components' client, so that
+# Shared with rdma_cni.kube.client, the long-running components' client, so that
 # both clients materialise TLS files and redact secrets the same way.
 tls_files = _tls_files
 redact = _redact
