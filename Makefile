@@ -43,7 +43,7 @@ $(VENV)/.stamp: setup.cfg pyproject.toml
 
 build: $(BINARY)
 $(BINARY): $(VENV)/.stamp $(SRC) launcher/launcher.c launcher/warm.c launcher/warm.h launcher/guard.c launcher/guard.h scripts/pack_launcher.py
-	$(BIN)/pyinstaller --noconfirm --clean --log-level WARN build.spec
+	PYINSTALLER_CONFIG_DIR=$(CURDIR)/build/pyinstaller-cache $(BIN)/pyinstaller --noconfirm --clean --log-level WARN build.spec
 	mkdir -p build
 	$(CC) -O2 -Wall -Wextra -Werror -static -o build/launcher launcher/launcher.c launcher/warm.c launcher/guard.c
 	$(BIN)/python scripts/pack_launcher.py --launcher build/launcher --tree dist/rdma-cni-dir --output $(BINARY)
