@@ -1,5 +1,4 @@
-"""The guard that runs IPAM (rdma_cni.node.ipam.run_guarded): output, timeouts, groups, outliving its caller.
-"""
+"""The IPAM guard (rdma_cni.node.ipam.run_guarded): output, timeouts, groups, outliving its caller."""
 
 from __future__ import annotations
 
