@@ -3,7 +3,7 @@
 Run with no arguments (as runtimes do) it is a CNI plugin: it reads
 CNI_COMMAND and the config on stdin and prints exactly one JSON document on
 stdout. With a first argument it runs an operator subcommand (``inventory``,
-``install``). Heavy modules are imported inside the branch that needs them.
+``install``, ``nodes``, ...). Heavy modules are imported inside the branch that needs them.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ As a CNI plugin it is run by the container runtime with CNI_COMMAND set
 Operator subcommands:
   rdma-cni inventory [--pretty] [--config FILE]   print the node's SR-IOV/RDMA state as JSON
   rdma-cni install [options]                      DaemonSet entry point: install into /opt/cni/bin
+  rdma-cni nodes [--fits JSON] [--json] [--kubeconfig FILE]
+                                                  per node: free bandwidth and VFs, where a request fits
   rdma-cni scheduler-extender --listen ADDR:PORT [options]
                                                   kube-scheduler extender (see README, "Scheduling")
   rdma-cni --version
@@ -155,6 +157,8 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         from rdma_cni.inventory_cli import main as run_subcommand
     elif name == "install":
         from rdma_cni.install import main as run_subcommand
+    elif name == "nodes":
+        from rdma_cni.nodes_cli import main as run_subcommand
     elif name == "scheduler-extender":
         from rdma_cni.extender.main import main as run_subcommand
     elif name == "warm-server":

@@ -24,7 +24,7 @@ PACKAGE = "rdma_cni"
 # Layers are folders: a rule names a folder and covers every module in it.
 KERNEL_LAYER = ("kernel", "node", "commands")
 # The executable's entry points dispatch to every half, by design.
-ENTRY_POINTS = ("__main__", "cli", "warm", "install")
+ENTRY_POINTS = ("__main__", "cli", "warm", "install", "nodes_cli")
 SHARED_STDLIB_ONLY = ("shared.placement", "shared.nodestate")
 
 
