@@ -55,3 +55,48 @@ def test_bad_fits_exits_2_naming_the_option(api: ApiServer, tmp_path: Path) -> N
     got = nodes("--kubeconfig", api.write_kubeconfig(tmp_path / "kubeconfig"), "--fits", '{"min_tx_rate": 1}')
     assert got.returncode == 2 and got.stdout == ""
     assert "argument --fits: --fits: expected a JSON list of interface objects" in got.stderr
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_example() -> tuple[str, str]:
+    """The command and the output shown in README's "Cluster view"."""
+    section = README.read_text().split("### Cluster view", 1)[1].split("\n#", 1)[0]
+    block = section.split("```console\n", 1)[1].split("```", 1)[0]
+    command, _, output = block.partition("\n")
+    assert command.startswith("$ ")
+    return command[2:], output
+
+
+def test_readme_example_runs_as_written(tmp_path: Path) -> None:
+    """README's command, run by a shell as written, prints README's table for the states it shows."""
+    with ApiServer() as api:
+        rdma1 = so.state(
+            [("ens1f0", 100_000, 8), ("ens1f1", 100_000, 8)],
+            [("u1", [("ens1f0", 40_000, 0), ("ens1f1", 40_000, 0)]), ("u2", [("ens1f0", 50_000, 0)])],
+            age=30,
+        )
+        rdma2 = so.state([("ens2f0", 25_000, 4)], [("u3", [("ens2f0", 0, 0)])] * 4, age=40)
+        rdma3 = so.state([("ens1f0", 100_000, 8)], age=4000)
+        for name, state in (("rdma-1", rdma1), ("rdma-2", rdma2), ("rdma-3", rdma3)):
+            api.add_node(name, annotations={nodestate.ANNOTATION: nodestate.encode(state)})
+        api.add_node("cpu-1")
+        (tmp_path / ".kube").mkdir()
+        api.write_kubeconfig(tmp_path / ".kube" / "config", ca="data")
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        wrapper = bin_dir / "rdma-cni"
+        wrapper.write_text("#!/bin/sh\nexec " + " ".join(f"'{p}'" for p in plugin_command()) + ' "$@"\n')
+        wrapper.chmod(0o755)
+        command, shown = readme_example()
+        got = subprocess.run(
+            ["bash", "-c", command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"HOME": str(tmp_path), "PATH": f"{bin_dir}:/usr/bin:/bin"},
+        )
+    assert got.returncode == 0, got.stderr
+    # Ages of the fresh states are a second or two past what was published.
+    assert got.stdout.replace("31s", "30s").replace("41s", "40s") == shown

@@ -150,7 +150,7 @@ def test_help(binary: str, sysfs: Path) -> None:
     proc = run(binary, sysfs, "--help")
     assert proc.returncode == 0
     text = proc.stdout.decode()
-    assert "CNI_COMMAND" in text and "inventory" in text
+    assert "CNI_COMMAND" in text and "inventory" in text and "rdma-cni nodes [--fits JSON]" in text
 
 
 def test_unknown_subcommand_exits_2(binary: str, sysfs: Path) -> None:
