@@ -39,21 +39,18 @@ def kubeconfig(api: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(api.write_kubeconfig(tmp_path_factory.mktemp("kube") / "kubeconfig"))
 
 
+# Names of the nodes the tests put in the module's API stand-in.
+_added: set[str] = set()
+
+
 def reset_nodes(api: ApiServer, nodes: dict[str, str | None]) -> None:
     """Make the API hold exactly ``nodes`` (name -> annotation text, None: no state)."""
-    for item in api_nodes(api):
-        api.remove_node(item)
+    for name in sorted(_added - set(nodes)):
+        api.remove_node(name)
+    _added.clear()
     for name, text in nodes.items():
         api.add_node(name, annotations={} if text is None else {nodestate.ANNOTATION: text}, images=3)
-
-
-def api_nodes(api: ApiServer) -> list[str]:
-    names = []
-    for seen in ("a", "b", "c", "d"):  # names used by the fixed tests
-        if api.get_node(seen) is not None:
-            names.append(seen)
-    names += [f"n{i}" for i in range(8) if api.get_node(f"n{i}") is not None]
-    return names
+        _added.add(name)
 
 
 def run(*argv: str) -> tuple[int, str]:
@@ -193,6 +190,14 @@ def test_unreachable_api(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     code, text = run("--kubeconfig", str(kubeconfig))
     assert (code, text) == (1, "")
     assert f"rdma-cni nodes: cannot list nodes at {url}" in capsys.readouterr().err
+
+
+def test_refused_credentials(api: ApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", token="not-the-token")
+    code, text = run("--kubeconfig", str(kubeconfig))
+    assert (code, text) == (1, "")
+    err = capsys.readouterr().err
+    assert f"rdma-cni nodes: cannot list nodes at {api.url}" in err and "not-the-token" not in err
 
 
 def test_bad_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
