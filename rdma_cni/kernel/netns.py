@@ -1,4 +1,9 @@
-"""Network namespaces: a pod's, opened once per verb, and the host's.
+"""Network namespaces: a pod's, opened once per verb, the host's, and switching between them.
+
+Every namespace switch in rdma-cni goes through :func:`in_netns` here: it
+moves only the calling thread, and only for as long as it takes to create a
+socket bound to the target namespace (netlink and ioctl sockets answer for
+the namespace they were created in).
 
 The host's namespace is the one this process started in (a CNI plugin runs in
 the host's). A pod's namespace is opened by path once and kept as an fd, so a
@@ -42,6 +47,7 @@ def _setns(fd: int) -> None:
 @contextlib.contextmanager
 def in_netns(target: str | int) -> Iterator[None]:
     """Run the body with the calling thread in the network namespace ``target`` (path or fd)."""
+    # The thread's own namespace, which may differ from the process's (HOST_NETNS_PATH).
     own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
         fd = target if isinstance(target, int) else os.open(target, os.O_RDONLY | os.O_CLOEXEC)
@@ -82,7 +88,7 @@ def open_pod_netns(path: str) -> int:
     would configure the node). Nothing is opened that could block or act on
     open: only nsfs files are opened, and never without O_NONBLOCK.
     """
-    nsfs = os.stat("/proc/self/ns/net")
+    nsfs = os.stat(HOST_NETNS_PATH)
     before = os.stat(path)
     if not stat.S_ISREG(before.st_mode) or before.st_dev != nsfs.st_dev:
         raise NotAPodNetns(f"{path} is not a network namespace (not an nsfs file)")
