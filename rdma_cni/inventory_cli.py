@@ -18,7 +18,7 @@ def _rdma_view(node_doc: dict[str, Any]) -> None:
         with rdma.RdmaClient() as client:
             node_doc["rdma_netns_mode"] = client.netns_mode()
             in_host = {d.name for d in client.list_devices()}
-    except rdma.RdmaNetlinkError as exc:
+    except rdma.NetlinkError as exc:
         node_doc["rdma_netns_mode"] = None
         node_doc["rdma_error"] = str(exc)
         in_host = None

@@ -26,8 +26,7 @@ from rdma_cni.cni.protocol import CniEnv
 from rdma_cni.commands.common import ipam_for, release_vfs, settle, stray_vfs
 from rdma_cni.kernel.identity import VfFinder
 from rdma_cni.kernel.netlink import Rtnl
-from rdma_cni.kernel.netns import Netns
-from rdma_cni.kernel.nlsock import NotAPodNetns, open_pod_netns
+from rdma_cni.kernel.netns import Netns, NotAPodNetns, open_pod_netns
 from rdma_cni.kernel.vfcontrol import vf_control
 from rdma_cni.node.attach import Released
 from rdma_cni.node.ipam import Ipam

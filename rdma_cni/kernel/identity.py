@@ -77,7 +77,7 @@ def drvinfo(ifname: str, netns_fd: int | None = None) -> tuple[str, str]:
     import socket
     import struct
 
-    from rdma_cni.kernel.nlsock import in_netns
+    from rdma_cni.kernel.netns import in_netns
 
     buf = array.array("B", struct.pack("=I", ETHTOOL_GDRVINFO) + bytes(_DRVINFO_SIZE - 4))
     ifreq = struct.pack("16sP", ifname.encode()[:15], buf.buffer_info()[0]).ljust(40, b"\0")

@@ -1,11 +1,13 @@
 """rtnetlink operations the data path needs: links, addresses, routes, PF-side VF settings.
 
-Each :class:`Rtnl` is bound to one network namespace (see :mod:`rdma_cni.kernel.nlsock`).
+Each :class:`Rtnl` is bound to one network namespace and talks through the shared
+transport, :class:`rdma_cni.kernel.nlsock.NlSocket`.
 Messages are pyroute2's ``ifinfmsg``/``ifaddrmsg``/``rtmsg``.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 from dataclasses import dataclass, field
@@ -172,7 +174,7 @@ class Rtnl:
         try:
             replies = self._nl.request(msg, RTM_GETLINK, NLM_F_REQUEST)
         except NetlinkError as exc:
-            if exc.errno in (19, 22):  # ENODEV, EINVAL: no such link
+            if exc.errno in (errno.ENODEV, errno.EINVAL):  # how the kernel says: no such link
                 return None
             raise
         return _to_link(replies[0]) if replies else None
@@ -279,7 +281,7 @@ class Rtnl:
         try:
             self._nl.request(msg, RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
         except NetlinkError as exc:
-            if exc.errno != 17:  # EEXIST
+            if exc.errno != errno.EEXIST:
                 raise
 
     def addresses(self, index: int) -> list[str]:
@@ -323,7 +325,7 @@ class Rtnl:
         try:
             self._nl.request(msg, RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
         except NetlinkError as exc:
-            if exc.errno == 17:  # EEXIST
+            if exc.errno == errno.EEXIST:
                 return False
             raise
         return True

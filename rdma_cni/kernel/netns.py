@@ -1,4 +1,9 @@
-"""Network namespaces: a pod's, opened once per verb, and the host's.
+"""Network namespaces: a pod's, opened once per verb, the host's, and switching between them.
+
+Every namespace switch in rdma-cni goes through :func:`in_netns` here: it
+moves only the calling thread, and only for as long as it takes to create a
+socket bound to the target namespace (netlink and ioctl sockets answer for
+the namespace they were created in).
 
 The host's namespace is the one this process started in (a CNI plugin runs in
 the host's). A pod's namespace is opened by path once and kept as an fd, so a
@@ -8,16 +13,103 @@ move names the same namespace however the path changes meanwhile, and an
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
 import logging
 import os
+import stat
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.errors import InvalidEnvironment, UnknownContainer
-from rdma_cni.kernel.netlink import Rtnl
-from rdma_cni.kernel.nlsock import NotAPodNetns, open_pod_netns
+
+if TYPE_CHECKING:
+    from rdma_cni.kernel.netlink import Rtnl
 
 log = logging.getLogger("rdma_cni.netns")
 
 HOST_NETNS_PATH = "/proc/self/ns/net"
+CLONE_NEWNET = 0x40000000
+
+_libc: Any = None
+
+
+def _setns(fd: int) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+@contextlib.contextmanager
+def in_netns(target: str | int) -> Iterator[None]:
+    """Run the body with the calling thread in the network namespace ``target`` (path or fd)."""
+    # The thread's own namespace, which may differ from the process's (HOST_NETNS_PATH).
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fd = target if isinstance(target, int) else os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns(fd)
+        finally:
+            if not isinstance(target, int):
+                os.close(fd)
+        try:
+            yield
+        finally:
+            # Failing to get back would leave every later operation in the wrong
+            # namespace: there is no sane way to continue.
+            try:
+                _setns(own)
+            except OSError as exc:  # pragma: no cover - kernel would have to refuse our own netns
+                os.write(2, f"rdma-cni: cannot return to the original netns: {exc}\n".encode())
+                os._exit(70)
+    finally:
+        os.close(own)
+
+
+class NotAPodNetns(ValueError):
+    """A CNI_NETNS path that opens, but is no network namespace other than this process's own."""
+
+
+# ioctl(2) on an nsfs file: its namespace type (a CLONE_NEW* flag). Linux 4.11.
+NS_GET_NSTYPE = 0xB703
+
+
+def open_pod_netns(path: str) -> int:
+    """Open ``path`` as a pod's network namespace and return the fd.
+
+    Raises OSError when the path cannot be opened (missing, a deleted
+    namespace), and :class:`NotAPodNetns` when it is something else: a FIFO,
+    a device, a regular file, another kind of namespace, or the network
+    namespace this process runs in (the host's: "configuring the pod" there
+    would configure the node). Nothing is opened that could block or act on
+    open: only nsfs files are opened, and never without O_NONBLOCK.
+    """
+    nsfs = os.stat(HOST_NETNS_PATH)
+    before = os.stat(path)
+    if not stat.S_ISREG(before.st_mode) or before.st_dev != nsfs.st_dev:
+        raise NotAPodNetns(f"{path} is not a network namespace (not an nsfs file)")
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        # Checked again on the fd: the path may have been swapped since the stat.
+        st = os.fstat(fd)
+        if st.st_dev != nsfs.st_dev:
+            raise NotAPodNetns(f"{path} is not a network namespace (not an nsfs file)")
+        try:
+            kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
+        except OSError as exc:
+            raise NotAPodNetns(f"{path} is not a namespace ({exc.strerror})") from exc
+        if kind != CLONE_NEWNET:
+            raise NotAPodNetns(f"{path} is a namespace, but not a network namespace")
+        if (st.st_dev, st.st_ino) == (nsfs.st_dev, nsfs.st_ino):
+            raise NotAPodNetns(f"{path} is the host's own network namespace (the plugin's), not a pod's")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class NetnsGone(UnknownContainer):
@@ -41,8 +133,11 @@ class Netns:
             raise NetnsGone(f"cannot open CNI_NETNS {path}: {exc.strerror}") from exc
         except NotAPodNetns as exc:
             raise InvalidEnvironment(f"CNI_NETNS={path!r} is refused: {exc}") from exc
+        # Imported here: the transport enters namespaces through this module.
+        from rdma_cni.kernel.netlink import Rtnl
+
         try:
-            self.rtnl = Rtnl(self.fd)
+            self.rtnl: Rtnl = Rtnl(self.fd)
         except OSError as exc:
             os.close(self.fd)
             raise NetnsGone(f"CNI_NETNS {path} is not a network namespace: {exc.strerror}") from exc

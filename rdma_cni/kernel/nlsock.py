@@ -8,43 +8,211 @@ decoding; this module sends them over a plain AF_NETLINK socket and collects
 the replies. :func:`pyroute2_module` imports a pyroute2 submodule without
 running the package ``__init__`` (a full import still works later, lazily).
 
+This is the one netlink transport: rtnetlink (:mod:`rdma_cni.kernel.netlink`)
+and RDMA netlink (:mod:`rdma_cni.kernel.rdma`) both send through
+:class:`NlSocket`. Framing, sequence matching, NLMSG_ERROR / NLMSG_DONE /
+NLMSG_OVERRUN, extended-ACK messages, dumps the kernel flags NLM_F_DUMP_INTR
+(retried), and a receive timeout are handled here once; every failure is a
+:class:`NetlinkError` carrying the errno and the kernel's own explanation.
+
 A netlink socket answers for the network namespace it was created in, so
-:class:`NlSocket` creates its socket after switching the calling thread into
-the target namespace with setns(2) and switches back at once: cheaper than
-pyroute2's NetNS, which forks a helper process.
+:class:`NlSocket` creates its socket inside the target namespace
+(:func:`rdma_cni.kernel.netns.in_netns`, which switches only the calling
+thread and only for the ``socket()`` call): cheaper than pyroute2's NetNS,
+which forks a helper process.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import fcntl
 import importlib
 import importlib.util
 import os
 import socket
-import stat
 import struct
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
-CLONE_NEWNET = 0x40000000
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
+from rdma_cni.kernel.netns import in_netns
+
+# Socket options (linux/netlink.h): extended ACKs carry the kernel's reason for an error.
+SOL_NETLINK = 270
+NETLINK_EXT_ACK = 11
+
+# nlmsghdr flags.
 NLM_F_REQUEST = 0x1
 NLM_F_MULTI = 0x2
 NLM_F_ACK = 0x4
+NLM_F_DUMP_INTR = 0x10
 NLM_F_DUMP = 0x300
-NLM_F_CREATE = 0x400
 NLM_F_EXCL = 0x200
-_HDR = struct.Struct("=IHHII")
+NLM_F_CREATE = 0x400
+# Flags that only appear on NLMSG_ERROR / NLMSG_DONE replies.
+NLM_F_CAPPED = 0x100
+NLM_F_ACK_TLVS = 0x200
+
+NLMSG_NOOP = 1
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+NLMSG_OVERRUN = 4
+
+NLMSGERR_ATTR_MSG = 1
+NLA_TYPE_MASK = 0x3FFF  # strips NLA_F_NESTED / NLA_F_NET_BYTEORDER
+
+HDR = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence number, port id
+_NLATTR = struct.Struct("=HH")
+_ERRNO = struct.Struct("=i")
+
+# Large enough for any datagram the kernel sends (a PF's link with all its VFs
+# included); a datagram longer than the buffer would be silently cut short.
+RECV_BUFSIZE = 1 << 20
+DEFAULT_TIMEOUT = 10.0
+# Dumps flagged NLM_F_DUMP_INTR raced with a change; retry this often.
+DUMP_ATTEMPTS = 3
+
+_GENERIC_REASONS: dict[int, str] = {
+    errno.ETIMEDOUT: "the kernel did not answer in time",
+    errno.EPROTO: "the kernel's reply could not be understood",
+}
 
 
 class NetlinkError(OSError):
-    """A netlink request answered with an error; ``errno`` is the kernel's."""
+    """A netlink request failed: ``errno`` is the kernel's (or the failed system call's).
+
+    ``op`` says what was being attempted (empty when the caller adds that
+    itself), ``reason`` what the errno means in that context, and
+    ``kernel_message`` the kernel's extended-ACK text when it sent one.
+    ``strerror`` and ``str()`` are the message for users.
+    """
+
+    def __init__(
+        self,
+        errno_: int,
+        op: str = "",
+        *,
+        reason: str | None = None,
+        kernel_message: str | None = None,
+    ) -> None:
+        self.op = op
+        self.reason = reason or os.strerror(errno_)
+        self.kernel_message = kernel_message
+        if op:
+            text = f"{op}: {self.reason} [{errno.errorcode.get(errno_, str(errno_))}]"
+            if kernel_message:
+                text += f" (kernel: {kernel_message})"
+        else:
+            text = self.reason + (f" ({kernel_message})" if kernel_message else "")
+        super().__init__(errno_, text)
+
+    def __str__(self) -> str:
+        return self.strerror or ""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One netlink message of a reply: its header fields and its bytes (header included).
+
+    For NLMSG_ERROR and NLMSG_DONE, ``error`` is the kernel's (zero or
+    negative) code and ``kernel_message`` the extended-ACK text, if any.
+    """
+
+    type: int
+    flags: int
+    seq: int
+    pid: int
+    data: bytes
+    error: int | None = None
+    kernel_message: str | None = None
+
+
+def _align4(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def _malformed(what: str) -> NetlinkError:
+    return NetlinkError(errno.EPROTO, "decode netlink reply", reason=f"malformed reply: {what}")
+
+
+def ext_ack_message(data: bytes, start: int, end: int) -> str | None:
+    """The NLMSGERR_ATTR_MSG text among the TLVs in ``data[start:end]``, or None."""
+    offset = start
+    while offset + _NLATTR.size <= end:
+        nla_len, nla_type = _NLATTR.unpack_from(data, offset)
+        if nla_len < _NLATTR.size or offset + nla_len > end:
+            break
+        if nla_type & NLA_TYPE_MASK == NLMSGERR_ATTR_MSG:
+            raw = data[offset + _NLATTR.size : offset + nla_len]
+            return raw.split(b"\0", 1)[0].decode("utf-8", "replace") or None
+        offset += _align4(nla_len)
+    return None
+
+
+def _error_frame(data: bytes, offset: int, length: int, fields: tuple[int, int, int, int]) -> Frame:
+    mtype, flags, seq, pid = fields
+    end = offset + length
+    chunk = data[offset:end]
+    if length < HDR.size + _ERRNO.size:
+        if mtype == NLMSG_DONE:  # some senders end a dump with a bare header
+            return Frame(mtype, flags, seq, pid, chunk, error=0)
+        raise _malformed("NLMSG_ERROR too short")
+    (error,) = _ERRNO.unpack_from(data, offset + HDR.size)
+    kernel_message = None
+    if flags & NLM_F_ACK_TLVS:
+        tlv_start = offset + HDR.size + _ERRNO.size
+        if mtype == NLMSG_ERROR:
+            # The TLVs follow the echoed request: its header only when the
+            # kernel capped the echo, otherwise the whole request.
+            if tlv_start + HDR.size > end:
+                raise _malformed("NLMSG_ERROR without the echoed request header")
+            (orig_len,) = struct.unpack_from("=I", data, tlv_start)
+            tlv_start += HDR.size if flags & NLM_F_CAPPED else _align4(orig_len)
+        kernel_message = ext_ack_message(data, tlv_start, end)
+    return Frame(mtype, flags, seq, pid, chunk, error=error, kernel_message=kernel_message)
+
+
+def split_frames(data: bytes) -> list[Frame]:
+    """Split one ``recv()`` datagram into its netlink messages.
+
+    Raises :class:`NetlinkError` (EPROTO) on a truncated or malformed datagram.
+    """
+    frames: list[Frame] = []
+    offset = 0
+    while offset < len(data):
+        if len(data) - offset < HDR.size:
+            raise _malformed(f"{len(data) - offset} trailing bytes")
+        length, mtype, flags, seq, pid = HDR.unpack_from(data, offset)
+        if length < HDR.size or offset + length > len(data):
+            raise _malformed(f"message length {length} at offset {offset} of {len(data)}")
+        if mtype in (NLMSG_ERROR, NLMSG_DONE):
+            frames.append(_error_frame(data, offset, length, (mtype, flags, seq, pid)))
+        else:
+            frames.append(Frame(mtype, flags, seq, pid, data[offset : offset + length]))
+        # The last message of a datagram may omit its alignment padding.
+        offset = min(offset + _align4(length), len(data))
+    return frames
+
+
+class NetlinkTransport(Protocol):
+    """What :class:`NlSocket` needs from a socket (tests pass a fake)."""
+
+    def send(self, data: bytes, /) -> int: ...
+
+    def recv(self, bufsize: int, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+def new_socket(protocol: int) -> socket.socket:
+    """A netlink socket of ``protocol`` in the calling thread's namespace, asking for extended ACKs."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, protocol)
+    # Best effort: asks the kernel to explain its errors; old kernels lack it.
+    with contextlib.suppress(OSError):
+        sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
+    return sock
 
 
 def pyroute2_module(name: str) -> ModuleType:
@@ -73,114 +241,43 @@ def pyroute2_module(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-_libc: Any = None
-
-
-def _setns(fd: int) -> None:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    if _libc.setns(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-@contextlib.contextmanager
-def in_netns(target: str | int) -> Iterator[None]:
-    """Run the body with the calling thread in the network namespace ``target`` (path or fd)."""
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fd = target if isinstance(target, int) else os.open(target, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _setns(fd)
-        finally:
-            if not isinstance(target, int):
-                os.close(fd)
-        try:
-            yield
-        finally:
-            # Failing to get back would leave every later operation in the wrong
-            # namespace: there is no sane way to continue.
-            try:
-                _setns(own)
-            except OSError as exc:  # pragma: no cover - kernel would have to refuse our own netns
-                os.write(2, f"rdma-cni: cannot return to the original netns: {exc}\n".encode())
-                os._exit(70)
-    finally:
-        os.close(own)
-
-
-class NotAPodNetns(ValueError):
-    """A CNI_NETNS path that opens, but is no network namespace other than this process's own."""
-
-
-# ioctl(2) on an nsfs file: its namespace type (a CLONE_NEW* flag). Linux 4.11.
-NS_GET_NSTYPE = 0xB703
-
-
-def open_pod_netns(path: str) -> int:
-    """Open ``path`` as a pod's network namespace and return the fd.
-
-    Raises OSError when the path cannot be opened (missing, a deleted
-    namespace), and :class:`NotAPodNetns` when it is something else: a FIFO,
-    a device, a regular file, another kind of namespace, or the network
-    namespace this process runs in (the host's: "configuring the pod" there
-    would configure the node). Nothing is opened that could block or act on
-    open: only nsfs files are opened, and never without O_NONBLOCK.
-    """
-    nsfs = os.stat("/proc/self/ns/net")
-    before = os.stat(path)
-    if not stat.S_ISREG(before.st_mode) or before.st_dev != nsfs.st_dev:
-        raise NotAPodNetns(f"{path} is not a network namespace (not an nsfs file)")
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
-    try:
-        # Checked again on the fd: the path may have been swapped since the stat.
-        st = os.fstat(fd)
-        if st.st_dev != nsfs.st_dev:
-            raise NotAPodNetns(f"{path} is not a network namespace (not an nsfs file)")
-        try:
-            kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
-        except OSError as exc:
-            raise NotAPodNetns(f"{path} is not a namespace ({exc.strerror})") from exc
-        if kind != CLONE_NEWNET:
-            raise NotAPodNetns(f"{path} is a namespace, but not a network namespace")
-        if (st.st_dev, st.st_ino) == (nsfs.st_dev, nsfs.st_ino):
-            raise NotAPodNetns(f"{path} is the host's own network namespace (the plugin's), not a pod's")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def host_netns_fd() -> int:
-    """An fd for the namespace this process started in (the host's, for a CNI plugin)."""
-    return os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-
-
 class NlSocket:
-    """One netlink socket of ``protocol``, created in ``netns`` (a path or fd; None = current)."""
+    """One netlink conversation: requests out, their replies collected and checked.
+
+    ``NlSocket(protocol, netns)`` opens a socket of ``protocol`` in ``netns``
+    (a path or an fd; None: the calling thread's namespace);
+    ``NlSocket(protocol, sock=...)`` uses the given transport. ``reasons``
+    maps errnos to what they mean for this protocol's requests, for the
+    messages of :class:`NetlinkError`.
+    """
 
     def __init__(
-        self, protocol: int, netns: str | int | None = None, sock_factory: Callable[[], Any] | None = None
+        self,
+        protocol: int,
+        netns: str | int | None = None,
+        *,
+        sock: NetlinkTransport | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        reasons: Mapping[int, str] | None = None,
     ) -> None:
-        factory = sock_factory or (
-            lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, protocol)
-        )
-        if netns is None:
-            self._sock = factory()
-        else:
-            with in_netns(netns):
-                self._sock = factory()
-        if sock_factory is None:
-            self._sock.bind((0, 0))
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-            # Extended ACKs give the kernel's reason string on errors.
-            with contextlib.suppress(OSError):
-                self._sock.setsockopt(270, 11, 1)  # SOL_NETLINK, NETLINK_EXT_ACK
-        self._seq = (os.getpid() & 0xFFFF) << 12
+        self._reasons = {**_GENERIC_REASONS, **(reasons or {})}
+        if sock is None:
+            if netns is None:
+                created = new_socket(protocol)
+            else:
+                with in_netns(netns):
+                    created = new_socket(protocol)
+            created.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+            created.settimeout(timeout)
+            sock = created
+        self._sock: NetlinkTransport | None = sock
+        self._seq = 0  # the socket is this object's alone: no other sender shares its numbers
 
     def close(self) -> None:
-        self._sock.close()
+        """Close the socket (idempotent)."""
+        if self._sock is not None:
+            sock, self._sock = self._sock, None
+            sock.close()
 
     def __enter__(self) -> NlSocket:
         return self
@@ -188,70 +285,107 @@ class NlSocket:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def next_seq(self) -> int:
+        """A fresh sequence number for the next request."""
+        self._seq = self._seq % 0xFFFFFFFF + 1
+        return self._seq
+
+    def error(
+        self, code: int, op: str, *, reason: str | None = None, kernel_message: str | None = None
+    ) -> NetlinkError:
+        """A :class:`NetlinkError` for ``code``, explained with this socket's ``reasons``."""
+        return NetlinkError(code, op, reason=reason or self._reasons.get(code), kernel_message=kernel_message)
+
     def request(self, msg: Any, msg_type: int, flags: int, reply_class: Any | None = None) -> list[Any]:
         """Send a pyroute2 message; return the decoded replies (empty for an ACK).
 
+        A dump (NLM_F_DUMP) interrupted by a concurrent change is asked again.
         Raises :class:`NetlinkError` with the kernel's errno on NLMSG_ERROR.
         """
-        self._seq += 1
-        seq = self._seq
-        msg["header"]["type"] = msg_type
-        msg["header"]["flags"] = flags
-        msg["header"]["sequence_number"] = seq
-        msg.encode()
-        self._sock.send(msg.data)
-        return self.collect(seq, reply_class or type(msg))
 
-    def collect(self, seq: int, reply_class: Any) -> list[Any]:
-        """Read replies for ``seq`` until ACK, DONE or a single non-multipart answer."""
-        replies: list[Any] = []
+        def encode(seq: int) -> bytes:
+            msg["header"]["type"] = msg_type
+            msg["header"]["flags"] = flags
+            msg["header"]["sequence_number"] = seq
+            msg.encode()
+            return bytes(msg.data)
+
+        if flags & NLM_F_DUMP == NLM_F_DUMP:
+            frames = self.dump("", encode)
+        else:
+            seq = self.next_seq()
+            frames = self.exchange("", encode(seq), seq)
+        decoder = reply_class or type(msg)
+        replies = []
+        for frame in frames:
+            reply = decoder(frame.data)
+            reply.decode()
+            replies.append(reply)
+        return replies
+
+    def dump(self, op: str, encode: Callable[[int], bytes]) -> list[Frame]:
+        """Send the dump request ``encode(seq)``; return its data messages.
+
+        NLM_F_DUMP_INTR means the records changed while the kernel listed
+        them: the whole dump is asked again, up to :data:`DUMP_ATTEMPTS` times.
+        """
+        for _ in range(DUMP_ATTEMPTS):
+            seq = self.next_seq()
+            frames = self.exchange(op, encode(seq), seq)
+            if not any(frame.flags & NLM_F_DUMP_INTR for frame in frames):
+                return [frame for frame in frames if frame.type != NLMSG_DONE]
+        raise self.error(
+            errno.EAGAIN, op, reason=f"the records kept changing during {DUMP_ATTEMPTS} attempts"
+        )
+
+    def exchange(self, op: str, request: bytes, seq: int) -> list[Frame]:
+        """Send ``request`` (whose sequence number is ``seq``) and collect its replies.
+
+        Collects up to NLMSG_DONE for a dump, up to the ACK when the request
+        asked for one, else up to the first reply that is not multi-part.
+        Returns the data messages (and a dump's DONE, whose flags may carry
+        NLM_F_DUMP_INTR). Replies to other sequence numbers are leftovers of
+        earlier requests and are skipped.
+        """
+        sock = self._sock
+        if sock is None:
+            raise ValueError("the netlink socket is closed")
+        (req_flags,) = struct.unpack_from("=H", request, 6)
+        dump = req_flags & NLM_F_DUMP == NLM_F_DUMP
+        acked = bool(req_flags & NLM_F_ACK)
+        try:
+            sock.send(request)
+        except OSError as exc:
+            raise self._os_error(op, exc) from exc
+        replies: list[Frame] = []
         while True:
-            data = self._sock.recv(1 << 20)
-            offset = 0
-            finished = False
-            while offset + _HDR.size <= len(data):
-                length, mtype, mflags, mseq, _pid = _HDR.unpack_from(data, offset)
-                if length < _HDR.size:
-                    raise NetlinkError(errno.EBADMSG, "truncated netlink message")
-                chunk = data[offset : offset + length]
-                offset += (length + 3) & ~3
-                if mseq != seq:
-                    continue  # a late answer to an earlier request: not ours
-                if mtype == NLMSG_ERROR:
-                    (code,) = struct.unpack_from("=i", chunk, _HDR.size)
-                    if code:
-                        reason = _ext_ack_message(chunk)
-                        text = os.strerror(-code) + (f" ({reason})" if reason else "")
-                        raise NetlinkError(-code, text)
-                    finished = True
-                elif mtype == NLMSG_DONE:
-                    finished = True
-                else:
-                    reply = reply_class(chunk)
-                    reply.decode()
-                    replies.append(reply)
-                    if not mflags & NLM_F_MULTI:
-                        finished = True
-            if finished:
-                return replies
+            try:
+                data = sock.recv(RECV_BUFSIZE)
+            except OSError as exc:
+                raise self._os_error(op, exc) from exc
+            if not data:
+                raise self.error(errno.EPROTO, op, reason="the socket closed before the answer came")
+            for frame in split_frames(data):
+                if frame.seq != seq:
+                    continue
+                if frame.type in (NLMSG_ERROR, NLMSG_DONE) and frame.error:
+                    raise self.error(-frame.error, op, kernel_message=frame.kernel_message)
+                if frame.type == NLMSG_ERROR:
+                    return replies
+                if frame.type == NLMSG_DONE:
+                    if dump:
+                        replies.append(frame)  # its flags may carry NLM_F_DUMP_INTR
+                        return replies
+                    continue
+                if frame.type == NLMSG_OVERRUN:
+                    raise self.error(errno.ENOBUFS, op, reason="the kernel dropped part of the reply")
+                if frame.type == NLMSG_NOOP:
+                    continue
+                replies.append(frame)
+                if not dump and not acked and not frame.flags & NLM_F_MULTI:
+                    return replies
 
-
-def _ext_ack_message(chunk: bytes) -> str:
-    """The NLMSGERR_ATTR_MSG text of an extended ACK, if the kernel sent one."""
-    # Layout: nlmsghdr, int error, the echoed request header (payload capped), TLVs.
-    if len(chunk) < _HDR.size + 4 + _HDR.size:
-        return ""
-    (orig_len,) = struct.unpack_from("=I", chunk, _HDR.size + 4)
-    flags = _HDR.unpack_from(chunk, 0)[2]
-    capped = flags & 0x100  # NLM_F_CAPPED
-    offset = _HDR.size + 4 + (_HDR.size if capped else ((orig_len + 3) & ~3))
-    while offset + 4 <= len(chunk):
-        nla_len, nla_type = struct.unpack_from("=HH", chunk, offset)
-        if nla_len < 4:
-            break
-        if nla_type == 1:  # NLMSGERR_ATTR_MSG
-            text = chunk[offset + 4 : offset + nla_len].split(b"\0", 1)[0].decode(errors="replace")
-            if text:
-                return text
-        offset += (nla_len + 3) & ~3
-    return ""
+    def _os_error(self, op: str, exc: OSError) -> NetlinkError:
+        if isinstance(exc, TimeoutError):
+            return self.error(errno.ETIMEDOUT, op)
+        return self.error(exc.errno or errno.EIO, op)

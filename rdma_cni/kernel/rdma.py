@@ -11,42 +11,56 @@ Design choices:
 
 * Messages are described with pyroute2's own ``nlmsg`` class (an ``nla_map``
   of ``(number, name, type)`` triples), which does the attribute encoding and
-  decoding. Framing, sequence matching and ``NLMSG_ERROR``/``NLMSG_DONE``
-  handling are done here: a dump can end in a DONE that carries an errno or
-  NLM_F_DUMP_INTR, and callers need the kernel's errno and extended-ack text.
-* The transport is a plain ``socket.socket(AF_NETLINK, SOCK_RAW, 20)``, not
+  decoding. Framing, sequence matching, ``NLMSG_ERROR``/``NLMSG_DONE``, dumps
+  flagged NLM_F_DUMP_INTR, timeouts and extended-ACK text are the shared
+  transport's (:class:`rdma_cni.kernel.nlsock.NlSocket`); errors are its
+  :class:`~rdma_cni.kernel.nlsock.NetlinkError`, explained for RDMA here.
+* The socket is a plain ``socket.socket(AF_NETLINK, SOCK_RAW, 20)``, not
   pyroute2's ``NetlinkSocket``. In pyroute2 0.9 that class is a synchronous
   wrapper around an asyncio event loop; its ``netns=`` option forks a helper
   process per socket and by default *creates* a missing namespace (wrong for
   DEL, where a vanished pod netns must stay vanished); and its ``Marshal``
   parser loops forever when asked to skip replies with a foreign sequence
-  number. Four request/reply exchanges need none of that, and a plain socket
-  makes the test seam trivial: anything with ``send``/``recv``/``close``.
+  number. A plain socket also makes the test seam trivial: anything with
+  ``send``/``recv``/``close``.
 * pyroute2 is imported on the first encode or decode, through
   :func:`rdma_cni.kernel.nlsock.pyroute2_module`: a plain ``import pyroute2.netlink``
   runs the package ``__init__``, which imports the whole library (~130 ms).
-  Importing this module costs only the standard library.
 
 Network namespaces: the kernel binds an nldev socket to the netns of the task
 that creates it, and only shows and accepts devices of that netns. To move a
 device out of a pod (on DEL), the socket must be opened inside the pod's
 netns: ``RdmaClient(netns_path=...)`` does that by switching the calling
 thread into the namespace just for the ``socket()`` call (with
-:func:`rdma_cni.kernel.nlsock.in_netns`, shared with the rtnetlink code).
+:func:`rdma_cni.kernel.netns.in_netns`, the one place namespaces are switched).
+A caller holding the namespace open passes its fd, so the path cannot be
+swapped for another namespace between opening it and using it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
-import os
 import socket
-import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+from rdma_cni.kernel.nlsock import (
+    DEFAULT_TIMEOUT,
+    NLM_F_ACK,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    Frame,
+    NetlinkError,
+    NetlinkTransport,
+    NlSocket,
+    new_socket,
+    split_frames,
+)
 
 if TYPE_CHECKING:
     from pyroute2.netlink import nlmsg
@@ -54,11 +68,11 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_TIMEOUT",
     "NETLINK_RDMA",
+    "NetlinkError",
     "NetlinkMessage",
     "NetlinkTransport",
     "RdmaClient",
     "RdmaDevice",
-    "RdmaNetlinkError",
     "RdmaPort",
     "RdmaUnsupported",
     "decode_messages",
@@ -91,36 +105,6 @@ RDMA_NLDEV_ATTR_NDEV_INDEX = 50
 RDMA_NLDEV_ATTR_NDEV_NAME = 51
 RDMA_NLDEV_SYS_ATTR_NETNS_MODE = 66
 RDMA_NLDEV_NET_NS_FD = 68
-
-NLM_F_REQUEST = 0x1
-NLM_F_MULTI = 0x2
-NLM_F_ACK = 0x4
-NLM_F_DUMP_INTR = 0x10
-NLM_F_DUMP = 0x300
-# Flags that only appear on NLMSG_ERROR / NLMSG_DONE replies.
-NLM_F_CAPPED = 0x100
-NLM_F_ACK_TLVS = 0x200
-
-NLMSG_NOOP = 1
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-NLMSG_OVERRUN = 4
-
-NLMSGERR_ATTR_MSG = 1
-NLA_TYPE_MASK = 0x3FFF  # strips NLA_F_NESTED / NLA_F_NET_BYTEORDER
-
-SOL_NETLINK = 270
-NETLINK_EXT_ACK = 11
-
-_NLMSGHDR = struct.Struct("=IHHII")
-_NLATTR = struct.Struct("=HH")
-
-# Large enough for any datagram the kernel sends: netlink dump skbs are capped
-# at 32 KiB, and a truncated datagram would be silently cut short.
-RECV_BUFSIZE = 65536
-DEFAULT_TIMEOUT = 10.0
-# Dumps flagged NLM_F_DUMP_INTR raced with a device change; retry this often.
-_DUMP_ATTEMPTS = 3
 
 # (number, pyroute2 name, pyroute2 type). Kernel attribute names without the
 # common prefix; pad attributes decode to None and are dropped.
@@ -167,41 +151,16 @@ _EXPLANATIONS: dict[int, str] = {
 }
 
 
-class RdmaNetlinkError(Exception):
-    """An RDMA netlink operation failed.
-
-    ``errno`` is the positive errno (from the kernel's ``NLMSG_ERROR`` reply or
-    from a failed system call), ``op`` says what was being attempted, and
-    ``kernel_message`` is the kernel's extended-ack text when it sent one.
-    ``str(error)`` is meant for users: the operation, what the errno means in
-    this context, and the errno name.
-    """
-
-    def __init__(
-        self,
-        errno_: int,
-        op: str,
-        *,
-        reason: str | None = None,
-        kernel_message: str | None = None,
-    ) -> None:
-        self.errno = errno_
-        self.op = op
-        self.reason = reason or _EXPLANATIONS.get(errno_) or os.strerror(errno_)
-        self.kernel_message = kernel_message
-        text = f"{op}: {self.reason} [{errno.errorcode.get(errno_, str(errno_))}]"
-        if kernel_message:
-            text += f" (kernel: {kernel_message})"
-        super().__init__(text)
-
-
-class RdmaUnsupported(RdmaNetlinkError):
+class RdmaUnsupported(NetlinkError):
     """The kernel has no RDMA netlink at all (socket creation failed).
 
     Raised for EPROTONOSUPPORT/EAFNOSUPPORT from ``socket()``: there is no RDMA
     stack on this node, which callers may treat as "nothing to do" rather
     than as a failure.
     """
+
+    def __init__(self, errno_: int, op: str, *, reason: str | None = None) -> None:
+        super().__init__(errno_, op, reason=reason or _EXPLANATIONS.get(errno_))
 
 
 # --------------------------------------------------------------------------- results
@@ -317,51 +276,8 @@ def encode_move(seq: int, dev_index: int, netns_fd: int) -> bytes:
     )
 
 
-def _align4(n: int) -> int:
-    return (n + 3) & ~3
-
-
-def _protocol_error(what: str) -> RdmaNetlinkError:
-    return RdmaNetlinkError(errno.EPROTO, "decode RDMA netlink reply", reason=f"malformed reply: {what}")
-
-
-def _ext_ack_message(data: bytes, start: int, end: int) -> str | None:
-    offset = start
-    while offset + _NLATTR.size <= end:
-        nla_len, nla_type = _NLATTR.unpack_from(data, offset)
-        if nla_len < _NLATTR.size or offset + nla_len > end:
-            break
-        if nla_type & NLA_TYPE_MASK == NLMSGERR_ATTR_MSG:
-            raw = data[offset + _NLATTR.size : offset + nla_len]
-            return raw.split(b"\0", 1)[0].decode("utf-8", "replace") or None
-        offset += _align4(nla_len)
-    return None
-
-
-def _decode_error(
-    data: bytes, offset: int, length: int, mtype: int, flags: int, seq: int, pid: int
-) -> NetlinkMessage:
-    end = offset + length
-    if length < _NLMSGHDR.size + 4:
-        if mtype == NLMSG_DONE:  # some senders end a dump with a bare header
-            return NetlinkMessage(mtype, flags, seq, pid, error=0)
-        raise _protocol_error("NLMSG_ERROR too short")
-    (error,) = struct.unpack_from("=i", data, offset + _NLMSGHDR.size)
-    kernel_message = None
-    if flags & NLM_F_ACK_TLVS:
-        if mtype == NLMSG_DONE:
-            tlv_start = offset + _NLMSGHDR.size + 4
-        else:
-            # The TLVs follow the echoed request: its header only when the
-            # kernel capped the echo, otherwise the whole request.
-            orig = offset + _NLMSGHDR.size + 4
-            if orig + _NLMSGHDR.size > end:
-                raise _protocol_error("NLMSG_ERROR without the echoed request header")
-            (orig_len,) = struct.unpack_from("=I", data, orig)
-            echoed = _NLMSGHDR.size if flags & NLM_F_CAPPED else _align4(orig_len)
-            tlv_start = orig + echoed
-        kernel_message = _ext_ack_message(data, tlv_start, end)
-    return NetlinkMessage(mtype, flags, seq, pid, error=error, kernel_message=kernel_message)
+def _protocol_error(what: str) -> NetlinkError:
+    return NetlinkError(errno.EPROTO, "decode RDMA netlink reply", reason=f"malformed reply: {what}")
 
 
 def _decode_nldev(data: bytes, offset: int, length: int) -> dict[int, int | str]:
@@ -390,65 +306,43 @@ def decode_messages(data: bytes) -> list[NetlinkMessage]:
 
     nldev messages (client 5) get their attributes decoded; NLMSG_ERROR and
     NLMSG_DONE get their error code and extended-ack text; anything else is
-    returned with its header only. Raises :class:`RdmaNetlinkError` (EPROTO)
+    returned with its header only. Raises :class:`NetlinkError` (EPROTO)
     on a malformed buffer.
     """
-    messages: list[NetlinkMessage] = []
-    offset = 0
-    while offset < len(data):
-        if len(data) - offset < _NLMSGHDR.size:
-            raise _protocol_error(f"{len(data) - offset} trailing bytes")
-        length, mtype, flags, seq, pid = _NLMSGHDR.unpack_from(data, offset)
-        if length < _NLMSGHDR.size or offset + length > len(data):
-            raise _protocol_error(f"message length {length} at offset {offset} of {len(data)}")
-        if mtype in (NLMSG_ERROR, NLMSG_DONE):
-            messages.append(_decode_error(data, offset, length, mtype, flags, seq, pid))
-        elif mtype >> 10 == RDMA_NL_NLDEV:
-            messages.append(NetlinkMessage(mtype, flags, seq, pid, _decode_nldev(data, offset, length)))
-        else:
-            messages.append(NetlinkMessage(mtype, flags, seq, pid))
-        # The last message of a buffer may omit its alignment padding.
-        offset = min(offset + _align4(length), len(data))
+    messages = []
+    for frame in split_frames(data):
+        msg = NetlinkMessage(frame.type, frame.flags, frame.seq, frame.pid)
+        if frame.type in (NLMSG_ERROR, NLMSG_DONE):
+            msg.error, msg.kernel_message = frame.error, frame.kernel_message
+        elif frame.type >> 10 == RDMA_NL_NLDEV:
+            msg.attrs = _decode_nldev(frame.data, 0, len(frame.data))
+        messages.append(msg)
     return messages
 
 
 # --------------------------------------------------------------------------- transport
 
 
-class NetlinkTransport(Protocol):
-    """What :class:`RdmaClient` needs from a socket (tests pass a fake)."""
-
-    def send(self, data: bytes, /) -> int: ...
-
-    def recv(self, bufsize: int, /) -> bytes: ...
-
-    def close(self) -> None: ...
-
-
 def _create_socket() -> socket.socket:
     op = "open RDMA netlink socket"
     try:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_RDMA)
+        return new_socket(NETLINK_RDMA)
     except OSError as exc:
         code = exc.errno or errno.EIO
         if code == errno.EPROTONOSUPPORT:
             raise RdmaUnsupported(code, op) from exc
         if code == errno.EAFNOSUPPORT:
             raise RdmaUnsupported(code, op, reason="the kernel has no netlink support") from exc
-        raise RdmaNetlinkError(code, op) from exc
-    # Best effort: asks the kernel to explain its errors; old kernels lack it.
-    with contextlib.suppress(OSError):
-        sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
-    return sock
+        raise NetlinkError(code, op, reason=_EXPLANATIONS.get(code)) from exc
 
 
-def _create_socket_in(netns_path: str) -> socket.socket:
-    from rdma_cni.kernel.nlsock import in_netns
+def _create_socket_in(netns_path: str | int) -> socket.socket:
+    from rdma_cni.kernel.netns import in_netns
 
     try:
         with in_netns(netns_path):
             return _create_socket()
-    except RdmaNetlinkError:
+    except NetlinkError:
         raise
     except OSError as exc:
         # Raised by in_netns itself: opening the path or entering the namespace.
@@ -458,19 +352,19 @@ def _create_socket_in(netns_path: str) -> socket.socket:
             errno.EINVAL: "the path is not a network namespace",
             errno.EPERM: "permission denied: entering a network namespace needs CAP_SYS_ADMIN",
         }.get(code)
-        raise RdmaNetlinkError(code, f"enter network namespace {netns_path}", reason=reason) from exc
+        raise NetlinkError(code, f"enter network namespace {netns_path}", reason=reason) from exc
 
 
 def open_rdma_socket(
-    netns_path: str | None = None, timeout: float | None = DEFAULT_TIMEOUT
+    netns_path: str | int | None = None, timeout: float | None = DEFAULT_TIMEOUT
 ) -> NetlinkTransport:
-    """Open an RDMA netlink socket, in the network namespace at ``netns_path`` if given.
+    """Open an RDMA netlink socket, in the network namespace ``netns_path`` (a path or an fd) if given.
 
     With ``netns_path``, only the calling thread is switched into that
     namespace, and only for the ``socket()`` call; it is switched back before
     this returns or raises. The socket stays bound to that namespace for its
     lifetime. Raises :class:`RdmaUnsupported` when the kernel has no RDMA
-    netlink, :class:`RdmaNetlinkError` when the namespace cannot be entered.
+    netlink, :class:`NetlinkError` when the namespace cannot be entered.
 
     :class:`RdmaClient` looks this function up at call time, so tests can
     replace it (``monkeypatch.setattr(rdma, "open_rdma_socket", ...)``).
@@ -496,17 +390,16 @@ class RdmaClient:
 
     def __init__(
         self,
-        netns_path: str | None = None,
+        netns_path: str | int | None = None,
         *,
         sock: NetlinkTransport | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
         if sock is not None and netns_path is not None:
             raise ValueError("pass either netns_path or sock, not both")
-        self._sock: NetlinkTransport | None = (
-            sock if sock is not None else open_rdma_socket(netns_path, timeout)
-        )
-        self._seq = 0
+        transport = sock if sock is not None else open_rdma_socket(netns_path, timeout)
+        self._nl = NlSocket(NETLINK_RDMA, sock=transport, reasons=_EXPLANATIONS)
+        self._closed = False
 
     def __enter__(self) -> RdmaClient:
         return self
@@ -521,9 +414,8 @@ class RdmaClient:
 
     def close(self) -> None:
         """Close the socket (idempotent)."""
-        if self._sock is not None:
-            sock, self._sock = self._sock, None
-            sock.close()
+        self._closed = True
+        self._nl.close()
 
     # ------------------------------------------------------------------ requests
 
@@ -569,92 +461,43 @@ class RdmaClient:
     def netns_mode(self) -> str:
         """The RDMA subsystem's netns mode: ``"exclusive"`` or ``"shared"``."""
         op = "read RDMA netns mode"
-        seq = self._next_seq()
-        replies = self._transact(op, encode_sys_get(seq), seq, dump=False)
-        for msg in replies:
+        for msg in self._exchange(op, encode_sys_get):
             if RDMA_NLDEV_SYS_ATTR_NETNS_MODE in msg.attrs:
                 value = msg.attrs[RDMA_NLDEV_SYS_ATTR_NETNS_MODE]
                 mode = _NETNS_MODES.get(value) if isinstance(value, int) else None
                 if mode is None:
-                    raise RdmaNetlinkError(errno.EPROTO, op, reason=f"unknown netns mode {value!r}")
+                    raise NetlinkError(errno.EPROTO, op, reason=f"unknown netns mode {value!r}")
                 return mode
-        raise RdmaNetlinkError(errno.EPROTO, op, reason="the kernel's reply has no netns mode attribute")
+        raise NetlinkError(errno.EPROTO, op, reason="the kernel's reply has no netns mode attribute")
 
     def move_to_netns(self, dev_index: int, netns_fd: int) -> None:
         """Move RDMA device ``dev_index`` into the network namespace open as ``netns_fd``.
 
         The fd is resolved by the kernel in this process; the device must be in
         the socket's namespace. Returns once the kernel has acknowledged the
-        move; raises :class:`RdmaNetlinkError` if it refused.
+        move; raises :class:`NetlinkError` if it refused.
         """
-        seq = self._next_seq()
-        self._transact(
+        self._exchange(
             f"move RDMA device {dev_index} to netns fd {netns_fd}",
-            encode_move(seq, dev_index, netns_fd),
-            seq,
-            dump=False,
+            lambda seq: encode_move(seq, dev_index, netns_fd),
         )
 
     # ------------------------------------------------------------------ plumbing
 
-    def _next_seq(self) -> int:
-        self._seq = self._seq % 0xFFFFFFFF + 1
-        return self._seq
-
-    def _dump(self, op: str, encoder: Callable[[int], bytes]) -> list[NetlinkMessage]:
-        for _ in range(_DUMP_ATTEMPTS):
-            seq = self._next_seq()
-            replies = self._transact(op, encoder(seq), seq, dump=True)
-            if not any(msg.flags & NLM_F_DUMP_INTR for msg in replies):
-                return replies
-        raise RdmaNetlinkError(
-            errno.EAGAIN, op, reason=f"the RDMA devices kept changing during {_DUMP_ATTEMPTS} attempts"
-        )
-
-    def _transact(self, op: str, request: bytes, seq: int, *, dump: bool) -> list[NetlinkMessage]:
-        """Send ``request`` and collect its replies up to DONE (dumps) or the ACK.
-
-        Returns the data messages (and the DONE of a dump, whose flags may
-        carry NLM_F_DUMP_INTR). Replies to other sequence numbers are left-
-        overs of earlier requests and are skipped.
-        """
-        sock = self._sock
-        if sock is None:
+    def _check_open(self) -> None:
+        if self._closed:
             raise ValueError("RdmaClient is closed")
-        try:
-            sock.send(request)
-        except OSError as exc:
-            raise self._os_error(op, exc) from exc
-        replies: list[NetlinkMessage] = []
-        while True:
-            try:
-                data = sock.recv(RECV_BUFSIZE)
-            except OSError as exc:
-                raise self._os_error(op, exc) from exc
-            if not data:
-                raise RdmaNetlinkError(errno.EPROTO, op, reason="the socket closed before the answer came")
-            for msg in decode_messages(data):
-                if msg.seq != seq:
-                    continue
-                if msg.type == NLMSG_ERROR:
-                    if msg.error:
-                        raise RdmaNetlinkError(-msg.error, op, kernel_message=msg.kernel_message)
-                    return replies
-                if msg.type == NLMSG_DONE:
-                    if msg.error:
-                        raise RdmaNetlinkError(-msg.error, op, kernel_message=msg.kernel_message)
-                    if dump:
-                        # Kept because its flags may carry NLM_F_DUMP_INTR.
-                        replies.append(msg)
-                        return replies
-                    continue
-                if msg.type == NLMSG_OVERRUN:
-                    raise RdmaNetlinkError(errno.ENOBUFS, op, reason="the kernel dropped part of the reply")
-                if msg.type != NLMSG_NOOP:
-                    replies.append(msg)
 
-    @staticmethod
-    def _os_error(op: str, exc: OSError) -> RdmaNetlinkError:
-        if isinstance(exc, TimeoutError):
-            return RdmaNetlinkError(errno.ETIMEDOUT, op)
-        return RdmaNetlinkError(exc.errno or errno.EIO, op)
+    def _exchange(self, op: str, encode: Callable[[int], bytes]) -> list[NetlinkMessage]:
+        self._check_open()
+        seq = self._nl.next_seq()
+        return [_nldev_message(frame) for frame in self._nl.exchange(op, encode(seq), seq)]
+
+    def _dump(self, op: str, encode: Callable[[int], bytes]) -> list[NetlinkMessage]:
+        self._check_open()
+        return [_nldev_message(frame) for frame in self._nl.dump(op, encode)]
+
+
+def _nldev_message(frame: Frame) -> NetlinkMessage:
+    attrs = _decode_nldev(frame.data, 0, len(frame.data)) if frame.type >> 10 == RDMA_NL_NLDEV else {}
+    return NetlinkMessage(frame.type, frame.flags, frame.seq, frame.pid, attrs)

@@ -45,7 +45,7 @@ class RdmaIsolation:
                     self._system = client.netns_mode()
             except rdma.RdmaUnsupported as exc:
                 self._why_unknown = str(exc)
-            except rdma.RdmaNetlinkError as exc:
+            except rdma.NetlinkError as exc:
                 self._why_unknown = str(exc)
                 if self.mode == "required":
                     raise RdmaError(f"cannot read the RDMA netns mode: {exc}") from exc
@@ -94,7 +94,7 @@ class RdmaIsolation:
                 if dev is None:
                     raise RdmaError(f"RDMA device {device} is not in the host network namespace")
                 client.move_to_netns(dev.index, pod.fd)
-        except rdma.RdmaNetlinkError as exc:
+        except rdma.NetlinkError as exc:
             raise RdmaError(f"cannot move RDMA device {device} into {pod.path}: {exc}") from exc
 
     def move_out(self, device: str, pod: Netns | None) -> None:
@@ -103,7 +103,7 @@ class RdmaIsolation:
 
         try:
             if pod is not None:
-                with rdma.RdmaClient(pod.path) as client:
+                with rdma.RdmaClient(pod.fd) as client:
                     dev = client.find_by_name(device)
                     if dev is not None:
                         from rdma_cni.kernel.netns import host_netns_fd
@@ -117,14 +117,14 @@ class RdmaIsolation:
             with rdma.RdmaClient() as client:
                 if client.find_by_name(device) is None:
                     log.warning("RDMA device %s is neither in the pod nor in the host", device)
-        except rdma.RdmaNetlinkError as exc:
+        except rdma.NetlinkError as exc:
             raise RdmaError(f"cannot return RDMA device {device} to the host: {exc}") from exc
 
     def where(self, device: str, pod: Netns) -> str:
         """ "pod", "host" or "" (nowhere visible), for CHECK."""
         from rdma_cni.kernel import rdma
 
-        with rdma.RdmaClient(pod.path) as client:
+        with rdma.RdmaClient(pod.fd) as client:
             if client.find_by_name(device) is not None:
                 return "pod"
         with rdma.RdmaClient() as client:

@@ -265,9 +265,9 @@ class FakeRdmaKernel:
         try:
             return self.socket(self.netns_label(netns_path))
         except OSError as exc:
-            from rdma_cni.kernel.rdma import RdmaNetlinkError
+            from rdma_cni.kernel.nlsock import NetlinkError
 
-            raise RdmaNetlinkError(exc.errno or errno.EIO, f"open network namespace {netns_path}") from exc
+            raise NetlinkError(exc.errno or errno.EIO, f"open network namespace {netns_path}") from exc
 
     def client(self, netns_path: str | None = None) -> RdmaClient:
         """An ``RdmaClient`` talking to this fake."""

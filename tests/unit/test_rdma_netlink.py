@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from rdma_cni.kernel import rdma
+from rdma_cni.kernel.nlsock import NetlinkError
 from rdma_cni.kernel.rdma import (
     RdmaClient,
     RdmaDevice,
-    RdmaNetlinkError,
     RdmaPort,
     RdmaUnsupported,
     decode_messages,
@@ -210,13 +210,13 @@ def test_decode_done_and_error_messages() -> None:
 
 def test_decode_rejects_a_truncated_message() -> None:
     first, _ = device_dump(seq=1)
-    with pytest.raises(RdmaNetlinkError) as info:
+    with pytest.raises(NetlinkError) as info:
         decode_messages(first[:-6])
     assert info.value.errno == errno.EPROTO
 
 
 def test_decode_rejects_a_length_below_the_header_size() -> None:
-    with pytest.raises(RdmaNetlinkError):
+    with pytest.raises(NetlinkError):
         decode_messages(header(8, 0x1401, 2, 1) + b"\0" * 8)
 
 
@@ -253,10 +253,10 @@ def test_netns_mode(value: int, mode: str) -> None:
 def test_netns_mode_rejects_unknown_value_and_missing_attribute() -> None:
     request = struct.pack("=IHHII", 16, 0x1406, 5, 1, 0)
     odd = message(0x1406, 0, 1, struct.pack("=HHB3x", 5, 66, 7))
-    with pytest.raises(RdmaNetlinkError, match="unknown netns mode 7"):
+    with pytest.raises(NetlinkError, match="unknown netns mode 7"):
         RdmaClient(sock=ScriptedSocket(odd, ack(1, request))).netns_mode()
     empty = message(0x1406, 0, 1, b"")
-    with pytest.raises(RdmaNetlinkError, match="no netns mode"):
+    with pytest.raises(NetlinkError, match="no netns mode"):
         RdmaClient(sock=ScriptedSocket(empty, ack(1, request))).netns_mode()
 
 
@@ -298,20 +298,20 @@ def test_move_ack_is_success() -> None:
 def test_move_error_replies(err: int, phrase: str) -> None:
     request = move_request(1, 3, 17)
     client = RdmaClient(sock=ScriptedSocket(error_reply(1, err, request)))
-    with pytest.raises(RdmaNetlinkError) as info:
+    with pytest.raises(NetlinkError) as info:
         client.move_to_netns(3, 17)
     assert info.value.errno == err
     assert "move RDMA device 3" in info.value.op
     assert phrase in str(info.value)
     assert errno.errorcode[err] in str(info.value)
-    assert type(info.value) is RdmaNetlinkError
+    assert type(info.value) is NetlinkError
 
 
 def test_error_with_extended_ack_message_and_full_echo() -> None:
     request = move_request(1, 3, 17)
     tlv = struct.pack("=HH", 4 + 18, 1) + b"device is in use\0\0" + b"\0\0"  # NLMSGERR_ATTR_MSG
     reply = message(2, 0x200, 1, struct.pack("=i", -errno.EBUSY) + request + tlv)
-    with pytest.raises(RdmaNetlinkError) as info:
+    with pytest.raises(NetlinkError) as info:
         RdmaClient(sock=ScriptedSocket(reply)).move_to_netns(3, 17)
     assert info.value.errno == errno.EBUSY
     assert info.value.kernel_message == "device is in use"
@@ -322,21 +322,21 @@ def test_error_with_extended_ack_message_and_capped_echo() -> None:
     request = move_request(1, 3, 17)
     tlv = struct.pack("=HH", 4 + 4, 1) + b"bad\0"
     reply = message(2, 0x300, 1, struct.pack("=i", -errno.EINVAL) + request[:16] + tlv)
-    with pytest.raises(RdmaNetlinkError) as info:
+    with pytest.raises(NetlinkError) as info:
         RdmaClient(sock=ScriptedSocket(reply)).move_to_netns(3, 17)
     assert (info.value.errno, info.value.kernel_message) == (errno.EINVAL, "bad")
 
 
 def test_dump_refused_at_start() -> None:
     request = struct.pack("=IHHII", 16, 0x1401, 0x305, 1, 0)
-    with pytest.raises(RdmaNetlinkError) as info:
+    with pytest.raises(NetlinkError) as info:
         RdmaClient(sock=ScriptedSocket(error_reply(1, errno.EPERM, request))).list_devices()
     assert info.value.errno == errno.EPERM
 
 
 def test_dump_ending_in_an_error() -> None:
     first, _ = device_dump(1)
-    with pytest.raises(RdmaNetlinkError) as info:
+    with pytest.raises(NetlinkError) as info:
         RdmaClient(sock=ScriptedSocket(first, done(1, errno.EMSGSIZE))).list_devices()
     assert info.value.errno == errno.EMSGSIZE
 
@@ -374,7 +374,7 @@ def test_sequence_numbers_increase_per_request() -> None:
 
 
 def test_timeout_and_send_failure_become_rdma_errors() -> None:
-    with pytest.raises(RdmaNetlinkError) as info:
+    with pytest.raises(NetlinkError) as info:
         RdmaClient(sock=ScriptedSocket()).netns_mode()
     assert info.value.errno == errno.ETIMEDOUT
 
@@ -382,7 +382,7 @@ def test_timeout_and_send_failure_become_rdma_errors() -> None:
         def send(self, data: bytes) -> int:
             raise OSError(errno.ENOBUFS, "no buffer space")
 
-    with pytest.raises(RdmaNetlinkError) as info:
+    with pytest.raises(NetlinkError) as info:
         RdmaClient(sock=Refusing()).list_devices()
     assert info.value.errno == errno.ENOBUFS
 
@@ -404,7 +404,7 @@ def test_sock_and_netns_path_are_exclusive() -> None:
 
 def test_error_hierarchy() -> None:
     err = RdmaUnsupported(errno.EPROTONOSUPPORT, "open RDMA netlink socket")
-    assert isinstance(err, RdmaNetlinkError)
+    assert isinstance(err, NetlinkError)
     assert "the kernel has no RDMA netlink support (no RDMA stack loaded)" in str(err)
     assert (err.errno, err.op) == (errno.EPROTONOSUPPORT, "open RDMA netlink socket")
 
@@ -515,7 +515,7 @@ def test_thread_restored_when_socket_creation_fails(
 
 def test_missing_netns_path(tmp_path: Path) -> None:
     before = thread_netns()
-    with pytest.raises(RdmaNetlinkError) as info:
+    with pytest.raises(NetlinkError) as info:
         RdmaClient(netns_path=str(tmp_path / "gone"))
     assert info.value.errno == errno.ENOENT
     assert "does not exist" in str(info.value)
@@ -529,7 +529,7 @@ def test_path_that_is_not_a_netns(tmp_path: Path) -> None:
     before = thread_netns()
     plain = tmp_path / "plain"
     plain.write_text("")
-    with pytest.raises(RdmaNetlinkError) as info:
+    with pytest.raises(NetlinkError) as info:
         RdmaClient(netns_path=str(plain))
     assert info.value.errno == errno.EINVAL
     assert "not a network namespace" in str(info.value)
@@ -603,7 +603,7 @@ def test_fake_kernel_refuses_moves(tmp_path: Path) -> None:
             (FakeRdmaKernel([FakeDevice(1, "d", movable=False)]), 1, errno.EOPNOTSUPP),
         ]
         for kernel, index, err in cases:
-            with pytest.raises(RdmaNetlinkError) as info:
+            with pytest.raises(NetlinkError) as info:
                 kernel.client().move_to_netns(index, fd)
             assert info.value.errno == err
             assert kernel.moves == [FakeMove(index, fd, str(target), err)]
@@ -617,7 +617,7 @@ def test_fake_kernel_refusal_message_reaches_the_error(tmp_path: Path) -> None:
     (tmp_path / "ns").write_text("")
     fd = os.open(tmp_path / "ns", os.O_RDONLY)
     try:
-        with pytest.raises(RdmaNetlinkError) as info:
+        with pytest.raises(NetlinkError) as info:
             kernel.client().move_to_netns(1, fd)
     finally:
         os.close(fd)
@@ -636,6 +636,6 @@ def test_fake_kernel_shared_mode_shows_every_device() -> None:
 def test_fake_kernel_missing_netns_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kernel = FakeRdmaKernel()
     monkeypatch.setattr(rdma, "open_rdma_socket", kernel.open_socket)
-    with pytest.raises(RdmaNetlinkError) as info:
+    with pytest.raises(NetlinkError) as info:
         RdmaClient(netns_path=str(tmp_path / "gone"))
     assert info.value.errno == errno.ENOENT
