@@ -34,7 +34,7 @@ def _request(
     api: ApiServer, name: str, rates: list[tuple[int, int]], node: str | None = None
 ) -> dict[str, Any]:
     value = json.dumps([{"min_tx_rate": lo, "max_tx_rate": hi} for lo, hi in rates])
-    return api.add_pod("team-a", name, {ANNOTATION: value}, node_name=node)
+    return api.add_pod("team-a", name, {ANNOTATION: value}, node_name=node, scheduler_name="rdma-scheduler")
 
 
 class Extender:
@@ -131,7 +131,13 @@ def test_process_rebuilds_reservations_then_filters_and_binds(
     assert ext.call("POST", "/bind", bind)[1] == {"Error": ""}
     assert api.get_pod("team-a", "small")["spec"]["nodeName"] == "n1"  # type: ignore[index]
     # A pod selecting the network without the annotation gets the default request: one plain VF.
-    plain = api.add_pod("team-a", "plain", {"k8s.v1.cni.cncf.io/networks": "rdma-net"}, node_name=None)
+    plain = api.add_pod(
+        "team-a",
+        "plain",
+        {"k8s.v1.cni.cncf.io/networks": "rdma-net"},
+        node_name=None,
+        scheduler_name="rdma-scheduler",
+    )
     assert ext.call("POST", "/filter", so.args_names(plain, ["n1"]))[1]["NodeNames"] == ["n1"]
     ext.proc.send_signal(signal.SIGTERM)
     assert ext.proc.wait(15) == 0

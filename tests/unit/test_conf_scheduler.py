@@ -386,7 +386,13 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
         state = nodestate.encode(so.state([("ens1f0", 25_000, 4)]))
         api.add_node("n1", annotations={nodestate.ANNOTATION: state})
         value = '[{"min_tx_rate": 1000}]'
-        pod = api.add_pod("team-a", "p", {"rdma_interfaces_required": value}, node_name=None)
+        pod = api.add_pod(
+            "team-a",
+            "p",
+            {"rdma_interfaces_required": value},
+            node_name=None,
+            scheduler_name="rdma-scheduler",
+        )
         client = kubeapi.ApiClient.from_kubeconfig(api.write_kubeconfig(tmp_path / "kubeconfig"))
         service = Service(client, listen=("127.0.0.1", 0)).start()
         try:
