@@ -910,6 +910,11 @@ class ApiServer:
             stored = self._pods.get((namespace, name))
         return None if stored is None else _copy(stored.doc)
 
+    def pods(self) -> list[dict[str, Any]]:
+        """Every pod, as GETs would serve them now."""
+        with self._lock:
+            return [_copy(stored.doc) for stored in self._pods.values()]
+
     def add_node(
         self,
         name: str,
