@@ -66,6 +66,13 @@ def _annotation(value: str) -> str:
     return value
 
 
+def _scheduler_name(value: str) -> str:
+    # A profile's schedulerName: a DNS subdomain, as the API validates spec.schedulerName.
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", value):
+        raise argparse.ArgumentTypeError(f"--scheduler-name {value!r} is not a valid scheduler name")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     """The subcommand's options."""
     p = argparse.ArgumentParser(
@@ -91,6 +98,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--scheduler-name",
+        type=_scheduler_name,
         action="append",
         dest="scheduler_names",
         default=None,

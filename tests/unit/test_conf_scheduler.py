@@ -345,6 +345,12 @@ def test_second_profile_runs_beside_the_default_scheduler() -> None:
     assert election["resourceName"] not in ("", "kube-scheduler")  # its own lease
 
 
+def test_extender_binds_the_pods_of_the_profile_that_calls_it() -> None:
+    (doc,) = load("kube-scheduler-rdma-profile.yaml")
+    args = extender_parser().parse_args(extender_args())
+    assert args.scheduler_names == [p["schedulerName"] for p in doc["profiles"]]
+
+
 def test_default_scheduler_config_keeps_the_default_profile() -> None:
     (doc,) = load("kube-scheduler-default.yaml")
     assert [p["schedulerName"] for p in doc["profiles"]] == ["default-scheduler"]
