@@ -159,6 +159,7 @@ def pod_specs(count: int, seed: int, prefix: str) -> list[dict[str, Any]]:
             "uid": f"uid-{prefix}-{i:05d}",
             "annotations": {ANNOTATION: request_value(rng.choice(SHAPES))},
             "nodeName": "",
+            "schedulerName": "rdma-scheduler",
         }
         for i in range(count)
     ]

@@ -8,49 +8,46 @@ reservation. The Binding is created after the lock is released (so one slow
 API call does not hold up every other bind); the reservation is already in
 place, so any bind checking the same node meanwhile counts it, and an API
 refusal drops it again.
+
+Bind trusts nothing a request says about the pod or the node. The pod is
+read from the API server (its demand, its schedulerName, whether it is
+already bound, its uid); the node's state is the watched node cache's. A
+filter request body never changes either. A Binding whose outcome is unknown
+(no answer, a 5xx) keeps its reservation until the pod is read back.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.wire import BindArgs, pod_identity
+from rdma_cni.extender.wire import BindArgs
 from rdma_cni.shared import nodestate, placement
 
-__all__ = ["Binder", "PodMemo"]
+__all__ = ["DEFAULT_SCHEDULER_NAMES", "Binder", "binding_outcome_unknown"]
 
 log = logging.getLogger("rdma_cni.extender.bind")
 
-_MEMO_LIMIT = 20_000
+DEFAULT_SCHEDULER_NAMES = frozenset({"rdma-scheduler"})
 
 
-class PodMemo:
-    """Demands of pods seen by filter, by uid: bind is only told the pod's name and uid."""
+class _Refused(Exception):
+    """Bind refuses the pod: the message is the verb's Error."""
 
-    def __init__(self) -> None:
-        self._items: dict[str, tuple[str, str, Demand | None]] = {}
 
-    def remember(self, pod: dict[str, Any], demand: Demand | None) -> None:
-        """Keep the pod's demand for its bind."""
-        namespace, name, uid = pod_identity(pod)
-        if uid:
-            if len(self._items) >= _MEMO_LIMIT:
-                self._items.clear()
-            self._items[uid] = (namespace, name, demand)
+def binding_outcome_unknown(exc: Exception) -> bool:
+    """Whether a failed Binding POST may still have been applied: no answer (status 0) or a 5xx.
 
-    def recall(self, args: BindArgs) -> tuple[bool, Demand | None]:
-        """(known, demand) for the pod being bound; unknown when filter never saw it."""
-        got = self._items.pop(args.pod_uid, None) if args.pod_uid else None
-        if got is None or got[:2] != (args.pod_namespace, args.pod_name):
-            return False, None
-        return True, got[2]
+    A 4xx answer (and 429, which the API answers before doing anything) is a clear refusal.
+    """
+    status = getattr(exc, "status", 0)
+    return status == 0 or status >= 500
 
 
 class Binder:
@@ -63,27 +60,56 @@ class Binder:
         demands: Demands,
         reservations: Reservations,
         views: Callable[[str], NodeView | None],
-        memo: PodMemo,
+        scheduler_names: Collection[str] = DEFAULT_SCHEDULER_NAMES,
     ) -> None:
         self.client = client
         self.decider = decider
         self.demands = demands
         self.reservations = reservations
+        # The watched node cache only: never a view a request carried.
         self.views = views
-        self.memo = memo
+        self.scheduler_names = frozenset(scheduler_names)
         self.lock = threading.Lock()
 
-    def _demand(self, args: BindArgs) -> Demand | None:
-        known, demand = self.memo.recall(args)
-        if known:
-            return demand
-        pod = self.client.get(f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}")
-        uid = (pod.get("metadata") or {}).get("uid")
+    def _pod_path(self, args: BindArgs) -> str:
+        return f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}"
+
+    def _read(self, args: BindArgs) -> tuple[str, Demand | None]:
+        """The API's uid of the pod and its demand, after every check a bind makes of the pod."""
+        from rdma_cni.kube import client as kubeapi
+
+        who = f"pod {args.pod_namespace}/{args.pod_name}"
+        if self.views(args.node) is None:
+            raise _Refused(f"rdma-cni: node {args.node} is not known to the extender (binding {who})")
+        try:
+            pod = self.client.get(self._pod_path(args))
+        except kubeapi.ApiError as exc:
+            raise _Refused(
+                f"rdma-cni: cannot read {who} to check it against node {args.node}: {exc}"
+            ) from None
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        uid = meta.get("uid") if isinstance(meta.get("uid"), str) else ""
         if args.pod_uid and uid != args.pod_uid:
-            raise LookupError(
+            raise _Refused(
+                f"rdma-cni: cannot read {who} to check it against node {args.node}: "
                 f"pod {args.pod_namespace}/{args.pod_name} now has uid {uid}, not {args.pod_uid}"
             )
-        return self.demands.of_pod(pod)
+        scheduler = spec.get("schedulerName") or "default-scheduler"
+        if scheduler not in self.scheduler_names:
+            raise _Refused(
+                f"rdma-cni: {who} has schedulerName {scheduler!r}, which this extender does not serve"
+            )
+        bound = spec.get("nodeName")
+        if bound:
+            raise _Refused(f"rdma-cni: {who} is already bound to node {bound}")
+        try:
+            demand = self.demands.of_pod(pod)
+        except InvalidPodRequest as exc:
+            raise _Refused(f"rdma-cni: {exc.msg}") from None
+        if demand is not None and (not args.pod_uid or not uid):
+            raise _Refused(f"rdma-cni: {who} asks for RDMA interfaces but the bind names no pod uid")
+        return uid, demand
 
     def bind(self, args: BindArgs) -> str:
         """Bind the pod; the ``Error`` to answer ("" on success)."""
@@ -91,11 +117,10 @@ class Binder:
 
         who = f"pod {args.pod_namespace}/{args.pod_name}"
         try:
-            demand = self._demand(args)
-        except (kubeapi.ApiError, LookupError) as exc:
-            return f"rdma-cni: cannot read {who} to check it against node {args.node}: {exc}"
-        except InvalidPodRequest as exc:
-            return f"rdma-cni: {exc.msg}"
+            uid, demand = self._read(args)
+        except _Refused as refused:
+            log.info("bind refused: %s", refused)
+            return str(refused)
         reserved = False
         if demand is not None:
             with self.lock:
@@ -105,13 +130,51 @@ class Binder:
                 return problem
             reserved = self.reservations.get(args.pod_uid) is not None
         try:
-            self._post(args)
+            self._post(args, uid)
         except kubeapi.ApiError as exc:
+            if reserved and binding_outcome_unknown(exc):
+                return self._unknown(args, exc)
             if reserved:
                 self.reservations.drop(args.pod_uid, f"the API refused the Binding: {exc}")
             return f"rdma-cni: binding {who} to {args.node} failed: {exc}"
         log.info("bound %s to %s", who, args.node)
         return ""
+
+    def _unknown(self, args: BindArgs, exc: Exception) -> str:
+        """The Binding may have been applied: read the pod back; keep the reservation unless unbound."""
+        from rdma_cni.kube import client as kubeapi
+
+        who = f"pod {args.pod_namespace}/{args.pod_name}"
+        self.reservations.unconfirm(args.pod_uid)
+        try:
+            pod = self.client.get(self._pod_path(args))
+        except kubeapi.NotFound:
+            self.reservations.drop(args.pod_uid, "the pod is gone")
+            return f"rdma-cni: binding {who} to {args.node} failed: {exc}"
+        except kubeapi.ApiError as again:
+            log.warning(
+                "binding %s to %s: outcome unknown (%s) and the pod cannot be read back (%s): "
+                "its reservation is kept until it is",
+                who,
+                args.node,
+                exc,
+                again,
+            )
+            return (
+                f"rdma-cni: binding {who} to {args.node}: outcome unknown ({exc}); "
+                "its reservation is kept until the pod is read back"
+            )
+        uid = (pod.get("metadata") or {}).get("uid")
+        node = (pod.get("spec") or {}).get("nodeName")
+        if uid == args.pod_uid and node == args.node:
+            self.reservations.confirm(args.pod_uid)
+            log.info("bound %s to %s (the Binding's answer was lost: read back)", who, args.node)
+            return ""
+        if uid == args.pod_uid and not node:
+            self.reservations.drop(args.pod_uid, f"the Binding was not applied: {exc}")
+        else:
+            self.reservations.drop(args.pod_uid, "the pod is bound elsewhere or was replaced")
+        return f"rdma-cni: binding {who} to {args.node} failed: {exc}"
 
     def _reserve(self, args: BindArgs, demand: Demand) -> str:
         # Called under self.lock: the check and the reservation are one step.
@@ -141,7 +204,7 @@ class Binder:
             self.reservations.add(args.pod_uid, args.pod_namespace, args.pod_name, args.node, use)
         return ""
 
-    def _post(self, args: BindArgs) -> None:
+    def _post(self, args: BindArgs, uid: str) -> None:
         from rdma_cni.kube import client as kubeapi
 
         body: dict[str, Any] = {
@@ -150,8 +213,9 @@ class Binder:
             "metadata": {"name": args.pod_name, "namespace": args.pod_namespace},
             "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
         }
-        if args.pod_uid:
-            body["metadata"]["uid"] = args.pod_uid
+        if uid:
+            # The uid read from the API: a pod replaced since is not bound in its place.
+            body["metadata"]["uid"] = uid
         path = f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}/binding"
         try:
             self.client.post(path, body)

@@ -23,12 +23,15 @@ from typing import Literal, NamedTuple
 from rdma_cni.extender.demand import Demand
 from rdma_cni.shared import nodestate, placement
 
-__all__ = ["Decider", "NodeView", "Policy", "Verdict", "cannot_fit", "greedy_fits"]
+__all__ = ["FUTURE_SKEW", "Decider", "NodeView", "Policy", "Verdict", "cannot_fit", "greedy_fits"]
 
 Policy = Literal["binpack", "spread"]
 MAX_SCORE = 10
 # Bind decides for one node, like ADD: the same larger search budget as ADD's.
 BIND_STEPS = 50_000
+# A state stamped further ahead of the extender's clock than this is stale (with --max-state-age):
+# a node whose clock runs ahead, and whose agent then died, must not look fresh for ever.
+FUTURE_SKEW = 60.0
 # Distinct (demand, state) verdicts and annotation texts kept; cleared when exceeded.
 _VERDICT_LIMIT = 200_000
 _VIEW_LIMIT = 50_000
@@ -232,6 +235,11 @@ class Decider:
             return "rdma-cni: node is not known to the extender yet"
         if view.problem:
             return view.problem
+        if self.max_state_age is not None and view.updated - now > FUTURE_SKEW:
+            return (
+                f"rdma-cni: node state is stamped more than {FUTURE_SKEW:.0f} s in the future:"
+                " is the node's clock right?"
+            )
         if self.max_state_age is not None and now - view.updated > self.max_state_age:
             # No age in the text: it would differ per node and per second, so kube-scheduler's event
             # could not group it, and a kept answer (answers.py) would go out of date by itself.

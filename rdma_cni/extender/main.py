@@ -20,6 +20,7 @@ import time
 from typing import Any, TextIO
 
 from rdma_cni.cni.errors import InvalidPodRequest
+from rdma_cni.extender.bind import DEFAULT_SCHEDULER_NAMES
 from rdma_cni.extender.cache import NodeCache
 from rdma_cni.extender.decide import Decider, Policy
 from rdma_cni.extender.demand import Demand, Demands
@@ -65,6 +66,13 @@ def _annotation(value: str) -> str:
     return value
 
 
+def _scheduler_name(value: str) -> str:
+    # A profile's schedulerName: a DNS subdomain, as the API validates spec.schedulerName.
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", value):
+        raise argparse.ArgumentTypeError(f"--scheduler-name {value!r} is not a valid scheduler name")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     """The subcommand's options."""
     p = argparse.ArgumentParser(
@@ -87,6 +95,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reservation-ttl", type=_positive, default=300.0, help="seconds (default 300)")
     p.add_argument(
         "--annotation", type=_annotation, default="rdma_interfaces_required", help="pod annotation key"
+    )
+    p.add_argument(
+        "--scheduler-name",
+        type=_scheduler_name,
+        action="append",
+        dest="scheduler_names",
+        default=None,
+        help="spec.schedulerName of the pods bind accepts (repeatable; default rdma-scheduler)",
     )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return p
@@ -154,6 +170,7 @@ class Service:
         max_state_age: float | None = None,
         reservation_ttl: float = 300.0,
         annotation: str = "rdma_interfaces_required",
+        scheduler_names: frozenset[str] = DEFAULT_SCHEDULER_NAMES,
         sweep_interval: float = 1.0,
         pod_check_interval: float = 10.0,
         backoff: tuple[float, float] = (0.2, 10.0),
@@ -175,6 +192,7 @@ class Service:
             client=client,
             cache_views=lambda: self.cache.views,
             cache_generation=lambda: self.cache.generation,
+            scheduler_names=scheduler_names,
         )
         self.server = ExtenderServer(listen, self.extender, tls)
         self.sweep_interval = sweep_interval
@@ -257,6 +275,13 @@ class Service:
                 "Failed",
             ):
                 self.reservations.drop(res.uid, "the pod is gone")
+            elif not res.confirmed:
+                # A Binding whose answer was lost: the pod read back says whether it was applied.
+                node = (pod.get("spec") or {}).get("nodeName")
+                if node == res.node:
+                    self.reservations.confirm(res.uid)
+                else:
+                    self.reservations.drop_exact(res, "read back: the Binding was not applied")
 
 
 def main(argv: list[str], out: TextIO) -> int:
@@ -299,6 +324,7 @@ def main(argv: list[str], out: TextIO) -> int:
             max_state_age=args.max_state_age,
             reservation_ttl=args.reservation_ttl,
             annotation=args.annotation,
+            scheduler_names=frozenset(args.scheduler_names or DEFAULT_SCHEDULER_NAMES),
         )
     except OSError as exc:
         host, port = args.listen

@@ -12,6 +12,7 @@ ready: pods bound to a node whose published allocations do not list them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -37,6 +38,8 @@ class Reservation:
     node: str
     use: Use
     expires: float
+    # False while the Binding's outcome is unknown (no answer, a 5xx): kept until the pod is read back.
+    confirmed: bool = True
 
 
 class Reservations:
@@ -105,6 +108,31 @@ class Reservations:
         if res is not None:
             log.info("reservation of %s/%s (%s) on %s ends: %s", res.namespace, res.name, uid, res.node, why)
         return res
+
+    def unconfirm(self, uid: str) -> None:
+        """The Binding of pod ``uid`` may or may not have been applied: keep it until the pod is read back."""
+        self._set_confirmed(uid, False)
+
+    def confirm(self, uid: str) -> None:
+        """The pod was read back bound to its reservation's node."""
+        self._set_confirmed(uid, True)
+
+    def _set_confirmed(self, uid: str, confirmed: bool) -> None:
+        with self._lock:
+            res = self._by_uid.get(uid)
+            if res is not None and res.confirmed != confirmed:
+                res = dataclasses.replace(res, confirmed=confirmed)
+                self._by_uid[uid] = res
+                self._by_node[res.node][uid] = res
+
+    def drop_exact(self, res: Reservation, why: str) -> bool:
+        """End ``res`` only if it is still the pod's reservation (not one a later bind made)."""
+        with self._lock:
+            if self._by_uid.get(res.uid) is not res:
+                return False
+            self._remove(res.uid)
+        log.info("reservation of %s/%s (%s) on %s ends: %s", res.namespace, res.name, res.uid, res.node, why)
+        return True
 
     def get(self, uid: str) -> Reservation | None:
         """The reservation of pod ``uid``, if any."""

@@ -6,12 +6,18 @@ node) and never a 500, so kube-scheduler shows the reason in the pod's
 events. Both node modes are decided per request by what arrives: full
 ``Nodes`` carry their own annotations (decoded once per distinct text),
 ``NodeNames`` are looked up in the node cache.
+
+What a request body carries shapes that request's answer and nothing else:
+full Nodes are never kept, and the pod a filter sends is not remembered for
+its bind. Bind and preempt decide from the watched node cache, bind from the
+API server's copy of the pod (see bind.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import socket
 import socketserver
 import ssl
@@ -25,8 +31,8 @@ from typing import Any
 from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender import wire
 from rdma_cni.extender.answers import Answers
-from rdma_cni.extender.bind import Binder, PodMemo
-from rdma_cni.extender.decide import Decider, NodeView, Verdict
+from rdma_cni.extender.bind import DEFAULT_SCHEDULER_NAMES, Binder
+from rdma_cni.extender.decide import FUTURE_SKEW, Decider, NodeView, Verdict
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.preempt import keep_nodes
 from rdma_cni.extender.rawargs import ArgsDecoder
@@ -60,6 +66,7 @@ class Extender:
         cache_views: Callable[[], dict[str, NodeView]] | None = None,
         cache_generation: Callable[[], int | None] | None = None,
         annotation: str = nodestate.ANNOTATION,
+        scheduler_names: frozenset[str] = DEFAULT_SCHEDULER_NAMES,
     ) -> None:
         self.decider = decider
         self.demands = demands
@@ -69,27 +76,21 @@ class Extender:
         # Bumped by the cache after every change of its views; None: lists are never reused.
         self._cache_generation: Callable[[], int | None] = cache_generation or (lambda: None)
         self._last_lookup: tuple[int, list[str], list[NodeView | None]] | None = None
-        # Views last seen in full-Node requests: bind and preempt fall back to them.
-        self.seen: dict[str, NodeView] = {}
-        self.memo = PodMemo()
         # Per pod uid: (when, demand key, score of a node, the passing list and its encoded priorities,
         # if cached).
         self._scores: dict[
             str, tuple[float, tuple[tuple[int, int], ...], Callable[[str], int], list[str] | None, bytes]
         ] = {}
         self.answers = Answers(reservations, self._judge, decider.max_state_age)
-        self.binder = Binder(client, decider, demands, reservations, self.view_of, self.memo)
+        self.binder = Binder(client, decider, demands, reservations, self.view_of, scheduler_names)
         self.ready = threading.Event()
 
     def view_of(self, name: str) -> NodeView | None:
-        """The freshest view of a node, from the cache or a full-Node request."""
-        cached = self._cache_views().get(name)
-        seen = self.seen.get(name)
-        if cached is None or (
-            seen is not None and seen.state and cached.state and seen.updated > cached.updated
-        ):
-            return seen if seen is not None else cached
-        return cached
+        """The watched node cache's view of a node: what bind and preempt decide from.
+
+        Never a view a full-Node request carried: a request body can say anything about any node.
+        """
+        return self._cache_views().get(name)
 
     def _views(self, args: wire.FilterArgs) -> tuple[list[str], list[NodeView | None]]:
         if args.node_names is not None:
@@ -101,8 +102,8 @@ class Extender:
             meta = node.get("metadata") or {}
             annotations = meta.get("annotations") or {}
             text = annotations.get(self.annotation) if isinstance(annotations, dict) else None
+            # Shapes this answer only: never kept where bind, preempt or other requests look.
             view = self.decider.view(text if isinstance(text, str) else None)
-            self.seen[name] = view
             names.append(name)
             out.append(view)
         return names, out
@@ -112,12 +113,15 @@ class Extender:
         decider = self.decider
         now = decider.now()
         max_age = decider.max_state_age
+        # Usable states were stamped in [oldest, newest]: a future stamp is no fresher than a stale one.
+        oldest = now - max_age if max_age is not None else -math.inf
+        newest = now + FUTURE_SKEW if max_age is not None else math.inf
         reservations = self.reservations
         reserved = reservations.nodes()
         table = decider.table(demand)
         out: list[Verdict] = []
         for name, view in zip(names, views, strict=True):
-            if view is None or view.problem or (max_age is not None and now - view.updated > max_age):
+            if view is None or view.problem or not oldest <= view.updated <= newest:
                 out.append(Verdict(False, True, decider.unusable(view, now), 0))
             elif name in reserved:
                 out.append(decider.verdict(demand, view, reservations.extra(name)))
@@ -145,9 +149,8 @@ class Extender:
         return passing, failed, unresolvable, scores
 
     def _demand(self, pod: dict[str, Any]) -> Demand | None:
-        demand = self.demands.of_pod(pod)
-        self.memo.remember(pod, demand)
-        return demand
+        # Not remembered for bind: bind reads the pod from the API server.
+        return self.demands.of_pod(pod)
 
     def filter(self, doc: Any) -> dict[str, Any]:
         """ExtenderArgs -> ExtenderFilterResult."""

@@ -34,7 +34,7 @@ def _request(
     api: ApiServer, name: str, rates: list[tuple[int, int]], node: str | None = None
 ) -> dict[str, Any]:
     value = json.dumps([{"min_tx_rate": lo, "max_tx_rate": hi} for lo, hi in rates])
-    return api.add_pod("team-a", name, {ANNOTATION: value}, node_name=node)
+    return api.add_pod("team-a", name, {ANNOTATION: value}, node_name=node, scheduler_name="rdma-scheduler")
 
 
 class Extender:
@@ -131,10 +131,38 @@ def test_process_rebuilds_reservations_then_filters_and_binds(
     assert ext.call("POST", "/bind", bind)[1] == {"Error": ""}
     assert api.get_pod("team-a", "small")["spec"]["nodeName"] == "n1"  # type: ignore[index]
     # A pod selecting the network without the annotation gets the default request: one plain VF.
-    plain = api.add_pod("team-a", "plain", {"k8s.v1.cni.cncf.io/networks": "rdma-net"}, node_name=None)
+    plain = api.add_pod(
+        "team-a",
+        "plain",
+        {"k8s.v1.cni.cncf.io/networks": "rdma-net"},
+        node_name=None,
+        scheduler_name="rdma-scheduler",
+    )
     assert ext.call("POST", "/filter", so.args_names(plain, ["n1"]))[1]["NodeNames"] == ["n1"]
     ext.proc.send_signal(signal.SIGTERM)
     assert ext.proc.wait(15) == 0
+
+
+def test_process_binds_only_the_schedulers_it_is_told(
+    tmp_path: Path, api: ApiServer, procs: list[Extender]
+) -> None:
+    api.add_node(
+        "n1", annotations={nodestate.ANNOTATION: nodestate.encode(so.state([("ens1f0", 25_000, 4)]))}
+    )
+    ext = start(tmp_path, api, "--scheduler-name", "default-scheduler", "--scheduler-name", "gpu")
+    procs.append(ext)
+    ext.wait_ready()
+    for name, scheduler, error in (
+        ("ours", "rdma-scheduler", "rdma-cni: pod team-a/ours has schedulerName 'rdma-scheduler', which"),
+        ("default", "default-scheduler", ""),
+        ("gpu", "gpu", ""),
+    ):
+        pod = api.add_pod("team-a", name, {ANNOTATION: "[{}]"}, node_name=None, scheduler_name=scheduler)
+        meta = pod["metadata"]
+        doc = {"PodName": name, "PodNamespace": "team-a", "PodUID": meta["uid"], "Node": "n1"}
+        assert ext.call("POST", "/bind", doc)[1]["Error"].startswith(error)
+    assert not api.get_pod("team-a", "ours")["spec"].get("nodeName")  # type: ignore[index]
+    assert api.get_pod("team-a", "gpu")["spec"]["nodeName"] == "n1"  # type: ignore[index]
 
 
 def test_process_serves_https(tmp_path: Path, api: ApiServer, procs: list[Extender]) -> None:
@@ -166,6 +194,7 @@ def test_process_serves_https(tmp_path: Path, api: ApiServer, procs: list[Extend
         (["--listen", "127.0.0.1:0", "--max-state-age", "0"], "'0' is not a positive number of seconds"),
         (["--listen", "127.0.0.1:0", "--annotation", "bad key!"], "is not a valid Kubernetes annotation key"),
         (["--listen", "127.0.0.1:0", "--policy", "random"], "invalid choice: 'random'"),
+        (["--listen", "127.0.0.1:0", "--scheduler-name", ""], "is not a valid scheduler name"),
         (["--listen", "127.0.0.1:0", "--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig"),
         (
             ["--listen", "127.0.0.1:0", "--tls-cert", "/nonexistent.crt", "--tls-key", "/k"],

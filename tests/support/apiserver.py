@@ -777,6 +777,7 @@ class ApiServer:
         self._fail: list[int] = []
         self._malformed = 0
         self._hang = 0.0
+        self._late_bindings = 0.0
         self._wake = threading.Event()
         self._seen: list[SeenRequest] = []
         self._httpd: _HttpsServer | None = None
@@ -908,6 +909,11 @@ class ApiServer:
         with self._lock:
             stored = self._pods.get((namespace, name))
         return None if stored is None else _copy(stored.doc)
+
+    def pods(self) -> list[dict[str, Any]]:
+        """Every pod, as GETs would serve them now."""
+        with self._lock:
+            return [_copy(stored.doc) for stored in self._pods.values()]
 
     def add_node(
         self,
@@ -1050,9 +1056,19 @@ class ApiServer:
         with self._lock:
             self._hang = max(0.0, seconds)
 
+    def late_bindings(self, seconds: float) -> None:
+        """Apply each Binding at once but answer it only after ``seconds`` (0 turns it off).
+
+        A client whose timeout is shorter sees no answer for a Binding that was applied.
+        Released early by :meth:`reset` and :meth:`stop`, like :meth:`hang`.
+        """
+        with self._lock:
+            self._late_bindings = max(0.0, seconds)
+
     def reset(self) -> None:
         """Clear the fault switches, forbidden namespaces and request records (pods stay)."""
         with self._lock:
+            self._late_bindings = 0.0
             self._fail.clear()
             self._malformed = 0
             self._hang = 0.0
@@ -1456,6 +1472,10 @@ class ApiServer:
             )
             status["conditions"] = conditions
             self._store("pods", (namespace, name), doc)
+            late = self._late_bindings
+            wake = self._wake
+        if late:
+            wake.wait(late)
         handler.send_json(
             201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
         )
@@ -1700,6 +1720,7 @@ def main(argv: list[str] | None = None) -> int:
             pod.get("annotations") or {},
             uid=pod.get("uid"),
             node_name=pod.get("nodeName", "node-1"),
+            scheduler_name=pod.get("schedulerName", "default-scheduler"),
         )
 
     for node in nodes:

@@ -345,6 +345,12 @@ def test_second_profile_runs_beside_the_default_scheduler() -> None:
     assert election["resourceName"] not in ("", "kube-scheduler")  # its own lease
 
 
+def test_extender_binds_the_pods_of_the_profile_that_calls_it() -> None:
+    (doc,) = load("kube-scheduler-rdma-profile.yaml")
+    args = extender_parser().parse_args(extender_args())
+    assert args.scheduler_names == [p["schedulerName"] for p in doc["profiles"]]
+
+
 def test_default_scheduler_config_keeps_the_default_profile() -> None:
     (doc,) = load("kube-scheduler-default.yaml")
     assert [p["schedulerName"] for p in doc["profiles"]] == ["default-scheduler"]
@@ -386,7 +392,13 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
         state = nodestate.encode(so.state([("ens1f0", 25_000, 4)]))
         api.add_node("n1", annotations={nodestate.ANNOTATION: state})
         value = '[{"min_tx_rate": 1000}]'
-        pod = api.add_pod("team-a", "p", {"rdma_interfaces_required": value}, node_name=None)
+        pod = api.add_pod(
+            "team-a",
+            "p",
+            {"rdma_interfaces_required": value},
+            node_name=None,
+            scheduler_name="rdma-scheduler",
+        )
         client = kubeapi.ApiClient.from_kubeconfig(api.write_kubeconfig(tmp_path / "kubeconfig"))
         service = Service(client, listen=("127.0.0.1", 0)).start()
         try:

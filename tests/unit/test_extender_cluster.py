@@ -7,6 +7,7 @@ tests/support/apiserver.py with the real API's list/watch/binding semantics.
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import threading
@@ -26,6 +27,7 @@ from tests.support.apiserver import ApiServer
 
 PFS = [("ens1f0", 25_000, 4), ("ens1f1", 25_000, 4)]
 ANNOTATION = "rdma_interfaces_required"
+SCHED = "rdma-scheduler"
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 10.0) -> Any:
@@ -85,10 +87,12 @@ class Harness:
         self.kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
         self.services: list[Service] = []
 
-    def start(self, *, ready: bool = True, **kw: Any) -> tuple[Service, Scheduler]:
+    def start(
+        self, *, ready: bool = True, client_timeout: float = 10.0, **kw: Any
+    ) -> tuple[Service, Scheduler]:
         kw.setdefault("backoff", (0.05, 0.2))
         kw.setdefault("sweep_interval", 0.05)
-        client = kubeapi.ApiClient.from_kubeconfig(self.kubeconfig)
+        client = kubeapi.ApiClient.from_kubeconfig(self.kubeconfig, timeout=client_timeout)
         service = Service(client, listen=("127.0.0.1", 0), **kw).start()
         self.services.append(service)
         if ready:
@@ -104,7 +108,7 @@ class Harness:
 
     def add_pod(self, name: str, rates: list[tuple[int, int]], node: str | None = None) -> dict[str, Any]:
         value = json.dumps([{"min_tx_rate": lo, "max_tx_rate": hi} for lo, hi in rates])
-        return self.api.add_pod("team-a", name, {ANNOTATION: value}, node_name=node)
+        return self.api.add_pod("team-a", name, {ANNOTATION: value}, node_name=node, scheduler_name=SCHED)
 
     def stop(self) -> None:
         for service in self.services:
@@ -219,7 +223,7 @@ def test_bind_of_a_pod_filter_never_saw_reads_it_from_the_api(harness: Harness, 
     pod = harness.add_pod("a", [(1_000, 0)])
     assert sched.bind(pod, "n1") == ""
     assert service.reservations.get(pod["metadata"]["uid"]) is not None
-    web = api.add_pod("team-a", "web", None, node_name=None)
+    web = api.add_pod("team-a", "web", None, node_name=None, scheduler_name=SCHED)
     assert sched.bind(web, "n1") == ""  # not an RDMA pod: bound without a reservation
     assert len(service.reservations) == 1
     ghost = so.rdma_pod("ghost", [(1, 0)])
@@ -234,12 +238,12 @@ def test_api_down_during_bind_leaks_no_reservation(harness: Harness, api: ApiSer
     api.fail_next(20, 503)
     error = sched.bind(pod, "n1")
     api.reset()
-    assert error.startswith("rdma-cni: binding pod team-a/a to n1 failed")
+    assert error.startswith("rdma-cni: cannot read pod team-a/a to check it against node n1")
     assert len(service.reservations) == 0
     assert sched.post("filter", so.args_names(pod, ["n1"]))["NodeNames"] == ["n1"]
     # The pod is gone when the bind arrives: 404 from the API, nothing held.
     api.remove_pod("team-a", "a")
-    assert sched.bind(pod, "n1").startswith("rdma-cni: binding pod team-a/a to n1 failed")
+    assert sched.bind(pod, "n1").startswith("rdma-cni: cannot read pod team-a/a to check it against node n1")
     assert len(service.reservations) == 0
 
 
@@ -372,11 +376,10 @@ def test_bind_edges(harness: Harness, api: ApiServer) -> None:
     service, sched = harness.start()
     a = harness.add_pod("a", [(1_000, 0)])
     assert sched.bind(a, "n1") == ""
-    # A retried bind whose first attempt reached the API (409): fine on the same node, refused elsewhere.
-    assert sched.bind(a, "n1") == ""
+    # A pod already bound is refused (no second Binding), on any node; its reservation stays.
+    assert sched.bind(a, "n1") == "rdma-cni: pod team-a/a is already bound to node n1"
+    assert sched.bind(a, "n2") == "rdma-cni: pod team-a/a is already bound to node n1"
     assert service.reservations.get(a["metadata"]["uid"]).node == "n1"  # type: ignore[union-attr]
-    assert sched.bind(a, "n2").startswith("rdma-cni: binding pod team-a/a to n2 failed")
-    assert service.reservations.get(a["metadata"]["uid"]) is None
     # The pod the scheduler means was replaced (same name, new uid).
     b = harness.add_pod("b", [(1_000, 0)])
     stale = json.loads(json.dumps(b))
@@ -385,7 +388,7 @@ def test_bind_edges(harness: Harness, api: ApiServer) -> None:
         "rdma-cni: cannot read pod team-a/b to check it against node n1"
     )
     # A malformed annotation read at bind time answers the parser's message.
-    api.add_pod("team-a", "bad", {ANNOTATION: "[{"}, node_name=None)
+    api.add_pod("team-a", "bad", {ANNOTATION: "[{"}, node_name=None, scheduler_name=SCHED)
     bad = api.get_pod("team-a", "bad")
     assert sched.bind(bad, "n1").startswith(  # type: ignore[arg-type]
         "rdma-cni: pod team-a/bad annotation rdma_interfaces_required: not valid JSON"
@@ -449,3 +452,212 @@ def test_rebuild_skips_what_holds_nothing_and_retries_api_failures(harness: Harn
     assert failures == ["/api/v1/pods"]
     names = sorted(r.name for r in service.reservations.all())
     assert len(names) == 1 and names[0] in ("fits", "too-big")
+
+
+# -- issue 21: bind trusts no request body (each test fails on the code before it)
+
+
+def bindings_posted(api: ApiServer) -> list[str]:
+    return [r.path for r in api.requests_seen if r.method == "POST" and r.path.endswith("/binding")]
+
+
+def unbound(api: ApiServer, name: str) -> bool:
+    return not (api.get_pod("team-a", name) or {}).get("spec", {}).get("nodeName")
+
+
+def test_bind_refuses_pods_of_other_schedulers(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
+    service, sched = harness.start()
+    # Another namespace, another scheduler, no RDMA request, never filtered: refused all the same.
+    web = api.add_pod("kube-system", "web", None, node_name=None)
+    assert sched.bind(web, "n1") == (
+        "rdma-cni: pod kube-system/web has schedulerName 'default-scheduler',"
+        " which this extender does not serve"
+    )
+    rdma = api.add_pod("team-a", "r", {ANNOTATION: "[{}]"}, node_name=None, scheduler_name="other")
+    assert "schedulerName 'other'" in sched.bind(rdma, "n1")
+    assert bindings_posted(api) == [] and len(service.reservations) == 0
+    assert not (api.get_pod("kube-system", "web") or {})["spec"].get("nodeName") and unbound(api, "r")
+    # The names served are a flag: a second profile's pods are accepted.
+    _, other = harness.start(scheduler_names=frozenset({"rdma-scheduler", "other"}))
+    assert other.bind(rdma, "n1") == ""
+
+
+def test_bind_refuses_pods_already_bound(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
+    service, sched = harness.start()
+    pod = harness.add_pod("a", [(1_000, 0)], node="n1")
+    assert sched.bind(pod, "n1") == "rdma-cni: pod team-a/a is already bound to node n1"
+    assert bindings_posted(api) == [] and len(service.reservations) == 0
+
+
+def test_bind_refuses_nodes_it_does_not_know(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
+    _, sched = harness.start()
+    web = api.add_pod("team-a", "web", None, node_name=None, scheduler_name=SCHED)
+    assert sched.bind(web, "no-such-node") == (
+        "rdma-cni: node no-such-node is not known to the extender (binding pod team-a/web)"
+    )
+    assert bindings_posted(api) == [] and unbound(api, "web")
+
+
+def test_bind_refuses_rdma_pods_without_a_uid(harness: Harness, api: ApiServer) -> None:
+    # The attack: four 10 Gbit/s pods bound with PodUID "" to a node with 2 VFs and 25 Gbit/s.
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 2)]))
+    _, sched = harness.start()
+    for i in range(4):
+        pod = harness.add_pod(f"p{i}", [(10_000, 0)])
+        doc = {"PodName": f"p{i}", "PodNamespace": "team-a", "PodUID": "", "Node": "n1"}
+        assert sched.post("bind", doc)["Error"] == (
+            f"rdma-cni: pod team-a/p{i} asks for RDMA interfaces but the bind names no pod uid"
+        )
+        assert unbound(api, pod["metadata"]["name"])
+    assert bindings_posted(api) == []
+    assert sched.post("filter", so.args_names(pod, ["n1"]))["NodeNames"] == ["n1"]
+
+
+def test_bind_refuses_a_uid_the_api_does_not_have(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
+    _, sched = harness.start()
+    pod = harness.add_pod("a", [(1_000, 0)])
+    forged = json.loads(json.dumps(pod))
+    forged["metadata"]["uid"] = "forged-uid"
+    # A filter with the forged uid first: nothing it says is remembered for the bind.
+    sched.post("filter", so.args_names(forged, ["n1"]))
+    error = sched.bind(forged, "n1")
+    assert error.endswith(f"now has uid {pod['metadata']['uid']}, not forged-uid")
+    assert bindings_posted(api) == [] and unbound(api, "a")
+
+
+def test_a_forged_full_node_view_changes_nothing_bind_believes(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 2)]))
+    _, sched = harness.start()
+    lie = dataclasses.replace(so.state([("ens1f0", 400_000, 4096)]), updated="2099-01-01T00:00:00Z")
+    pods = [harness.add_pod(f"p{i}", [(10_000, 0)]) for i in range(5)]
+    for pod in pods:
+        out = sched.post("filter", so.args_nodes(pod, [so.node("n1", nodestate.encode(lie))]))
+        # The forged view shapes that answer only.
+        assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["n1"]
+    errors = [sched.bind(pod, "n1") for pod in pods]
+    assert errors[:2] == ["", ""]
+    assert all("no longer fits node n1" in e for e in errors[2:])
+    assert sum(not unbound(api, f"p{i}") for i in range(5)) == 2
+    # Preempt too decides from the watched state: evicting nothing frees nothing.
+    doc = {"Pod": pods[4], "NodeNameToVictims": None, "NodeNameToMetaVictims": {"n1": {"Pods": []}}}
+    assert sched.post("preempt", doc) == {"NodeNameToMetaVictims": {}}
+
+
+def test_a_filter_without_the_victims_annotation_does_not_skip_its_bind(
+    harness: Harness, api: ApiServer
+) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 2)]))
+    service, sched = harness.start()
+    victim = harness.add_pod("victim", [(20_000, 0)])
+    other = harness.add_pod("other", [(20_000, 0)])
+    forged = json.loads(json.dumps(victim))
+    del forged["metadata"]["annotations"]
+    sched.post("filter", so.args_names(forged, ["n1"]))  # "not an RDMA pod", says the body
+    assert sched.bind(victim, "n1") == ""
+    assert service.reservations.get(victim["metadata"]["uid"]) is not None
+    assert sched.bind(other, "n1").startswith("rdma-cni: pod team-a/other no longer fits node n1")
+    assert unbound(api, "other")
+
+
+def test_a_filter_with_a_forged_huge_demand_does_not_fail_the_victims_bind(
+    harness: Harness, api: ApiServer
+) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 2)]))
+    service, sched = harness.start()
+    victim = harness.add_pod("victim", [(1_000, 0)])
+    forged = json.loads(json.dumps(victim))
+    forged["metadata"]["annotations"][ANNOTATION] = json.dumps([{"min_tx_rate": 25_000}] * 8)
+    sched.post("filter", so.args_names(forged, ["n1"]))
+    assert sched.bind(victim, "n1") == ""
+    res = service.reservations.get(victim["metadata"]["uid"])
+    assert res is not None and res.use == (("ens1f0", 1, 1_000),)
+
+
+def test_a_binding_answered_late_keeps_its_reservation(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 1)]))
+    service, sched = harness.start(client_timeout=0.5)
+    a = harness.add_pod("a", [(1_000, 0)])
+    b = harness.add_pod("b", [(1_000, 0)])
+    api.late_bindings(3.0)  # applied at once, answered after the client gave up
+    assert sched.bind(a, "n1") == ""  # read back: bound
+    assert api.get_pod("team-a", "a")["spec"]["nodeName"] == "n1"  # type: ignore[index]
+    assert service.reservations.get(a["metadata"]["uid"]) is not None
+    assert sched.bind(b, "n1").startswith("rdma-cni: pod team-a/b no longer fits node n1: needs 1 free VFs")
+    api.reset()
+    assert unbound(api, "b")
+
+
+class _Flaky:
+    """The extender's API client, with the Binding's answer and the read-back replaced."""
+
+    def __init__(self, real: Any, post_error: Exception | None, get_fails_after_post: bool) -> None:
+        self.real = real
+        self.post_error = post_error
+        self.get_fails = get_fails_after_post
+        self.posted = False
+
+    def get(self, path: str) -> Any:
+        if self.posted and self.get_fails:
+            raise kubeapi.Unavailable(0, "NoAnswer", f"GET {path}: no answer")
+        return self.real.get(path)
+
+    def post(self, path: str, body: Any) -> Any:
+        self.posted = True
+        if self.post_error is None:
+            return self.real.post(path, body)
+        if self.post_error.args and self.post_error.args[0] == "apply":
+            self.real.post(path, body)
+            raise kubeapi.Unavailable(0, "NoAnswer", f"POST {path}: no answer")
+        raise self.post_error
+
+
+def test_an_unknown_binding_outcome_keeps_the_reservation_until_the_pod_is_read_back(
+    harness: Harness, api: ApiServer
+) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
+    service, sched = harness.start()
+    binder = service.extender.binder
+    real = binder.client
+    # Applied, no answer, and the read-back fails too: kept, unconfirmed, until a read-back succeeds.
+    a = harness.add_pod("a", [(1_000, 0)])
+    binder.client = _Flaky(real, RuntimeError("apply"), get_fails_after_post=True)
+    assert "outcome unknown" in sched.bind(a, "n1")
+    res = service.reservations.get(a["metadata"]["uid"])
+    assert res is not None and not res.confirmed
+    service.check_pods()
+    res = service.reservations.get(a["metadata"]["uid"])
+    assert res is not None and res.confirmed
+    # Not applied (a 503 from a proxy), read back unbound: dropped.
+    b = harness.add_pod("b", [(1_000, 0)])
+    binder.client = _Flaky(real, kubeapi.Unavailable(503, "ServiceUnavailable", "proxy"), False)
+    assert sched.bind(b, "n1").startswith("rdma-cni: binding pod team-a/b to n1 failed")
+    assert service.reservations.get(b["metadata"]["uid"]) is None
+    # Not applied, and the read-back fails: kept; the next read-back drops it.
+    c = harness.add_pod("c", [(1_000, 0)])
+    binder.client = _Flaky(real, kubeapi.Unavailable(0, "NoAnswer", "reset"), True)
+    assert "outcome unknown" in sched.bind(c, "n1")
+    assert service.reservations.get(c["metadata"]["uid"]) is not None
+    service.check_pods()
+    assert service.reservations.get(c["metadata"]["uid"]) is None
+    # A clear 4xx refusal drops it at once.
+    d = harness.add_pod("d", [(1_000, 0)])
+    binder.client = _Flaky(real, kubeapi.Invalid(422, "Invalid", "no"), True)
+    assert sched.bind(d, "n1").startswith("rdma-cni: binding pod team-a/d to n1 failed")
+    assert service.reservations.get(d["metadata"]["uid"]) is None
+
+
+def test_a_state_stamped_in_the_future_is_stale(harness: Harness, api: ApiServer) -> None:
+    future = dataclasses.replace(so.state(PFS), updated="2099-01-01T00:00:00Z")
+    harness.add_node("ahead", future)
+    harness.add_node("now", so.state(PFS))
+    _, sched = harness.start(max_state_age=900)
+    pod = harness.add_pod("a", [(1, 0)])
+    out = sched.post("filter", so.args_names(pod, ["ahead", "now"]))
+    assert out["NodeNames"] == ["now"]
+    assert "stamped more than 60 s in the future" in out["FailedAndUnresolvableNodes"]["ahead"]
+    assert sched.bind(pod, "ahead").startswith("rdma-cni: node state is stamped more than 60 s in the future")
+    assert unbound(api, "a")

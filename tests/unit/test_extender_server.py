@@ -204,10 +204,13 @@ def test_internal_error_still_answers_in_the_verbs_format(
 
 
 def test_preempt_full_victims(served: tuple[Extender, Client]) -> None:
-    _, client = served
-    nodes = [so.node("n1", enc(PFS, [("v1", [("ens1f0", 20_000, 0)]), ("v2", [("ens1f1", 20_000, 0)])]))]
-    # Full-Node requests feed the views preempt and bind fall back to.
-    client.post("/filter", so.args_nodes(so.rdma_pod("x", [(1, 0)]), nodes))
+    ext, client = served
+    watched = {
+        "n1": ext.decider.view(enc(PFS, [("v1", [("ens1f0", 20_000, 0)]), ("v2", [("ens1f1", 20_000, 0)])]))
+    }
+    ext._cache_views = lambda: watched
+    # A full-Node filter saying n1 is empty changes nothing preempt believes (the watched cache).
+    client.post("/filter", so.args_nodes(so.rdma_pod("x", [(1, 0)]), [so.node("n1", enc(PFS))]))
     pod = so.rdma_pod("big", [(15_000, 0), (15_000, 0)])
     doc = {
         "Pod": pod,
