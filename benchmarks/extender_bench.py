@@ -50,7 +50,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rdma_cni import nodestate  # noqa: E402
+from rdma_cni.shared import nodestate  # noqa: E402
 from rdma_cni.shared.nodestate import Allocation, InterfaceUse, NodeState, PfSummary  # noqa: E402
 from tests.support.apiserver import make_node  # noqa: E402
 
