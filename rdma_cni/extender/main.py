@@ -24,7 +24,7 @@ from rdma_cni.extender.cache import NodeCache
 from rdma_cni.extender.decide import Decider, Policy
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.server import Extender, ExtenderServer
+from rdma_cni.extender.server import Extender, ExtenderServer, UnauthenticatedListener, check_listener
 from rdma_cni.shared import placement
 from rdma_cni.shared.podrequest import PodRequest, parse_request
 
@@ -38,7 +38,7 @@ _ANNOTATION_KEY = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-
 def _listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"--listen {value!r}: expected ADDR:PORT, e.g. 0.0.0.0:8888")
+        raise argparse.ArgumentTypeError(f"--listen {value!r}: expected ADDR:PORT, e.g. 127.0.0.1:8888")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
@@ -71,10 +71,26 @@ def parser() -> argparse.ArgumentParser:
         prog="rdma-cni scheduler-extender",
         description="kube-scheduler extender placing RDMA pods on nodes whose published state fits them.",
     )
-    p.add_argument("--listen", type=_listen, required=True, help="ADDR:PORT to serve on")
+    p.add_argument(
+        "--listen",
+        type=_listen,
+        required=True,
+        help="ADDR:PORT to serve on; any address but loopback (127.0.0.0/8, [::1]) needs --client-ca",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account)")
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", help="... and this key (PEM)")
+    p.add_argument(
+        "--client-ca",
+        help="require a client certificate signed by this CA (PEM): kube-scheduler's extender "
+        "tlsConfig certFile/keyFile; needs --tls-cert and --tls-key",
+    )
+    p.add_argument(
+        "--client-name",
+        action="append",
+        default=[],
+        help="accept only client certificates with this subject CN or DNS/URI SAN (repeatable)",
+    )
     p.add_argument("--policy", choices=("binpack", "spread"), default="binpack", help="prioritize policy")
     p.add_argument(
         "--networks",
@@ -148,6 +164,7 @@ class Service:
         *,
         listen: tuple[str, int],
         tls: ssl.SSLContext | None = None,
+        client_names: frozenset[str] = frozenset(),
         policy: Policy = "binpack",
         networks: frozenset[str] = frozenset(),
         default_request: PodRequest | None = None,
@@ -176,7 +193,7 @@ class Service:
             cache_views=lambda: self.cache.views,
             cache_generation=lambda: self.cache.generation,
         )
-        self.server = ExtenderServer(listen, self.extender, tls)
+        self.server = ExtenderServer(listen, self.extender, tls, client_names)
         self.sweep_interval = sweep_interval
         self.pod_check_interval = pod_check_interval
         self.backoff = backoff
@@ -269,6 +286,18 @@ def main(argv: list[str], out: TextIO) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         sys.stderr.write("rdma-cni scheduler-extender: --tls-cert and --tls-key go together\n")
         return 2
+    if args.client_ca and not args.tls_cert:
+        sys.stderr.write("rdma-cni scheduler-extender: --client-ca needs --tls-cert and --tls-key\n")
+        return 2
+    if args.client_name and not args.client_ca:
+        sys.stderr.write("rdma-cni scheduler-extender: --client-name needs --client-ca\n")
+        return 2
+    if not args.client_ca:
+        try:
+            check_listener(args.listen[0], None)  # before anything is loaded or bound
+        except UnauthenticatedListener as exc:
+            sys.stderr.write(f"rdma-cni scheduler-extender: {exc}\n")
+            return 2
     networks = frozenset(n.strip() for n in args.networks.split(",") if n.strip())
     if networks and args.default_request is None:
         args.default_request = parse_request("[{}]", "--default-request")
@@ -283,6 +312,13 @@ def main(argv: list[str], out: TextIO) -> int:
         except (OSError, ssl.SSLError) as exc:
             sys.stderr.write(f"rdma-cni scheduler-extender: cannot load --tls-cert/--tls-key: {exc}\n")
             return 1
+        if args.client_ca:
+            try:
+                tls.load_verify_locations(cafile=args.client_ca)
+            except (OSError, ssl.SSLError) as exc:
+                sys.stderr.write(f"rdma-cni scheduler-extender: cannot load --client-ca: {exc}\n")
+                return 1
+            tls.verify_mode = ssl.CERT_REQUIRED
     try:
         client = kubeapi.ApiClient.from_kubeconfig(args.kubeconfig)
     except CniError as exc:
@@ -299,7 +335,12 @@ def main(argv: list[str], out: TextIO) -> int:
             max_state_age=args.max_state_age,
             reservation_ttl=args.reservation_ttl,
             annotation=args.annotation,
+            client_names=frozenset(args.client_name),
         )
+    except UnauthenticatedListener as exc:  # a host name that resolved to a non-loopback address
+        sys.stderr.write(f"rdma-cni scheduler-extender: {exc}\n")
+        client.close()
+        return 2
     except OSError as exc:
         host, port = args.listen
         sys.stderr.write(f"rdma-cni scheduler-extender: cannot listen on {host}:{port}: {exc}\n")
@@ -313,7 +354,10 @@ def main(argv: list[str], out: TextIO) -> int:
     signal.signal(signal.SIGINT, on_signal)
     service.start()
     host, port = service.address
-    out.write(json.dumps({"listening": f"{host}:{port}", "tls": tls is not None}) + "\n")
+    out.write(
+        json.dumps({"listening": f"{host}:{port}", "tls": tls is not None, "client_ca": bool(args.client_ca)})
+        + "\n"
+    )
     out.flush()
     while not done.wait(1.0):
         pass
