@@ -77,6 +77,12 @@ def parser() -> argparse.ArgumentParser:
         required=True,
         help="ADDR:PORT to serve on; any address but loopback (127.0.0.0/8, [::1]) needs --client-ca",
     )
+    p.add_argument(
+        "--probe-listen",
+        type=_listen,
+        default=None,
+        help="ADDR:PORT serving only GET /healthz and /readyz in plain HTTP, for the kubelet's probes",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account)")
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", help="... and this key (PEM)")
@@ -165,6 +171,7 @@ class Service:
         listen: tuple[str, int],
         tls: ssl.SSLContext | None = None,
         client_names: frozenset[str] = frozenset(),
+        probe_listen: tuple[str, int] | None = None,
         policy: Policy = "binpack",
         networks: frozenset[str] = frozenset(),
         default_request: PodRequest | None = None,
@@ -194,6 +201,13 @@ class Service:
             cache_generation=lambda: self.cache.generation,
         )
         self.server = ExtenderServer(listen, self.extender, tls, client_names)
+        self.probe_server: ExtenderServer | None = None
+        if probe_listen is not None:
+            try:
+                self.probe_server = ExtenderServer(probe_listen, self.extender, probes_only=True)
+            except BaseException:
+                self.server.server_close()
+                raise
         self.sweep_interval = sweep_interval
         self.pod_check_interval = pod_check_interval
         self.backoff = backoff
@@ -206,13 +220,24 @@ class Service:
         host, port = self.server.server_address[:2]
         return str(host), int(port)
 
+    @property
+    def probe_address(self) -> tuple[str, int] | None:
+        """The address of the probes' listener, if any."""
+        if self.probe_server is None:
+            return None
+        host, port = self.probe_server.server_address[:2]
+        return str(host), int(port)
+
     def start(self) -> Service:
         """Serve in background threads; readiness follows the cache and the rebuild."""
-        for target, name in (
+        targets = [
             (self.server.serve_forever, "http"),
             (self._startup, "startup"),
             (self._housekeeping, "housekeeping"),
-        ):
+        ]
+        if self.probe_server is not None:
+            targets.append((self.probe_server.serve_forever, "probes"))
+        for target, name in targets:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -224,6 +249,9 @@ class Service:
         self.cache.stop()
         self.server.shutdown()
         self.server.server_close()
+        if self.probe_server is not None:
+            self.probe_server.shutdown()
+            self.probe_server.server_close()
 
     def _startup(self) -> None:
         from rdma_cni.kube import client as kubeapi
@@ -336,14 +364,17 @@ def main(argv: list[str], out: TextIO) -> int:
             reservation_ttl=args.reservation_ttl,
             annotation=args.annotation,
             client_names=frozenset(args.client_name),
+            probe_listen=args.probe_listen,
         )
     except UnauthenticatedListener as exc:  # a host name that resolved to a non-loopback address
         sys.stderr.write(f"rdma-cni scheduler-extender: {exc}\n")
         client.close()
         return 2
     except OSError as exc:
-        host, port = args.listen
-        sys.stderr.write(f"rdma-cni scheduler-extender: cannot listen on {host}:{port}: {exc}\n")
+        where = "{}:{}".format(*args.listen)
+        if args.probe_listen is not None:
+            where += " or --probe-listen {}:{}".format(*args.probe_listen)
+        sys.stderr.write(f"rdma-cni scheduler-extender: cannot listen on {where}: {exc}\n")
         return 1
     done = threading.Event()
 
@@ -354,10 +385,10 @@ def main(argv: list[str], out: TextIO) -> int:
     signal.signal(signal.SIGINT, on_signal)
     service.start()
     host, port = service.address
-    out.write(
-        json.dumps({"listening": f"{host}:{port}", "tls": tls is not None, "client_ca": bool(args.client_ca)})
-        + "\n"
-    )
+    announced = {"listening": f"{host}:{port}", "tls": tls is not None, "client_ca": bool(args.client_ca)}
+    if service.probe_address is not None:
+        announced["probes"] = "{}:{}".format(*service.probe_address)
+    out.write(json.dumps(announced) + "\n")
     out.flush()
     while not done.wait(1.0):
         pass

@@ -480,7 +480,10 @@ class ExtenderServer(ThreadingHTTPServer):
     other than loopback unless ``tls`` requires client certificates, and
     checks the address it actually bound too (a host name may resolve anywhere).
     With ``client_names``, a verified client certificate must also carry one of
-    them as its subject CN or a DNS/URI SAN.
+    them as its subject CN or a DNS/URI SAN. With ``probes_only`` it serves
+    ``GET /healthz`` and ``/readyz`` and no verb, on any address, in plain HTTP:
+    the kubelet's probes reach it where they cannot reach a loopback or
+    client-certificate listener, and it gives nobody any power.
     """
 
     daemon_threads = True
@@ -492,28 +495,33 @@ class ExtenderServer(ThreadingHTTPServer):
         extender: Extender,
         tls: ssl.SSLContext | None = None,
         client_names: frozenset[str] = frozenset(),
+        *,
+        probes_only: bool = False,
     ) -> None:
         self.extender = extender
-        self.verbs = {
+        self.verbs: dict[str, Callable[[Any], Any]] = {
             "/filter": extender.filter_encoded,
             "/prioritize": extender.prioritize,
             "/preempt": extender.preempt,
             "/bind": extender.bind,
         }
+        if probes_only:
+            self.verbs = {}
         if client_names and not authenticates_clients(tls):
             raise UnauthenticatedListener("client names need client certificates (--client-ca)")
         self.tls = tls
         self.client_names = client_names
         self.decoder = ArgsDecoder()
         host = address[0]
-        if not host or _is_address(host):
+        if not probes_only and (not host or _is_address(host)):
             check_listener(host, tls)  # an address: refused before anything is bound
         if ":" in host:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler, bind_and_activate=False)
         try:
             self.server_bind()
-            check_listener(str(self.server_address[0]), tls)  # what a name (or "") resolved to
+            if not probes_only:
+                check_listener(str(self.server_address[0]), tls)  # what a name (or "") resolved to
             self.server_activate()
         except BaseException:
             self.server_close()

@@ -38,8 +38,10 @@ def _request(
 
 
 class Extender:
-    def __init__(self, proc: subprocess.Popen[str], port: int, tls: ssl.SSLContext | None) -> None:
-        self.proc, self.port, self.tls = proc, port, tls
+    def __init__(
+        self, proc: subprocess.Popen[str], port: int, tls: ssl.SSLContext | None, announced: dict[str, Any]
+    ) -> None:
+        self.proc, self.port, self.tls, self.announced = proc, port, tls, announced
 
     def conn(self) -> http.client.HTTPConnection:
         if self.tls is not None:
@@ -88,7 +90,7 @@ def start(tmp: Path, api: ApiServer, *extra: str, tls: bool = False, listen: str
         raise AssertionError(f"extender did not start: {proc.stderr.read() if proc.stderr else ''}")
     announced = json.loads(line)
     assert announced["tls"] is tls
-    return Extender(proc, int(announced["listening"].rsplit(":", 1)[1]), context)
+    return Extender(proc, int(announced["listening"].rsplit(":", 1)[1]), context, announced)
 
 
 @pytest.fixture
@@ -231,11 +233,19 @@ def test_process_with_client_ca_serves_only_its_certificates(
     )
     ext = start(
         tmp_path, api, "--client-ca", client_ca[0], "--client-name", "rdma-cni-kube-scheduler",
-        tls=True, listen="0.0.0.0:0",
+        "--probe-listen", "0.0.0.0:0", tls=True, listen="0.0.0.0:0",
     )  # fmt: skip
     procs.append(ext)
     assert ext.tls is not None
     ext.tls.load_cert_chain(*scheduler)
+    # The kubelet's probes have no client certificate: they have their own plain-HTTP port, without verbs.
+    probes = int(ext.announced["probes"].rsplit(":", 1)[1])
+    probe = http.client.HTTPConnection("127.0.0.1", probes, timeout=20)
+    probe.request("GET", "/healthz")
+    assert probe.getresponse().read() == b"ok\n"
+    probe.request("POST", "/bind", body=b"{}")
+    assert probe.getresponse().status == 404
+    probe.close()
     ext.wait_ready()
     pod = _request(api, "p", [(1_000, 0)])
     assert ext.call("POST", "/filter", so.args_names(pod, ["n1"]))[1]["NodeNames"] == ["n1"]

@@ -249,3 +249,30 @@ def test_client_name_restricts_certificates_of_the_same_ca(
 def test_client_names_without_client_certificates_are_refused() -> None:
     with pytest.raises(UnauthenticatedListener, match="--client-ca"):
         ExtenderServer(("127.0.0.1", 0), _extender(), None, frozenset({"kube-scheduler"}))
+
+
+def test_the_probe_listener_serves_probes_on_any_address_and_no_verb() -> None:
+    ext = _extender()
+    ext.ready.clear()
+    server = ExtenderServer(("0.0.0.0", 0), ext, probes_only=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+
+        def ask(method: str, path: str, body: bytes | None = None) -> int:
+            conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+            try:
+                conn.request(method, path, body=body)
+                return conn.getresponse().status
+            finally:
+                conn.close()
+
+        assert ask("GET", "/healthz") == 200
+        assert ask("GET", "/readyz") == 503
+        ext.ready.set()
+        assert ask("GET", "/readyz") == 200
+        for verb in ("/filter", "/prioritize", "/preempt", "/bind"):
+            assert ask("POST", verb, b"{}") == 404
+    finally:
+        server.shutdown()
+        server.server_close()
