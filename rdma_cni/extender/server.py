@@ -499,14 +499,16 @@ class ExtenderServer(ThreadingHTTPServer):
         probes_only: bool = False,
     ) -> None:
         self.extender = extender
-        self.verbs: dict[str, Callable[[Any], Any]] = {
-            "/filter": extender.filter_encoded,
-            "/prioritize": extender.prioritize,
-            "/preempt": extender.preempt,
-            "/bind": extender.bind,
-        }
-        if probes_only:
-            self.verbs = {}
+        self.verbs: dict[str, Callable[[Any], Any]] = (
+            {}
+            if probes_only
+            else {
+                "/filter": extender.filter_encoded,
+                "/prioritize": extender.prioritize,
+                "/preempt": extender.preempt,
+                "/bind": extender.bind,
+            }
+        )
         if client_names and not authenticates_clients(tls):
             raise UnauthenticatedListener("client names need client certificates (--client-ca)")
         self.tls = tls
