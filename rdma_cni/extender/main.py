@@ -25,7 +25,7 @@ from rdma_cni.extender.cache import NodeCache
 from rdma_cni.extender.decide import Decider, Policy
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.server import Extender, ExtenderServer
+from rdma_cni.extender.server import Extender, ExtenderServer, UnauthenticatedListener, check_listener
 from rdma_cni.shared import placement
 from rdma_cni.shared.podrequest import PodRequest, parse_request
 
@@ -39,7 +39,7 @@ _ANNOTATION_KEY = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-
 def _listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"--listen {value!r}: expected ADDR:PORT, e.g. 0.0.0.0:8888")
+        raise argparse.ArgumentTypeError(f"--listen {value!r}: expected ADDR:PORT, e.g. 127.0.0.1:8888")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
@@ -79,10 +79,32 @@ def parser() -> argparse.ArgumentParser:
         prog="rdma-cni scheduler-extender",
         description="kube-scheduler extender placing RDMA pods on nodes whose published state fits them.",
     )
-    p.add_argument("--listen", type=_listen, required=True, help="ADDR:PORT to serve on")
+    p.add_argument(
+        "--listen",
+        type=_listen,
+        required=True,
+        help="ADDR:PORT to serve on; any address but loopback (127.0.0.0/8, [::1]) needs --client-ca",
+    )
+    p.add_argument(
+        "--probe-listen",
+        type=_listen,
+        default=None,
+        help="ADDR:PORT serving only GET /healthz and /readyz in plain HTTP, for the kubelet's probes",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account)")
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", help="... and this key (PEM)")
+    p.add_argument(
+        "--client-ca",
+        help="require a client certificate signed by this CA (PEM): kube-scheduler's extender "
+        "tlsConfig certFile/keyFile; needs --tls-cert and --tls-key",
+    )
+    p.add_argument(
+        "--client-name",
+        action="append",
+        default=[],
+        help="accept only client certificates with this subject CN or DNS/URI SAN (repeatable)",
+    )
     p.add_argument("--policy", choices=("binpack", "spread"), default="binpack", help="prioritize policy")
     p.add_argument(
         "--networks",
@@ -164,6 +186,8 @@ class Service:
         *,
         listen: tuple[str, int],
         tls: ssl.SSLContext | None = None,
+        client_names: frozenset[str] = frozenset(),
+        probe_listen: tuple[str, int] | None = None,
         policy: Policy = "binpack",
         networks: frozenset[str] = frozenset(),
         default_request: PodRequest | None = None,
@@ -194,7 +218,14 @@ class Service:
             cache_generation=lambda: self.cache.generation,
             scheduler_names=scheduler_names,
         )
-        self.server = ExtenderServer(listen, self.extender, tls)
+        self.server = ExtenderServer(listen, self.extender, tls, client_names)
+        self.probe_server: ExtenderServer | None = None
+        if probe_listen is not None:
+            try:
+                self.probe_server = ExtenderServer(probe_listen, self.extender, probes_only=True)
+            except BaseException:
+                self.server.server_close()
+                raise
         self.sweep_interval = sweep_interval
         self.pod_check_interval = pod_check_interval
         self.backoff = backoff
@@ -207,13 +238,24 @@ class Service:
         host, port = self.server.server_address[:2]
         return str(host), int(port)
 
+    @property
+    def probe_address(self) -> tuple[str, int] | None:
+        """The address of the probes' listener, if any."""
+        if self.probe_server is None:
+            return None
+        host, port = self.probe_server.server_address[:2]
+        return str(host), int(port)
+
     def start(self) -> Service:
         """Serve in background threads; readiness follows the cache and the rebuild."""
-        for target, name in (
+        targets = [
             (self.server.serve_forever, "http"),
             (self._startup, "startup"),
             (self._housekeeping, "housekeeping"),
-        ):
+        ]
+        if self.probe_server is not None:
+            targets.append((self.probe_server.serve_forever, "probes"))
+        for target, name in targets:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -225,6 +267,9 @@ class Service:
         self.cache.stop()
         self.server.shutdown()
         self.server.server_close()
+        if self.probe_server is not None:
+            self.probe_server.shutdown()
+            self.probe_server.server_close()
 
     def _startup(self) -> None:
         from rdma_cni.kube import client as kubeapi
@@ -294,6 +339,18 @@ def main(argv: list[str], out: TextIO) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         sys.stderr.write("rdma-cni scheduler-extender: --tls-cert and --tls-key go together\n")
         return 2
+    if args.client_ca and not args.tls_cert:
+        sys.stderr.write("rdma-cni scheduler-extender: --client-ca needs --tls-cert and --tls-key\n")
+        return 2
+    if args.client_name and not args.client_ca:
+        sys.stderr.write("rdma-cni scheduler-extender: --client-name needs --client-ca\n")
+        return 2
+    if not args.client_ca:
+        try:
+            check_listener(args.listen[0], None)  # before anything is loaded or bound
+        except UnauthenticatedListener as exc:
+            sys.stderr.write(f"rdma-cni scheduler-extender: {exc}\n")
+            return 2
     networks = frozenset(n.strip() for n in args.networks.split(",") if n.strip())
     if networks and args.default_request is None:
         args.default_request = parse_request("[{}]", "--default-request")
@@ -308,6 +365,13 @@ def main(argv: list[str], out: TextIO) -> int:
         except (OSError, ssl.SSLError) as exc:
             sys.stderr.write(f"rdma-cni scheduler-extender: cannot load --tls-cert/--tls-key: {exc}\n")
             return 1
+        if args.client_ca:
+            try:
+                tls.load_verify_locations(cafile=args.client_ca)
+            except (OSError, ssl.SSLError) as exc:
+                sys.stderr.write(f"rdma-cni scheduler-extender: cannot load --client-ca: {exc}\n")
+                return 1
+            tls.verify_mode = ssl.CERT_REQUIRED
     try:
         client = kubeapi.ApiClient.from_kubeconfig(args.kubeconfig)
     except CniError as exc:
@@ -325,10 +389,18 @@ def main(argv: list[str], out: TextIO) -> int:
             reservation_ttl=args.reservation_ttl,
             annotation=args.annotation,
             scheduler_names=frozenset(args.scheduler_names or DEFAULT_SCHEDULER_NAMES),
+            client_names=frozenset(args.client_name),
+            probe_listen=args.probe_listen,
         )
+    except UnauthenticatedListener as exc:  # a host name that resolved to a non-loopback address
+        sys.stderr.write(f"rdma-cni scheduler-extender: {exc}\n")
+        client.close()
+        return 2
     except OSError as exc:
-        host, port = args.listen
-        sys.stderr.write(f"rdma-cni scheduler-extender: cannot listen on {host}:{port}: {exc}\n")
+        where = "{}:{}".format(*args.listen)
+        if args.probe_listen is not None:
+            where += " or --probe-listen {}:{}".format(*args.probe_listen)
+        sys.stderr.write(f"rdma-cni scheduler-extender: cannot listen on {where}: {exc}\n")
         return 1
     done = threading.Event()
 
@@ -339,7 +411,10 @@ def main(argv: list[str], out: TextIO) -> int:
     signal.signal(signal.SIGINT, on_signal)
     service.start()
     host, port = service.address
-    out.write(json.dumps({"listening": f"{host}:{port}", "tls": tls is not None}) + "\n")
+    announced = {"listening": f"{host}:{port}", "tls": tls is not None, "client_ca": bool(args.client_ca)}
+    if service.probe_address is not None:
+        announced["probes"] = "{}:{}".format(*service.probe_address)
+    out.write(json.dumps(announced) + "\n")
     out.flush()
     while not done.wait(1.0):
         pass

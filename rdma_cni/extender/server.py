@@ -15,6 +15,7 @@ API server's copy of the pod (see bind.py).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
@@ -39,7 +40,7 @@ from rdma_cni.extender.rawargs import ArgsDecoder
 from rdma_cni.extender.reservations import Reservations
 from rdma_cni.shared import nodestate
 
-__all__ = ["Extender", "ExtenderServer"]
+__all__ = ["Extender", "ExtenderServer", "UnauthenticatedListener", "check_listener", "is_loopback"]
 
 log = logging.getLogger("rdma_cni.extender.server")
 
@@ -423,25 +424,113 @@ class _Handler(socketserver.StreamRequestHandler):
         self.wfile.write(head.encode("latin-1") + body)
 
 
+class UnauthenticatedListener(ValueError):
+    """A listener that anyone on the network could call: refused, not warned about."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback; False for 0.0.0.0, ::, names and the rest."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def authenticates_clients(tls: ssl.SSLContext | None) -> bool:
+    """True when every connection must present a certificate the context verifies."""
+    return tls is not None and tls.verify_mode == ssl.CERT_REQUIRED
+
+
+def check_listener(host: str, tls: ssl.SSLContext | None) -> None:
+    """Refuse a listener that is not on loopback and does not require a client certificate.
+
+    The extender holds cluster-wide ``pods/binding``: whoever can call it can
+    bind any pod to any node. Only kube-scheduler may: either as its sidecar on
+    loopback (127.0.0.0/8, ::1), or with a client certificate signed by the CA
+    given with ``--client-ca``.
+    """
+    if is_loopback(host) or authenticates_clients(tls):
+        return
+    raise UnauthenticatedListener(
+        f"refusing to listen on {host or '0.0.0.0'} without client authentication: the extender binds "
+        "pods cluster-wide, so only kube-scheduler may call it; listen on loopback (127.0.0.1, as "
+        "kube-scheduler's sidecar) or require client certificates (--tls-cert, --tls-key and --client-ca)"
+    )
+
+
+def peer_names(cert: dict[str, Any]) -> set[str]:
+    """The subject common names and DNS/URI subject alternative names of a verified peer certificate."""
+    names = {value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName"}
+    names.update(value for kind, value in cert.get("subjectAltName", ()) if kind in ("DNS", "URI"))
+    return names
+
+
 class ExtenderServer(ThreadingHTTPServer):
-    """A threaded HTTP server for an :class:`Extender`, optionally TLS."""
+    """A threaded HTTP server for an :class:`Extender`, optionally TLS.
+
+    It refuses (:class:`UnauthenticatedListener`, before it binds) an address
+    other than loopback unless ``tls`` requires client certificates, and
+    checks the address it actually bound too (a host name may resolve anywhere).
+    With ``client_names``, a verified client certificate must also carry one of
+    them as its subject CN or a DNS/URI SAN. With ``probes_only`` it serves
+    ``GET /healthz`` and ``/readyz`` and no verb, on any address, in plain HTTP:
+    the kubelet's probes reach it where they cannot reach a loopback or
+    client-certificate listener, and it gives nobody any power.
+    """
 
     daemon_threads = True
     request_queue_size = 128
 
     def __init__(
-        self, address: tuple[str, int], extender: Extender, tls: ssl.SSLContext | None = None
+        self,
+        address: tuple[str, int],
+        extender: Extender,
+        tls: ssl.SSLContext | None = None,
+        client_names: frozenset[str] = frozenset(),
+        *,
+        probes_only: bool = False,
     ) -> None:
         self.extender = extender
-        self.verbs = {
-            "/filter": extender.filter_encoded,
-            "/prioritize": extender.prioritize,
-            "/preempt": extender.preempt,
-            "/bind": extender.bind,
-        }
+        self.verbs: dict[str, Callable[[Any], Any]] = (
+            {}
+            if probes_only
+            else {
+                "/filter": extender.filter_encoded,
+                "/prioritize": extender.prioritize,
+                "/preempt": extender.preempt,
+                "/bind": extender.bind,
+            }
+        )
+        if client_names and not authenticates_clients(tls):
+            raise UnauthenticatedListener("client names need client certificates (--client-ca)")
         self.tls = tls
+        self.client_names = client_names
         self.decoder = ArgsDecoder()
-        super().__init__(address, _Handler)
+        host = address[0]
+        if not probes_only and (not host or _is_address(host)):
+            check_listener(host, tls)  # an address: refused before anything is bound
+        if ":" in host:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler, bind_and_activate=False)
+        try:
+            self.server_bind()
+            if not probes_only:
+                check_listener(str(self.server_address[0]), tls)  # what a name (or "") resolved to
+            self.server_activate()
+        except BaseException:
+            self.server_close()
+            raise
 
     def get_request(self) -> tuple[Any, Any]:
         sock, addr = super().get_request()
@@ -450,6 +539,24 @@ class ExtenderServer(ThreadingHTTPServer):
             # The handshake happens on the handler thread's first read, not in the accept loop.
             sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         return sock, addr
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.client_names:
+            # On the handler thread: the handshake, then the verified certificate's names.
+            try:
+                request.do_handshake()
+                names = peer_names(request.getpeercert() or {})
+            except (OSError, ValueError) as exc:
+                log.debug("%s: TLS handshake failed: %s", client_address[0], exc)
+                return
+            if not names & self.client_names:
+                log.warning(
+                    "%s: client certificate names %s, none of --client-name: connection closed",
+                    client_address[0],
+                    sorted(names) or "nothing",
+                )
+                return
+        super().finish_request(request, client_address)
 
     def bad_json(self, path: str, message: str) -> Any:
         """The error answer in the format of the verb at ``path``."""

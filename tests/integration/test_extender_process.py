@@ -25,7 +25,7 @@ import pytest
 from rdma_cni.shared import nodestate
 from tests.integration.conftest import plugin_command
 from tests.support import sched_objects as so
-from tests.support.apiserver import ApiServer
+from tests.support.apiserver import ApiServer, make_ca, make_cert
 
 ANNOTATION = "rdma_interfaces_required"
 
@@ -38,8 +38,10 @@ def _request(
 
 
 class Extender:
-    def __init__(self, proc: subprocess.Popen[str], port: int, tls: ssl.SSLContext | None) -> None:
-        self.proc, self.port, self.tls = proc, port, tls
+    def __init__(
+        self, proc: subprocess.Popen[str], port: int, tls: ssl.SSLContext | None, announced: dict[str, Any]
+    ) -> None:
+        self.proc, self.port, self.tls, self.announced = proc, port, tls, announced
 
     def conn(self) -> http.client.HTTPConnection:
         if self.tls is not None:
@@ -64,13 +66,13 @@ class Extender:
         raise AssertionError("extender never became ready")
 
 
-def start(tmp: Path, api: ApiServer, *extra: str, tls: bool = False) -> Extender:
+def start(tmp: Path, api: ApiServer, *extra: str, tls: bool = False, listen: str = "127.0.0.1:0") -> Extender:
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
     cmd = [
         *plugin_command(),
         "scheduler-extender",
         "--listen",
-        "127.0.0.1:0",
+        listen,
         "--kubeconfig",
         kubeconfig,
         *extra,
@@ -88,7 +90,7 @@ def start(tmp: Path, api: ApiServer, *extra: str, tls: bool = False) -> Extender
         raise AssertionError(f"extender did not start: {proc.stderr.read() if proc.stderr else ''}")
     announced = json.loads(line)
     assert announced["tls"] is tls
-    return Extender(proc, int(announced["listening"].rsplit(":", 1)[1]), context)
+    return Extender(proc, int(announced["listening"].rsplit(":", 1)[1]), context, announced)
 
 
 @pytest.fixture
@@ -195,6 +197,8 @@ def test_process_serves_https(tmp_path: Path, api: ApiServer, procs: list[Extend
         (["--listen", "127.0.0.1:0", "--annotation", "bad key!"], "is not a valid Kubernetes annotation key"),
         (["--listen", "127.0.0.1:0", "--policy", "random"], "invalid choice: 'random'"),
         (["--listen", "127.0.0.1:0", "--scheduler-name", ""], "is not a valid scheduler name"),
+        (["--listen", "127.0.0.1:0", "--client-ca", "/ca.crt"], "--client-ca needs --tls-cert and --tls-key"),
+        (["--listen", "127.0.0.1:0", "--client-name", "x"], "--client-name needs --client-ca"),
         (["--listen", "127.0.0.1:0", "--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig"),
         (
             ["--listen", "127.0.0.1:0", "--tls-cert", "/nonexistent.crt", "--tls-key", "/k"],
@@ -211,9 +215,84 @@ def test_bad_options_are_refused_by_name(args: list[str], message: str) -> None:
     assert proc.stdout == ""
 
 
+@pytest.mark.parametrize("listen", ["0.0.0.0:8888", ":8888", "10.0.0.1:8888", "[::]:8888"])
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_network_listener_without_client_certificates_is_refused_at_start_up(
+    tmp_path: Path, api: ApiServer, listen: str, tls: bool
+) -> None:
+    """Whoever reaches the extender could bind any pod anywhere: refused, not warned about."""
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    cmd = [*plugin_command(), "scheduler-extender", "--listen", listen, "--kubeconfig", kubeconfig]
+    if tls:
+        cmd += ["--tls-cert", api.server_cert_path, "--tls-key", api.server_key_path]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "without client authentication" in proc.stderr and "--client-ca" in proc.stderr
+    assert proc.stdout == ""
+    assert api.requests_seen == []  # refused before it talks to the API
+
+
 def test_address_that_cannot_be_served_is_refused(tmp_path: Path, api: ApiServer) -> None:
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    cmd = [*plugin_command(), "scheduler-extender", "--listen", "203.0.113.1:1", "--kubeconfig", kubeconfig]
+    cmd = [
+        *plugin_command(), "scheduler-extender", "--listen", "203.0.113.1:1", "--kubeconfig", kubeconfig,
+        "--tls-cert", api.server_cert_path, "--tls-key", api.server_key_path, "--client-ca", api.ca_path,
+    ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "cannot listen on 203.0.113.1:1" in proc.stderr
+
+
+def test_process_with_client_ca_serves_only_its_certificates(
+    tmp_path: Path, api: ApiServer, procs: list[Extender]
+) -> None:
+    """On 0.0.0.0 with --client-ca: kube-scheduler's certificate is served, nothing else is."""
+    api.add_node(
+        "n1", annotations={nodestate.ANNOTATION: nodestate.encode(so.state([("ens1f0", 25_000, 4)]))}
+    )
+    client_ca = make_ca(str(tmp_path), "client-ca", "kube-scheduler client CA")
+    scheduler = make_cert(str(tmp_path), client_ca, "scheduler", "/CN=rdma-cni-kube-scheduler", client=True)
+    other = make_cert(str(tmp_path), client_ca, "other", "/CN=system:node:n1", client=True)
+    forged = make_cert(
+        str(tmp_path),
+        make_ca(str(tmp_path), "other-ca"),
+        "forged",
+        "/CN=rdma-cni-kube-scheduler",
+        client=True,
+    )
+    ext = start(
+        tmp_path, api, "--client-ca", client_ca[0], "--client-name", "rdma-cni-kube-scheduler",
+        "--probe-listen", "0.0.0.0:0", tls=True, listen="0.0.0.0:0",
+    )  # fmt: skip
+    procs.append(ext)
+    assert ext.tls is not None
+    ext.tls.load_cert_chain(*scheduler)
+    # The kubelet's probes have no client certificate: they have their own plain-HTTP port, without verbs.
+    probes = int(ext.announced["probes"].rsplit(":", 1)[1])
+    probe = http.client.HTTPConnection("127.0.0.1", probes, timeout=20)
+    probe.request("GET", "/healthz")
+    assert probe.getresponse().read() == b"ok\n"
+    probe.request("POST", "/bind", body=b"{}")
+    assert probe.getresponse().status == 404
+    probe.close()
+    ext.wait_ready()
+    pod = _request(api, "p", [(1_000, 0)])
+    assert ext.call("POST", "/filter", so.args_names(pod, ["n1"]))[1]["NodeNames"] == ["n1"]
+    for cert in (None, forged, other):
+        context = ssl.create_default_context(cafile=api.ca_path)
+        if cert is not None:
+            context.load_cert_chain(*cert)
+        conn = http.client.HTTPSConnection("127.0.0.1", ext.port, timeout=20, context=context)
+        meta = pod["metadata"]
+        bind = {
+            "PodName": meta["name"],
+            "PodNamespace": meta["namespace"],
+            "PodUID": meta["uid"],
+            "Node": "n1",
+        }
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+            conn.request("POST", "/bind", body=json.dumps(bind), headers={"Content-Type": "application/json"})
+            conn.getresponse().read()
+        conn.close()
+    assert api.get_pod("team-a", "p")["spec"].get("nodeName") is None  # type: ignore[index]
+    assert ext.call("GET", "/healthz")[0] == 200 and ext.proc.poll() is None

@@ -85,7 +85,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["MAX_ANNOTATIONS_BYTES", "ApiServer", "SeenRequest", "make_ca", "make_node"]
+__all__ = ["MAX_ANNOTATIONS_BYTES", "ApiServer", "SeenRequest", "make_ca", "make_cert", "make_node"]
 
 KUBECONFIG_MODES = ("token", "token-file", "client-cert-files", "client-cert-data", "insecure")
 
@@ -186,6 +186,22 @@ def _issue(
     )  # fmt: skip
     os.unlink(csr)
     return crt, key
+
+
+def make_cert(
+    directory: str, ca: tuple[str, str], stem: str, subject: str, *, client: bool, sans: str = ""
+) -> tuple[str, str]:
+    """Issue ``{stem}.crt``/``{stem}.key`` signed by ``ca`` (``make_ca``'s pair): a client certificate
+    (extendedKeyUsage clientAuth) or a server one (serverAuth, for ``sans``); ``subject`` as
+    ``/CN=name``. Returns the (certificate, key) paths."""
+    directory = os.path.abspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    if client:
+        paths = _issue(directory, ca, stem, subject, "client_ext", "")
+    else:
+        paths = _issue(directory, ca, stem, subject, "server_ext", sans or "IP:127.0.0.1,DNS:localhost")
+    os.unlink(os.path.join(directory, "openssl.cnf"))
+    return paths
 
 
 def _san_for(host: str) -> str:

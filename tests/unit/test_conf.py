@@ -36,7 +36,7 @@ EXPECTED_FILES = {
     "Containerfile",
     # Checked in test_conf_scheduler.py:
     "scheduler-extender.yaml",
-    "kube-scheduler-rdma-profile.yaml",
+    "scheduler-extender-mtls.yaml",
     "kube-scheduler-default.yaml",
 }
 

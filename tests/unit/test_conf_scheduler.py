@@ -1,11 +1,16 @@
-"""The scheduler half of conf/: the extender's manifests and the two KubeSchedulerConfigurations.
+"""The scheduler half of conf/: the extender's two deployments and their KubeSchedulerConfigurations.
 
-The manifests are validated strictly against Kubernetes' schemas like the
-rest of conf/. kubernetes-validate has no schema for kube-scheduler's own
-configuration, so it is checked here against the documented fields of
-kubescheduler.config.k8s.io/v1 and kube-scheduler's validation rules, and
-against the manifests it must agree with (Service name and port, TLS, the
-verbs the extender serves).
+The default, scheduler-extender.yaml, runs the extender as a sidecar of a
+second kube-scheduler on loopback (its configuration in a ConfigMap);
+scheduler-extender-mtls.yaml runs it behind a Service requiring client
+certificates, for kube-scheduler-default.yaml. The manifests are validated
+strictly against Kubernetes' schemas like the rest of conf/. kubernetes-validate
+has no schema for kube-scheduler's own configuration, so it is checked here
+against the documented fields of kubescheduler.config.k8s.io/v1 and
+kube-scheduler's validation rules, and against the manifests it must agree
+with (loopback port, Service name and port, TLS and client certificates, the
+verbs the extender serves). No variant serves the verbs on a network address
+without client authentication.
 """
 
 from __future__ import annotations
@@ -21,12 +26,18 @@ import pytest
 import yaml
 
 from rdma_cni.extender.main import parser as extender_parser
+from rdma_cni.extender.server import is_loopback
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
-EXTENDER = "scheduler-extender.yaml"
-SCHEDULER_CONFIGS = ("kube-scheduler-rdma-profile.yaml", "kube-scheduler-default.yaml")
+SIDECAR = "scheduler-extender.yaml"  # the default
+MTLS = "scheduler-extender-mtls.yaml"
+EXTENDERS = (SIDECAR, MTLS)
+# Where each KubeSchedulerConfiguration is: the sidecar's in its ConfigMap.
+SCHEDULER_CONFIGS = ("sidecar", "kube-scheduler-default.yaml")
+# Which extender deployment each configuration calls.
+CALLS = {"sidecar": SIDECAR, "kube-scheduler-default.yaml": MTLS}
 
 # The paths the extender serves (rdma_cni/extender/server.py); kube-scheduler
 # appends "/" + verb to urlPrefix.
@@ -169,87 +180,202 @@ def load(name: str) -> list[dict[str, Any]]:
         return [doc for doc in yaml.safe_load_all(f) if doc]
 
 
-def one(name: str, kind: str) -> dict[str, Any]:
-    found = [doc for doc in load(name) if doc.get("kind") == kind]
-    assert len(found) == 1, f"{name}: expected one {kind}, found {len(found)}"
+def one(name: str, kind: str, metadata_name: str | None = None) -> dict[str, Any]:
+    found = [
+        doc
+        for doc in load(name)
+        if doc.get("kind") == kind and metadata_name in (None, doc["metadata"]["name"])
+    ]
+    assert len(found) == 1, f"{name}: expected one {kind} {metadata_name or ''}, found {len(found)}"
     return found[0]
 
 
-def extender_args() -> list[str]:
-    container = one(EXTENDER, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+def pod_spec(name: str) -> dict[str, Any]:
+    return one(name, "Deployment")["spec"]["template"]["spec"]
+
+
+def extender_container(name: str) -> dict[str, Any]:
+    (container,) = [c for c in pod_spec(name)["containers"] if c["command"][1:2] == ["scheduler-extender"]]
+    return container
+
+
+def extender_args(name: str) -> list[str]:
+    container = extender_container(name)
     command = container["command"]
     assert command[:2] == ["/usr/local/bin/rdma-cni", "scheduler-extender"]
     return list(command[2:]) + list(container.get("args", []))
+
+
+def scheduler_config(where: str) -> dict[str, Any]:
+    if where == "sidecar":
+        data = one(SIDECAR, "ConfigMap")["data"]
+        assert list(data) == ["config.yaml"]
+        return yaml.safe_load(data["config.yaml"])
+    (doc,) = load(where)
+    return doc
+
+
+def mounts(name: str, container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """mountPath -> the volume mounted there."""
+    volumes = {v["name"]: v for v in pod_spec(name)["volumes"]}
+    return {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
 
 
 # -- the extender's manifests
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_extender_manifests_validate_strictly(version: str) -> None:
-    docs = load(EXTENDER)
-    assert {d["kind"] for d in docs} == {
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Service",
-        "Deployment",
-    }
+@pytest.mark.parametrize(
+    ("name", "kinds"),
+    [
+        (
+            SIDECAR,
+            {
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+                "ConfigMap",
+                "Deployment",
+            },
+        ),
+        (MTLS, {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"}),
+    ],
+)
+def test_extender_manifests_validate_strictly(name: str, kinds: set[str], version: str) -> None:
+    docs = load(name)
+    assert {d["kind"] for d in docs} == kinds
     for doc in docs:
         kubernetes_validate.validate(doc, version, strict=True)
 
 
-def test_broken_extender_deployment_fails_validation() -> None:
-    doc = copy.deepcopy(one(EXTENDER, "Deployment"))
+@pytest.mark.parametrize("name", EXTENDERS)
+def test_broken_extender_deployment_fails_validation(name: str) -> None:
+    doc = copy.deepcopy(one(name, "Deployment"))
     doc["spec"]["strategy"]["rollingUpdate"] = "all at once"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(doc, K8S_VERSIONS[0], strict=True)
 
 
-def test_exactly_one_replica_replaced_not_rolled() -> None:
-    spec = one(EXTENDER, "Deployment")["spec"]
+@pytest.mark.parametrize("name", EXTENDERS)
+def test_exactly_one_replica_replaced_not_rolled(name: str) -> None:
+    spec = one(name, "Deployment")["spec"]
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
 
 
-def test_extender_command_line_parses_with_the_extenders_own_parser() -> None:
-    args = extender_parser().parse_args(extender_args())
-    assert args.tls_cert and args.tls_key and args.kubeconfig is None  # in-cluster service account
-    deployment = one(EXTENDER, "Deployment")["spec"]["template"]["spec"]
-    mounts = {m["name"]: m["mountPath"] for m in deployment["containers"][0]["volumeMounts"]}
-    secret = next(v for v in deployment["volumes"] if "secret" in v)
+def _extender_files() -> list[str]:
+    """Every file in conf/ that runs the extender."""
+    return sorted(p.name for p in CONF.glob("*.yaml") if "scheduler-extender\n" in p.read_text() + "\n")
+
+
+def test_no_variant_serves_the_network_without_client_certificates() -> None:
+    """The extender can bind any pod anywhere: loopback, or client certificates of a given CA."""
+    files = [n for n in _extender_files() if any(d.get("kind") == "Deployment" for d in load(n))]
+    assert sorted(files) == sorted(EXTENDERS)
+    for name in files:
+        args = extender_parser().parse_args(extender_args(name))
+        host = args.listen[0]
+        assert is_loopback(host) or (args.client_ca and args.tls_cert and args.tls_key), name
+
+
+def test_sidecar_listens_on_loopback_where_its_kube_scheduler_calls() -> None:
+    args = extender_parser().parse_args(extender_args(SIDECAR))
+    assert args.listen == ("127.0.0.1", 8888) and is_loopback(args.listen[0])
+    assert args.tls_cert is None and args.client_ca is None and args.kubeconfig is None
+    (ext,) = scheduler_config("sidecar")["extenders"]
+    url = urllib.parse.urlsplit(ext["urlPrefix"])
+    assert (url.scheme, url.hostname, url.port, url.path) == ("http", args.listen[0], args.listen[1], "")
+    assert ext["enableHTTPS"] is False and "tlsConfig" not in ext
+    assert "hostNetwork" not in pod_spec(SIDECAR)  # the pod's loopback, not the node's
+    assert not [d for d in load(SIDECAR) if d["kind"] == "Service"]  # nothing to reach it by
+
+
+def test_sidecar_kube_scheduler_reads_the_configmap() -> None:
+    (scheduler,) = [c for c in pod_spec(SIDECAR)["containers"] if c["name"] == "kube-scheduler"]
+    assert scheduler["image"].startswith("registry.k8s.io/kube-scheduler:v1.")
+    (config,) = [a.split("=", 1)[1] for a in scheduler["command"] if a.startswith("--config=")]
+    volume = mounts(SIDECAR, scheduler)[str(Path(config).parent)]
+    assert volume["configMap"]["name"] == one(SIDECAR, "ConfigMap")["metadata"]["name"]
+    assert Path(config).name == "config.yaml"
+    assert scheduler_config("sidecar").get("clientConnection") is None  # the pod's service account
+
+
+def test_sidecar_kube_scheduler_has_kube_schedulers_rights() -> None:
+    account = one(SIDECAR, "ServiceAccount")["metadata"]
+    subject = [{"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}]
+    assert pod_spec(SIDECAR)["serviceAccountName"] == account["name"]
+    bound = {
+        (d["kind"], d["roleRef"]["kind"], d["roleRef"]["name"])
+        for d in load(SIDECAR)
+        if d["kind"] in ("ClusterRoleBinding", "RoleBinding") and d["subjects"] == subject
+    }
+    lease = one(SIDECAR, "Role", "rdma-scheduler-lease")
+    assert bound == {
+        ("ClusterRoleBinding", "ClusterRole", one(SIDECAR, "ClusterRole")["metadata"]["name"]),
+        ("ClusterRoleBinding", "ClusterRole", "system:kube-scheduler"),
+        ("ClusterRoleBinding", "ClusterRole", "system:volume-scheduler"),
+        ("RoleBinding", "Role", "extension-apiserver-authentication-reader"),
+        ("RoleBinding", "Role", lease["metadata"]["name"]),
+    }
+    election = scheduler_config("sidecar")["leaderElection"]
+    assert lease["rules"][0]["resourceNames"] == [election["resourceName"]]
+    assert lease["metadata"]["namespace"] == election["resourceNamespace"]
+
+
+def test_mtls_command_line_parses_with_the_extenders_own_parser() -> None:
+    args = extender_parser().parse_args(extender_args(MTLS))
+    assert args.tls_cert and args.tls_key and args.client_ca and args.kubeconfig is None
+    assert args.client_name == ["rdma-cni-kube-scheduler"]
+    assert not is_loopback(args.listen[0])  # behind the Service: only client certificates protect it
+    volumes = mounts(MTLS, extender_container(MTLS))
     for path in (args.tls_cert, args.tls_key):
-        assert Path(path).parent == Path(mounts[secret["name"]])
+        assert volumes[str(Path(path).parent)]["secret"]["secretName"] == "rdma-cni-scheduler-extender-tls"
     assert (
         Path(args.tls_cert).name == "tls.crt" and Path(args.tls_key).name == "tls.key"
     )  # a kubernetes.io/tls Secret
+    ca = volumes[str(Path(args.client_ca).parent)]
+    assert ca["configMap"]["name"] == "rdma-cni-scheduler-extender-client-ca"
+    assert Path(args.client_ca).name == "ca.crt"
 
 
-def test_service_probes_and_listen_port_agree() -> None:
-    args = extender_parser().parse_args(extender_args())
-    container = one(EXTENDER, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+@pytest.mark.parametrize("name", EXTENDERS)
+def test_probes_reach_only_the_probe_listener(name: str) -> None:
+    """The kubelet has no client certificate and cannot reach loopback: probes have their own port."""
+    args = extender_parser().parse_args(extender_args(name))
+    container = extender_container(name)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert args.probe_listen is not None and ports["probes"] == args.probe_listen[1]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes", "scheme": "HTTP"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes", "scheme": "HTTP"}
+
+
+def test_mtls_service_and_listen_port_agree() -> None:
+    args = extender_parser().parse_args(extender_args(MTLS))
+    container = extender_container(MTLS)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["https"] == args.listen[1]
-    service = one(EXTENDER, "Service")
-    assert (
-        service["spec"]["selector"] == one(EXTENDER, "Deployment")["spec"]["template"]["metadata"]["labels"]
-    )
-    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["https"]
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "https", "scheme": "HTTPS"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
+    service = one(MTLS, "Service")
+    assert service["spec"]["selector"] == one(MTLS, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["https"]  # not the probes
 
 
-def test_extender_runs_unprivileged() -> None:
-    pod = one(EXTENDER, "Deployment")["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == one(EXTENDER, "ServiceAccount")["metadata"]["name"]
+@pytest.mark.parametrize("name", EXTENDERS)
+def test_extender_runs_unprivileged(name: str) -> None:
+    pod = pod_spec(name)
+    assert pod["serviceAccountName"] == one(name, "ServiceAccount")["metadata"]["name"]
     assert pod["securityContext"]["runAsNonRoot"] is True and "hostNetwork" not in pod
-    ctx = pod["containers"][0]["securityContext"]
-    assert ctx["allowPrivilegeEscalation"] is False and ctx["readOnlyRootFilesystem"] is True
-    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    for container in pod["containers"]:
+        ctx = container["securityContext"]
+        assert ctx["allowPrivilegeEscalation"] is False and ctx["capabilities"] == {"drop": ["ALL"]}
+    assert extender_container(name)["securityContext"]["readOnlyRootFilesystem"] is True
 
 
-def test_extender_rbac_is_exactly_what_it_uses() -> None:
-    rules = one(EXTENDER, "ClusterRole")["rules"]
+@pytest.mark.parametrize("name", EXTENDERS)
+def test_extender_rbac_is_exactly_what_it_uses(name: str) -> None:
+    role = one(name, "ClusterRole")
+    rules = role["rules"]
     granted = {(res, verb) for rule in rules for res in rule["resources"] for verb in rule["verbs"]}
     assert all(rule["apiGroups"] == [""] for rule in rules)
     assert granted == {
@@ -261,21 +387,30 @@ def test_extender_rbac_is_exactly_what_it_uses() -> None:
         ("pods", "watch"),
         ("pods/binding", "create"),
     }
-    binding = one(EXTENDER, "ClusterRoleBinding")
-    account = one(EXTENDER, "ServiceAccount")["metadata"]
-    assert binding["roleRef"]["name"] == one(EXTENDER, "ClusterRole")["metadata"]["name"]
+    (binding,) = [
+        d
+        for d in load(name)
+        if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"]
+    ]
+    account = one(name, "ServiceAccount")["metadata"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
     ]
 
 
+def test_both_variants_grant_the_extender_the_same_rights() -> None:
+    # Same ClusterRole name in both files: applying one after the other changes nothing.
+    assert one(SIDECAR, "ClusterRole") == one(MTLS, "ClusterRole")
+    names = {d["metadata"]["name"] for n in EXTENDERS for d in load(n) if d["kind"] == "ClusterRoleBinding"}
+    assert len(names) == sum(1 for n in EXTENDERS for d in load(n) if d["kind"] == "ClusterRoleBinding")
+
+
 # -- the KubeSchedulerConfigurations
 
 
-@pytest.mark.parametrize("name", SCHEDULER_CONFIGS)
-def test_scheduler_config_is_valid(name: str) -> None:
-    (doc,) = load(name)
-    assert validation_errors(doc) == []
+@pytest.mark.parametrize("where", SCHEDULER_CONFIGS)
+def test_scheduler_config_is_valid(where: str) -> None:
+    assert validation_errors(scheduler_config(where)) == []
 
 
 @pytest.mark.parametrize(
@@ -301,18 +436,15 @@ def test_scheduler_config_is_valid(name: str) -> None:
     ],
 )
 def test_broken_scheduler_config_is_rejected(change: Any, expected: str) -> None:
-    (doc,) = load(SCHEDULER_CONFIGS[0])
-    broken = copy.deepcopy(doc)
+    broken = copy.deepcopy(scheduler_config("kube-scheduler-default.yaml"))
     change(broken)
     errors = validation_errors(broken)
     assert any(expected in e for e in errors), errors
 
 
-@pytest.mark.parametrize("name", SCHEDULER_CONFIGS)
-def test_scheduler_config_reaches_the_extender(name: str) -> None:
-    (doc,) = load(name)
-    (ext,) = doc["extenders"]
-    service = one(EXTENDER, "Service")
+def test_default_scheduler_reaches_the_mtls_extender_with_its_client_certificate() -> None:
+    (ext,) = scheduler_config("kube-scheduler-default.yaml")["extenders"]
+    service = one(MTLS, "Service")
     dns = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
     url = urllib.parse.urlsplit(ext["urlPrefix"])
     assert (url.scheme, url.hostname, url.port, url.path) == (
@@ -321,16 +453,21 @@ def test_scheduler_config_reaches_the_extender(name: str) -> None:
         service["spec"]["ports"][0]["port"],
         "",
     )
-    assert ext["enableHTTPS"] is True and extender_parser().parse_args(extender_args()).tls_cert
-    assert ext["tlsConfig"]["serverName"] == dns and "insecure" not in ext["tlsConfig"]
-    assert Path(ext["tlsConfig"]["caFile"]).is_absolute()
-    assert {key: ext[key] for key in SERVED_VERBS} == SERVED_VERBS
+    args = extender_parser().parse_args(extender_args(MTLS))
+    assert ext["enableHTTPS"] is True and args.tls_cert and args.client_ca
+    tls = ext["tlsConfig"]
+    assert tls["serverName"] == dns and "insecure" not in tls
+    # certFile/keyFile: the client certificate the extender requires (--client-ca).
+    for key in ("caFile", "certFile", "keyFile"):
+        assert Path(tls[key]).is_absolute(), key
+    assert len({tls["caFile"], tls["certFile"], tls["keyFile"]}) == 3
 
 
-@pytest.mark.parametrize("name", SCHEDULER_CONFIGS)
-def test_scheduler_config_choices(name: str) -> None:
-    (doc,) = load(name)
+@pytest.mark.parametrize("where", SCHEDULER_CONFIGS)
+def test_scheduler_config_serves_the_verbs_with_these_choices(where: str) -> None:
+    doc = scheduler_config(where)
     (ext,) = doc["extenders"]
+    assert {key: ext[key] for key in SERVED_VERBS} == SERVED_VERBS
     assert ext["nodeCacheCapable"] is True  # names only: the extender's cache holds node states
     assert ext["ignorable"] is False  # never schedule RDMA pods blind
     assert ext["weight"] >= 1 and "managedResources" not in ext
@@ -339,20 +476,22 @@ def test_scheduler_config_choices(name: str) -> None:
 
 
 def test_second_profile_runs_beside_the_default_scheduler() -> None:
-    (doc,) = load("kube-scheduler-rdma-profile.yaml")
+    doc = scheduler_config("sidecar")
     assert [p["schedulerName"] for p in doc["profiles"]] == ["rdma-scheduler"]
     election = doc["leaderElection"]
     assert election["resourceName"] not in ("", "kube-scheduler")  # its own lease
 
 
-def test_extender_binds_the_pods_of_the_profile_that_calls_it() -> None:
-    (doc,) = load("kube-scheduler-rdma-profile.yaml")
-    args = extender_parser().parse_args(extender_args())
+@pytest.mark.parametrize(("name", "where"), [(SIDECAR, "sidecar"), (MTLS, "kube-scheduler-default.yaml")])
+def test_extender_binds_the_pods_of_the_profile_that_calls_it(name: str, where: str) -> None:
+    # bind refuses pods of other schedulers: each variant must serve the profiles that call it.
+    doc = scheduler_config(where)
+    args = extender_parser().parse_args(extender_args(name))
     assert args.scheduler_names == [p["schedulerName"] for p in doc["profiles"]]
 
 
 def test_default_scheduler_config_keeps_the_default_profile() -> None:
-    (doc,) = load("kube-scheduler-default.yaml")
+    doc = scheduler_config("kube-scheduler-default.yaml")
     assert [p["schedulerName"] for p in doc["profiles"]] == ["default-scheduler"]
     assert doc["clientConnection"]["kubeconfig"] == "/etc/kubernetes/scheduler.conf"  # kubeadm's
 
@@ -386,7 +525,7 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
     from tests.support import sched_objects as so
     from tests.support.apiserver import ApiServer
 
-    rules = one(EXTENDER, "ClusterRole")["rules"]
+    rules = one(SIDECAR, "ClusterRole")["rules"]
     granted = {(res, verb) for rule in rules for res in rule["resources"] for verb in rule["verbs"]}
     with ApiServer() as api:
         state = nodestate.encode(so.state([("ens1f0", 25_000, 4)]))
