@@ -27,6 +27,7 @@ from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender import wire
 from rdma_cni.extender.answers import Answers
 from rdma_cni.extender.bind import Binder, PodMemo
+from rdma_cni.extender.bounded import Bounded
 from rdma_cni.extender.decide import Decider, NodeView, Verdict
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.preempt import keep_nodes
@@ -41,6 +42,9 @@ log = logging.getLogger("rdma_cni.extender.server")
 # Scores from a pod's filter, reused by its prioritize when it comes within this many seconds.
 _SCORES_FRESH = 5.0
 _SCORES_KEPT = 1024
+# Full-Node views kept (see Extender.seen): nodes, and bytes of their annotations.
+_SEEN_KEPT = 5_000
+_SEEN_BYTES = 8 * 1024 * 1024
 # kube-scheduler in NodeNames mode sends the pod and the names: at 5,000 nodes of ~64-byte names about
 # 0.4 MB, at 15,000 nodes of 253-byte names (the longest) about 4 MB. Full-Node mode (a few KiB per Node)
 # is for small clusters: 16 MiB still carries ~1,500 Nodes. Decoded, a body takes several times its size
@@ -85,8 +89,9 @@ class Extender:
         # Bumped by the cache after every change of its views; None: lists are never reused.
         self._cache_generation: Callable[[], int | None] = cache_generation or (lambda: None)
         self._last_lookup: tuple[int, list[str], list[NodeView | None]] | None = None
-        # Views last seen in full-Node requests: bind and preempt fall back to them.
-        self.seen: dict[str, NodeView] = {}
+        # Views last seen in full-Node requests: bind and preempt fall back to them. Bounded: a
+        # client sending new names (or huge annotations) request after request evicts old ones.
+        self.seen: Bounded[str, NodeView] = Bounded(_SEEN_KEPT, _SEEN_BYTES)
         self.memo = PodMemo()
         # Per pod uid: (when, demand key, score of a node, the passing list and its encoded priorities,
         # if cached).
@@ -118,7 +123,7 @@ class Extender:
             annotations = meta.get("annotations") or {}
             text = annotations.get(self.annotation) if isinstance(annotations, dict) else None
             view = self.decider.view(text if isinstance(text, str) else None)
-            self.seen[name] = view
+            self.seen.put(name, view, 256 + (len(text) if isinstance(text, str) else 0))
             names.append(name)
             out.append(view)
         return names, out

@@ -484,3 +484,58 @@ def test_connection_cap_keeps_threads_bounded_and_filters_answered(tight: tuple[
         kept.close()
         for raw in idle:
             raw.close()
+
+
+def test_full_node_views_are_bounded_by_count_and_bytes(
+    served: tuple[Extender, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rdma_cni.extender import decide, server
+
+    monkeypatch.setattr(server, "_SEEN_KEPT", 30)
+    monkeypatch.setattr(server, "_SEEN_BYTES", 64 * 1024)
+    monkeypatch.setattr(decide, "_VIEW_BYTES", 64 * 1024)
+    ext = Extender(
+        decider=Decider(max_state_age=120),
+        demands=Demands(annotation="rdma_interfaces_required"),
+        reservations=Reservations(60),
+    )
+    pod = so.rdma_pod("p", [(1_000, 0)])
+    for round_ in range(20):  # new names, and new annotation texts, request after request
+        nodes = [
+            so.node(f"n{round_}-{i}", enc(PFS, generation=round_ * 100 + i + 1), images=0) for i in range(10)
+        ]
+        assert len(ext.filter(so.args_nodes(pod, nodes))["Nodes"]["items"]) == 10
+        assert len(ext.seen) <= 30 and ext.seen.weight <= 64 * 1024
+        assert ext.decider._view_bytes <= 64 * 1024
+    # The most recent views are the ones kept.
+    assert "n19-9" in ext.seen and "n0-0" not in ext.seen
+    # One annotation heavier than the whole bound is never kept.
+    huge = so.node("huge", enc(PFS) + " " * 70_000, images=0)
+    ext.filter(so.args_nodes(pod, [huge]))
+    assert "huge" not in ext.seen and ext.seen.weight <= 64 * 1024
+
+
+def test_request_ends_and_answers_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdma_cni.extender import answers, rawargs
+    from rdma_cni.extender.rawargs import ArgsDecoder
+
+    monkeypatch.setattr(rawargs, "_TAIL_BYTES", 100_000)
+    decoder = ArgsDecoder()
+    for n in range(40):  # ends of new lengths, each seen twice (so remembered and checked)
+        body = json.dumps(so.args_names(so.pod("p"), [f"node-{i:05d}" for i in range(500 + n)])).encode()
+        decoder.loads(body)
+        decoder.loads(body)
+        assert decoder._seen.weight <= 100_000 and decoder._known.weight <= 100_000
+    assert 0 < len(decoder._known) < 16
+    monkeypatch.setattr(answers, "_NAMES_KEPT", 1_000)
+    ext = Extender(
+        decider=Decider(max_state_age=120),
+        demands=Demands(annotation="rdma_interfaces_required"),
+        reservations=Reservations(60),
+    )
+    ext.ready.set()
+    names = [f"node-{i}" for i in range(300)]
+    for rate in range(1, 20):  # a new shape each time
+        ext.filter(so.args_names(so.rdma_pod("p", [(rate * 100, 0)]), names))
+        assert ext.answers._shapes.weight <= 1_000
+    assert len(ext.answers._shapes) == 3
