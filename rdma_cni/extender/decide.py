@@ -34,7 +34,7 @@ _VERDICT_LIMIT = 200_000
 _VIEW_LIMIT = 50_000
 # ... and at most this many bytes of annotation texts (a view holds its state decoded, a few times more);
 # a text longer than _VIEW_TEXT_MAX (a real one is a few KiB) is decoded for each request, never kept.
-_VIEW_BYTES = 16 * 1024 * 1024
+_VIEW_BYTES = 8 * 1024 * 1024
 _VIEW_TEXT_MAX = 256 * 1024
 
 Extra = Mapping[str, tuple[int, int]]

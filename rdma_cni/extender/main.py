@@ -24,7 +24,7 @@ from rdma_cni.extender.cache import NodeCache
 from rdma_cni.extender.decide import Decider, Policy
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.server import Extender, ExtenderServer
+from rdma_cni.extender.server import MAX_CONNECTIONS, Extender, ExtenderServer
 from rdma_cni.shared import placement
 from rdma_cni.shared.podrequest import PodRequest, parse_request
 
@@ -87,6 +87,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reservation-ttl", type=_positive, default=300.0, help="seconds (default 300)")
     p.add_argument(
         "--annotation", type=_annotation, default="rdma_interfaces_required", help="pod annotation key"
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help=f"connections served at once (default {MAX_CONNECTIONS}); half-open ones give way to new ones",
     )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return p
@@ -157,6 +163,7 @@ class Service:
         sweep_interval: float = 1.0,
         pod_check_interval: float = 10.0,
         backoff: tuple[float, float] = (0.2, 10.0),
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.client = client
         self.decider = Decider(policy=policy, max_state_age=max_state_age)
@@ -176,7 +183,7 @@ class Service:
             cache_views=lambda: self.cache.views,
             cache_generation=lambda: self.cache.generation,
         )
-        self.server = ExtenderServer(listen, self.extender, tls)
+        self.server = ExtenderServer(listen, self.extender, tls, max_connections=max_connections)
         self.sweep_interval = sweep_interval
         self.pod_check_interval = pod_check_interval
         self.backoff = backoff
@@ -299,6 +306,7 @@ def main(argv: list[str], out: TextIO) -> int:
             max_state_age=args.max_state_age,
             reservation_ttl=args.reservation_ttl,
             annotation=args.annotation,
+            max_connections=args.max_connections,
         )
     except OSError as exc:
         host, port = args.listen

@@ -38,7 +38,7 @@ _MIN_TAIL = 1024
 # kube-scheduler's end at 5,000 nodes is ~0.4 MB (4 MB at 15,000 nodes of the longest names); a
 # remembered end also keeps its decoded list, counted as twice its bytes more.
 _KEPT = 16
-_TAIL_BYTES = 16 * 1024 * 1024
+_TAIL_BYTES = 8 * 1024 * 1024
 
 
 class ArgsDecoder:

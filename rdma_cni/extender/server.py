@@ -44,15 +44,20 @@ _SCORES_FRESH = 5.0
 _SCORES_KEPT = 1024
 # Full-Node views kept (see Extender.seen): nodes, and bytes of their annotations.
 _SEEN_KEPT = 5_000
-_SEEN_BYTES = 8 * 1024 * 1024
+_SEEN_BYTES = 4 * 1024 * 1024
 # kube-scheduler in NodeNames mode sends the pod and the names: at 5,000 nodes of ~64-byte names about
 # 0.4 MB, at 15,000 nodes of 253-byte names (the longest) about 4 MB. Full-Node mode (a few KiB per Node)
 # is for small clusters: 16 MiB still carries ~1,500 Nodes. Decoded, a body takes several times its size
 # in memory, so 16 MiB x BODY_BUDGET_BODIES stays well inside the Deployment's 512 MiB limit.
-MAX_BODY = 16 * 1024 * 1024
+MAX_BODY = 8 * 1024 * 1024
 # Bodies read and decoded at once, in bytes of Content-Length; a request that finds no room within
-# _BUDGET_WAIT seconds gets 503 (kube-scheduler sends one filter at a time).
-BODY_BUDGET = 2 * MAX_BODY
+# _BUDGET_WAIT seconds gets 503 (kube-scheduler sends one filter at a time, and binds are small).
+# Decoded JSON takes up to ~25 times its text (``[{},{},...]``: a 64-byte dict per 3 bytes), so
+# 12 MiB in flight is at most ~300 MiB decoded: with the bounded caches, under the 512 MiB limit.
+BODY_BUDGET = 12 * 1024 * 1024
+# Nodes in one request: work and answers take ~0.4 KB per node whatever its name's length, so a body of
+# short names must not multiply that. kube-scheduler supports 5,000 nodes; 20,000 leaves room.
+MAX_NODES = 20_000
 _BUDGET_WAIT = 2.0
 # Connections served at once (one thread each); see ExtenderServer.verify_request for who makes room.
 MAX_CONNECTIONS = 256
@@ -349,6 +354,20 @@ class _Conn:
         self.dead = False
 
 
+def _nodes_in(doc: Any) -> int:
+    """How many nodes a decoded ExtenderArgs / ExtenderPreemptionArgs names (0 for anything else)."""
+    if not isinstance(doc, dict):
+        return 0
+    count = 0
+    for key in ("NodeNames", "NodeNameToVictims", "NodeNameToMetaVictims"):
+        value = doc.get(key)
+        if isinstance(value, (list, dict)):
+            count = max(count, len(value))
+    nodes = doc.get("Nodes")
+    items = nodes.get("items") if isinstance(nodes, dict) else None
+    return max(count, len(items)) if isinstance(items, list) else count
+
+
 class _Handler(socketserver.StreamRequestHandler):
     """HTTP/1.1 with keep-alive: what kube-scheduler's Go client and the kubelet's probes send.
 
@@ -457,6 +476,8 @@ class _Handler(socketserver.StreamRequestHandler):
         try:
             if isinstance(doc, Exception):
                 answer: Any = server.bad_json(path, f"rdma-cni: request body is not JSON: {doc}")
+            elif _nodes_in(doc) > server.max_nodes:
+                answer = server.bad_json(path, f"rdma-cni: more than {server.max_nodes} nodes in one request")
             else:
                 answer = verb(doc)
         except Exception as exc:  # a bug: still answer in the verb's format
@@ -547,6 +568,7 @@ class ExtenderServer(ThreadingHTTPServer):
         max_connections: int = MAX_CONNECTIONS,
         max_body: int = MAX_BODY,
         body_budget: int = BODY_BUDGET,
+        max_nodes: int = MAX_NODES,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         request_timeout: float = REQUEST_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
@@ -562,6 +584,7 @@ class ExtenderServer(ThreadingHTTPServer):
         self.decoder = ArgsDecoder()
         self.max_connections = max_connections
         self.max_body = max_body
+        self.max_nodes = max_nodes
         self.budget = _Budget(max(body_budget, max_body))
         self.handshake_timeout = handshake_timeout
         self.request_timeout = request_timeout

@@ -527,7 +527,7 @@ def test_request_ends_and_answers_are_bounded(monkeypatch: pytest.MonkeyPatch) -
         decoder.loads(body)
         assert decoder._seen.weight <= 100_000 and decoder._known.weight <= 100_000
     assert 0 < len(decoder._known) < 16
-    monkeypatch.setattr(answers, "_NAMES_KEPT", 1_000)
+    monkeypatch.setattr(answers, "_SHAPES_BYTES", 300_000)
     ext = Extender(
         decider=Decider(max_state_age=120),
         demands=Demands(annotation="rdma_interfaces_required"),
@@ -537,5 +537,5 @@ def test_request_ends_and_answers_are_bounded(monkeypatch: pytest.MonkeyPatch) -
     names = [f"node-{i}" for i in range(300)]
     for rate in range(1, 20):  # a new shape each time
         ext.filter(so.args_names(so.rdma_pod("p", [(rate * 100, 0)]), names))
-        assert ext.answers._shapes.weight <= 1_000
+        assert ext.answers._shapes.weight <= 300_000
     assert len(ext.answers._shapes) == 3
