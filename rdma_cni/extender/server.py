@@ -541,6 +541,27 @@ class _Handler(socketserver.StreamRequestHandler):
         self.wfile.write(head.encode("latin-1") + body)
 
 
+def _tune_malloc() -> None:
+    """Have glibc give the memory of large bodies back (a no-op elsewhere).
+
+    glibc raises its mmap threshold to the size of each large block freed, up
+    to 32 MiB: after a few large bodies, later ones come from the heap and stay
+    resident when freed (one 128 MiB body once left 530 MiB). A fixed threshold
+    keeps every block over 256 KiB in its own mapping, unmapped when freed, and
+    two arenas keep the connection threads from holding a heap each.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-3, 256 * 1024)  # M_MMAP_THRESHOLD
+    mallopt(-8, 2)  # M_ARENA_MAX
+
+
 class ExtenderServer(ThreadingHTTPServer):
     """A threaded HTTP server for an :class:`Extender`, optionally TLS, bounded under attack.
 
@@ -595,6 +616,7 @@ class ExtenderServer(ThreadingHTTPServer):
         self.evicted = 0
         self.refused = 0
         self.reaped = 0
+        _tune_malloc()
         super().__init__(address, _Handler)
 
     def get_request(self) -> tuple[Any, Any]:
