@@ -54,7 +54,10 @@ MAX_BODY = 8 * 1024 * 1024
 # _BUDGET_WAIT seconds gets 503 (kube-scheduler sends one filter at a time, and binds are small).
 # Decoded JSON takes up to ~25 times its text (``[{},{},...]``: a 64-byte dict per 3 bytes), so
 # 12 MiB in flight is at most ~300 MiB decoded: with the bounded caches, under the 512 MiB limit.
+# The last 4 MiB (kube-scheduler's filter at 15,000 nodes of the longest names) are kept for connections
+# that completed a request before (see _Budget).
 BODY_BUDGET = 12 * 1024 * 1024
+BODY_RESERVE = 4 * 1024 * 1024
 # Nodes in one request: work and answers take ~0.4 KB per node whatever its name's length, so a body of
 # short names must not multiply that. kube-scheduler supports 5,000 nodes; 20,000 leaves room.
 MAX_NODES = 20_000
@@ -314,17 +317,25 @@ class _BadRequest(Exception):
 
 
 class _Budget:
-    """Bytes of request bodies held at once: a body is read only once its Content-Length fits."""
+    """Bytes of request bodies held at once: a body is read only once its Content-Length fits.
 
-    def __init__(self, total: int) -> None:
+    Connections that never completed a request may fill ``total - reserve``;
+    the last ``reserve`` bytes are for connections that did (kube-scheduler's
+    kept-alive ones), so that bodies trickling in from strangers never keep its
+    filters waiting.
+    """
+
+    def __init__(self, total: int, reserve: int) -> None:
         self.total = total
+        self.reserve = min(reserve, total)
         self.used = 0
         self.peak = 0
         self._cond = threading.Condition()
 
-    def acquire(self, size: int, timeout: float) -> bool:
+    def acquire(self, size: int, timeout: float, proven: bool) -> bool:
+        limit = self.total if proven else self.total - self.reserve
         with self._cond:
-            if not self._cond.wait_for(lambda: self.used + size <= self.total, timeout):
+            if not self._cond.wait_for(lambda: self.used + size <= limit, timeout):
                 return False
             self.used += size
             self.peak = max(self.peak, self.used)
@@ -452,7 +463,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 close=True,
             )
             return False
-        if not server.budget.acquire(length, _BUDGET_WAIT):
+        if not server.budget.acquire(length, min(_BUDGET_WAIT, server.request_timeout / 2), self.conn.proven):
             self._send(503, b"too many request bodies at once; retry\n", "text/plain", close=True)
             return False
         try:
@@ -574,7 +585,8 @@ class ExtenderServer(ThreadingHTTPServer):
     being answered (a handshake, or headers or a body trickling in); when there
     is none, the new one is closed at once. So a flood of half-open connections
     never pushes out kube-scheduler's kept-alive one. Request bodies are limited
-    to ``max_body`` bytes each and ``body_budget`` bytes at once.
+    to ``max_body`` bytes each and ``body_budget`` bytes at once, of which
+    ``body_reserve`` only for connections that completed a request before.
     """
 
     daemon_threads = True
@@ -589,6 +601,7 @@ class ExtenderServer(ThreadingHTTPServer):
         max_connections: int = MAX_CONNECTIONS,
         max_body: int = MAX_BODY,
         body_budget: int = BODY_BUDGET,
+        body_reserve: int = BODY_RESERVE,
         max_nodes: int = MAX_NODES,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         request_timeout: float = REQUEST_TIMEOUT,
@@ -606,7 +619,7 @@ class ExtenderServer(ThreadingHTTPServer):
         self.max_connections = max_connections
         self.max_body = max_body
         self.max_nodes = max_nodes
-        self.budget = _Budget(max(body_budget, max_body))
+        self.budget = _Budget(max(body_budget, max_body + body_reserve), body_reserve)
         self.handshake_timeout = handshake_timeout
         self.request_timeout = request_timeout
         self.idle_timeout = idle_timeout

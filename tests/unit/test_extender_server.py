@@ -337,6 +337,7 @@ def tight() -> Iterator[tuple[ExtenderServer, int]]:
         max_connections=8,
         max_body=64 * 1024,
         body_budget=128 * 1024,
+        body_reserve=32 * 1024,
         handshake_timeout=0.5,
         request_timeout=0.5,
         idle_timeout=1.0,
@@ -384,19 +385,31 @@ def test_expect_100_continue_over_the_limit_gets_413_and_no_100(tight: tuple[Ext
     assert out.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in out
 
 
-def test_body_budget_makes_the_excess_wait_then_503(tight: tuple[ExtenderServer, int]) -> None:
+def test_body_budget_refuses_the_excess_and_keeps_a_reserve_for_known_clients(
+    tight: tuple[ExtenderServer, int],
+) -> None:
     server, port = tight
+    # A kept-alive client that completed a request before (as kube-scheduler's).
+    kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    kept.request("GET", "/healthz")
+    assert kept.getresponse().read() == b"ok\n"
     head = b"POST /filter HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % server.max_body
-    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+    first = socket.create_connection(("127.0.0.1", port), timeout=5)
     try:
-        for raw in held:
-            raw.sendall(head + b" ")  # the budget is taken; the body trickles
+        first.sendall(head + b" ")  # takes the room strangers may use; the body trickles
         time.sleep(0.2)
-        assert server.budget.used == 2 * server.max_body
+        assert server.budget.used == server.max_body
+        # A second stranger's body finds no room: 503 after a short wait, unread.
+        out = exchange(port, head, read_all=False)
+        assert out.startswith(b"HTTP/1.1 503 "), out
+        # The known client's filter is answered at once from the reserve.
+        start = time.monotonic()
+        kept.request("POST", "/filter", body=_filter_bytes())
+        assert kept.getresponse().status == 200 and time.monotonic() - start < 1
     finally:
-        for raw in held:
-            raw.close()
-    # The trickling bodies' connections end (reaped or closed), and their room comes back.
+        first.close()
+        kept.close()
+    # The trickling body's connection ends (reaped or closed), and its room comes back.
     deadline = time.monotonic() + 5
     while server.budget.used and time.monotonic() < deadline:
         time.sleep(0.05)
