@@ -52,6 +52,12 @@ def _positive(value: str) -> float:
     return number
 
 
+def _connections(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 100_000:
+        raise argparse.ArgumentTypeError(f"--max-connections {value!r}: expected a number from 1 to 100000")
+    return int(value)
+
+
 def _default_request(value: str) -> PodRequest:
     try:
         return parse_request(value, "--default-request")
@@ -90,7 +96,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-connections",
-        type=int,
+        type=_connections,
         default=MAX_CONNECTIONS,
         help=f"connections served at once (default {MAX_CONNECTIONS}); half-open ones give way to new ones",
     )

@@ -552,3 +552,13 @@ def test_request_ends_and_answers_are_bounded(monkeypatch: pytest.MonkeyPatch) -
         ext.filter(so.args_names(so.rdma_pod("p", [(rate * 100, 0)]), names))
         assert ext.answers._shapes.weight <= 300_000
     assert len(ext.answers._shapes) == 3
+
+
+def test_max_connections_flag() -> None:
+    from rdma_cni.extender.main import parser
+
+    assert parser().parse_args(["--listen", ":0", "--max-connections", "7"]).max_connections == 7
+    assert parser().parse_args(["--listen", ":0"]).max_connections == 256
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["--listen", ":0", "--max-connections", bad])
