@@ -30,14 +30,19 @@ from dataclasses import dataclass
 from itertools import compress
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 
+from rdma_cni.extender.bounded import Bounded
 from rdma_cni.extender.decide import NodeView, Verdict
 from rdma_cni.extender.demand import Demand
 from rdma_cni.extender.reservations import Reservations
 
 __all__ = ["Answer", "Answers"]
 
-# Shapes kept; each holds a few lists the size of the node list.
+# Shapes kept; each holds a few lists the size of the node list (~0.3 KB per node, and fragments as long
+# as the names), so all kept shapes are bounded in (estimated) bytes as well: 32 shapes of 5,000 nodes
+# of 64-byte names. A list heavier than that alone is answered, never kept.
 _SHAPES_KEPT = 32
+_SHAPES_BYTES = 64 * 1024 * 1024
+_NODE_BYTES = 300
 # The four encoded parts of an answer, by position in _Shape.parts.
 _PASSING, _FAILED, _UNRESOLVABLE, _PRIORITY = range(4)
 
@@ -119,7 +124,7 @@ class Answers:
         self.judge = judge
         self.max_state_age = max_state_age
         self._lock = threading.Lock()
-        self._shapes: dict[tuple[tuple[int, int], ...], _Shape] = {}
+        self._shapes: Bounded[tuple[tuple[int, int], ...], _Shape] = Bounded(_SHAPES_KEPT, _SHAPES_BYTES)
         # How many nodes were judged, by full passes and by updates (tests and the benchmark read them).
         self.full_passes = 0
         self.rejudged = 0
@@ -178,9 +183,7 @@ class Answers:
             joined=joined,
             answer=self._answer(names, index, verdicts, passing, joined),
         )
-        if len(self._shapes) >= _SHAPES_KEPT:
-            self._shapes.clear()
-        self._shapes[demand.key] = shape
+        self._shapes.put(demand.key, shape, _NODE_BYTES * len(names) + 2 * sum(map(len, names)))
         return shape
 
     @staticmethod

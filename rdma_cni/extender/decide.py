@@ -35,6 +35,10 @@ FUTURE_SKEW = 60.0
 # Distinct (demand, state) verdicts and annotation texts kept; cleared when exceeded.
 _VERDICT_LIMIT = 200_000
 _VIEW_LIMIT = 50_000
+# ... and at most this many bytes of annotation texts (a view holds its state decoded, a few times more);
+# a text longer than _VIEW_TEXT_MAX (a real one is a few KiB) is decoded for each request, never kept.
+_VIEW_BYTES = 8 * 1024 * 1024
+_VIEW_TEXT_MAX = 256 * 1024
 
 Extra = Mapping[str, tuple[int, int]]
 _Fingerprint = tuple[tuple[placement.PfState, ...], int]
@@ -176,6 +180,7 @@ class Decider:
         self._tables: dict[tuple[tuple[int, int], ...], dict[int, Verdict]] = {}
         self._entries = 0
         self._views: dict[str | None, NodeView] = {}
+        self._view_bytes = 0
         self._extra_states: dict[
             tuple[int, tuple[tuple[str, tuple[int, int]], ...]],
             tuple[NodeView, tuple[placement.PfState, ...], int],
@@ -199,10 +204,15 @@ class Decider:
         if got is not None:
             return got
         view = self._build_view(text)
+        size = len(text) if text is not None else 0
+        if size > _VIEW_TEXT_MAX:
+            return view
         with self._lock:
-            if len(self._views) >= _VIEW_LIMIT:
+            if len(self._views) >= _VIEW_LIMIT or self._view_bytes + size > _VIEW_BYTES:
                 self._views.clear()
+                self._view_bytes = 0
             self._views[text] = view
+            self._view_bytes += size
         return view
 
     def _build_view(self, text: str | None) -> NodeView:

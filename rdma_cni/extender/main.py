@@ -25,7 +25,13 @@ from rdma_cni.extender.cache import NodeCache
 from rdma_cni.extender.decide import Decider, Policy
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.server import Extender, ExtenderServer, UnauthenticatedListener, check_listener
+from rdma_cni.extender.server import (
+    MAX_CONNECTIONS,
+    Extender,
+    ExtenderServer,
+    UnauthenticatedListener,
+    check_listener,
+)
 from rdma_cni.shared import placement
 from rdma_cni.shared.podrequest import PodRequest, parse_request
 
@@ -51,6 +57,12 @@ def _positive(value: str) -> float:
     if not number > 0 or number != number or number == float("inf"):
         raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
     return number
+
+
+def _connections(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 100_000:
+        raise argparse.ArgumentTypeError(f"--max-connections {value!r}: expected a number from 1 to 100000")
+    return int(value)
 
 
 def _default_request(value: str) -> PodRequest:
@@ -126,6 +138,12 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="spec.schedulerName of the pods bind accepts (repeatable; default rdma-scheduler)",
     )
+    p.add_argument(
+        "--max-connections",
+        type=_connections,
+        default=MAX_CONNECTIONS,
+        help=f"connections served at once (default {MAX_CONNECTIONS}); half-open ones give way to new ones",
+    )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return p
 
@@ -198,6 +216,7 @@ class Service:
         sweep_interval: float = 1.0,
         pod_check_interval: float = 10.0,
         backoff: tuple[float, float] = (0.2, 10.0),
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.client = client
         self.decider = Decider(policy=policy, max_state_age=max_state_age)
@@ -218,7 +237,9 @@ class Service:
             cache_generation=lambda: self.cache.generation,
             scheduler_names=scheduler_names,
         )
-        self.server = ExtenderServer(listen, self.extender, tls, client_names)
+        self.server = ExtenderServer(
+            listen, self.extender, tls, client_names, max_connections=max_connections
+        )
         self.probe_server: ExtenderServer | None = None
         if probe_listen is not None:
             try:
@@ -391,6 +412,7 @@ def main(argv: list[str], out: TextIO) -> int:
             scheduler_names=frozenset(args.scheduler_names or DEFAULT_SCHEDULER_NAMES),
             client_names=frozenset(args.client_name),
             probe_listen=args.probe_listen,
+            max_connections=args.max_connections,
         )
     except UnauthenticatedListener as exc:  # a host name that resolved to a non-loopback address
         sys.stderr.write(f"rdma-cni scheduler-extender: {exc}\n")

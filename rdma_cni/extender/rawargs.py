@@ -26,14 +26,19 @@ import json
 import threading
 from typing import Any
 
+from rdma_cni.extender.bounded import Bounded
+
 __all__ = ["ArgsDecoder"]
 
 _KEY = b'"NodeNames":'
 _NULL_END = _KEY + b"null}"
 # Ends shorter than this are decoded as they come: reusing them saves nothing.
 _MIN_TAIL = 1024
-# Remembered ends, by length; a node list change adds one, so few are needed.
+# Remembered ends, by length; a node list change adds one, so few are needed. Bounded in bytes too:
+# kube-scheduler's end at 5,000 nodes is ~0.4 MB (4 MB at 15,000 nodes of the longest names); a
+# remembered end also keeps its decoded list, counted as twice its bytes more.
 _KEPT = 16
+_TAIL_BYTES = 8 * 1024 * 1024
 
 
 class ArgsDecoder:
@@ -42,9 +47,9 @@ class ArgsDecoder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         # Length of an end -> (the end's bytes, the list it decodes to).
-        self._known: dict[int, tuple[bytes, list[Any]]] = {}
+        self._known: Bounded[int, tuple[bytes, list[Any]]] = Bounded(_KEPT, _TAIL_BYTES)
         # Ends seen once, not yet checked: an end is checked (one more decode) when it comes again.
-        self._seen: dict[int, bytes] = {}
+        self._seen: Bounded[int, bytes] = Bounded(_KEPT, _TAIL_BYTES)
         self.reused = 0  # bodies decoded with a remembered list (tests read it)
 
     def loads(self, raw: bytes) -> Any:
@@ -79,18 +84,13 @@ class ArgsDecoder:
         tail = raw[at:]
         with self._lock:
             if self._seen.get(size) != tail:
-                if len(self._seen) >= _KEPT:
-                    self._seen.clear()
-                self._seen[size] = tail
+                self._seen.put(size, tail, len(tail))
                 return
-            del self._seen[size]
+            self._seen.pop(size)
         # Seen twice: worth checking that between the key and the last byte (the brace that ends a
         # body decoding to an object) stands exactly one JSON value: the names' array.
         try:
             json.loads(tail[len(_KEY) : -1])
         except (ValueError, RecursionError):
             return
-        with self._lock:
-            if len(self._known) >= _KEPT:
-                self._known.clear()
-            self._known[size] = (tail, names)
+        self._known.put(size, (tail, names), 3 * len(tail))

@@ -6,6 +6,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -319,3 +320,245 @@ def test_expect_100_continue_and_a_client_gone_mid_body(served: tuple[Extender, 
     # Half a body, then the client leaves: nothing is answered, and the server goes on serving.
     assert exchange(port, head.replace(b"Expect: 100-continue\r\n", b"") + body[:5]) == b""
     assert client.raw("GET", "/healthz") == (200, b"ok\n")
+
+
+# -- bounded under attack (issue 21, findings 3, 4 and 9) ---------------------------------------------
+
+
+@pytest.fixture
+def tight() -> Iterator[tuple[ExtenderServer, int]]:
+    """A server with small bounds, so that tests reach them quickly."""
+    ext = Extender(
+        decider=Decider(max_state_age=120),
+        demands=Demands(annotation="rdma_interfaces_required"),
+        reservations=Reservations(60),
+    )
+    ext.ready.set()
+    server = ExtenderServer(
+        ("127.0.0.1", 0),
+        ext,
+        max_connections=8,
+        max_body=64 * 1024,
+        body_budget=128 * 1024,
+        body_reserve=32 * 1024,
+        handshake_timeout=0.5,
+        request_timeout=0.5,
+        idle_timeout=1.0,
+    )
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server, server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _filter_bytes() -> bytes:
+    return json.dumps(so.args_nodes(so.rdma_pod("p", [(1_000, 0)]), cluster()[:1])).encode()
+
+
+def _timed_filter(port: int) -> float:
+    start = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", "/filter", body=_filter_bytes(), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and json.loads(resp.read())["Error"] == ""
+    finally:
+        conn.close()
+    return time.monotonic() - start
+
+
+def test_an_oversized_body_is_refused_unread(tight: tuple[ExtenderServer, int]) -> None:
+    server, port = tight
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        raw.sendall(b"POST /filter HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (server.max_body + 1))
+        # Answered at once, with nothing of the body sent: 413 and the connection closed.
+        out = raw.recv(65536)
+        assert out.startswith(b"HTTP/1.1 413 ") and b"Connection: close" in out
+        assert raw.recv(65536) == b""
+    assert server.budget.peak == 0  # no room was ever taken for it
+
+
+def test_expect_100_continue_over_the_limit_gets_413_and_no_100(tight: tuple[ExtenderServer, int]) -> None:
+    _, port = tight
+    head = b"POST /filter HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % (2 * 1024**3)
+    out = exchange(port, head)
+    assert out.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in out
+
+
+def test_body_budget_refuses_the_excess_and_keeps_a_reserve_for_known_clients(
+    tight: tuple[ExtenderServer, int],
+) -> None:
+    server, port = tight
+    # A kept-alive client that completed a request before (as kube-scheduler's).
+    kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    kept.request("GET", "/healthz")
+    assert kept.getresponse().read() == b"ok\n"
+    head = b"POST /filter HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % server.max_body
+    first = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        first.sendall(head + b" ")  # takes the room strangers may use; the body trickles
+        time.sleep(0.2)
+        assert server.budget.used == server.max_body
+        # A second stranger's body finds no room: 503 after a short wait, unread.
+        out = exchange(port, head, read_all=False)
+        assert out.startswith(b"HTTP/1.1 503 "), out
+        # The known client's filter is answered at once from the reserve.
+        start = time.monotonic()
+        kept.request("POST", "/filter", body=_filter_bytes())
+        assert kept.getresponse().status == 200 and time.monotonic() - start < 1
+    finally:
+        first.close()
+        kept.close()
+    # The trickling body's connection ends (reaped or closed), and its room comes back.
+    deadline = time.monotonic() + 5
+    while server.budget.used and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.budget.used == 0
+    assert _timed_filter(port) < 2
+
+
+@pytest.mark.parametrize(
+    "partial",
+    [b"", b"\x16\x03\x01", b"POST /filter HTTP/1.1\r\nContent-Length: 9", b"GET /healthz HTTP/1.1\r\n\r\n"],
+)
+def test_slow_or_idle_clients_are_closed_after_their_timeout(
+    tight: tuple[ExtenderServer, int], partial: bytes
+) -> None:
+    _, port = tight
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        raw.sendall(partial)
+        start = time.monotonic()
+        out = b""
+        while chunk := raw.recv(65536):
+            out += chunk
+        # Idle (after a request or none): 1 s; a request started: 0.5 s; then a little reaper slack.
+        assert time.monotonic() - start < 2.5
+    assert out.startswith(b"HTTP/1.1 200 ") == partial.startswith(b"GET")
+
+
+def test_tls_handshake_is_bounded_and_off_the_accept_loop(tmp_path: Any) -> None:
+    ssl = pytest.importorskip("ssl")
+    ext = Extender(
+        decider=Decider(),
+        demands=Demands(annotation="rdma_interfaces_required"),
+        reservations=Reservations(60),
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server = ExtenderServer(("127.0.0.1", 0), ext, context, handshake_timeout=0.5)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(5)]
+        for raw in slow:
+            raw.sendall(b"\x16\x03\x01")  # 3 bytes of a ClientHello, then nothing
+        start = time.monotonic()
+        # The accept loop is not held by them: a plain connection is still accepted and admitted.
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        for raw in slow:
+            assert raw.recv(100) == b""  # closed by the server
+            raw.close()
+        assert time.monotonic() - start < 2.5
+        deadline = time.monotonic() + 3
+        while server.connections() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.connections() == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_connection_cap_keeps_threads_bounded_and_filters_answered(tight: tuple[ExtenderServer, int]) -> None:
+    server, port = tight
+    threads_before = threading.active_count()
+    # A kept-alive client that has completed a request (as kube-scheduler's) is never pushed out.
+    kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    kept.request("GET", "/healthz")
+    assert kept.getresponse().read() == b"ok\n"
+    idle = []
+    try:
+        for _ in range(server.max_connections * 4):
+            raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+            raw.sendall(b"POST /filter HTTP/1.1\r\n")  # and no more
+            idle.append(raw)
+        time.sleep(0.2)
+        assert server.connections() <= server.max_connections + server.max_connections // 4
+        assert (
+            threading.active_count() - threads_before <= server.max_connections + server.max_connections // 4
+        )
+        assert server.evicted >= server.max_connections
+        # A new client during the flood is admitted (the oldest half-open connection gives way) ...
+        assert _timed_filter(port) < 2
+        # ... and the kept-alive one is still served.
+        kept.request("POST", "/filter", body=_filter_bytes())
+        assert kept.getresponse().status == 200
+    finally:
+        kept.close()
+        for raw in idle:
+            raw.close()
+
+
+def test_full_node_requests_keep_nothing_but_bounded_annotation_texts(
+    served: tuple[Extender, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Full-Node views shape their own answer only (bind and preempt never see them), and the
+    # decider's cache of annotation texts stays bounded however many new names arrive.
+    from rdma_cni.extender import decide
+
+    monkeypatch.setattr(decide, "_VIEW_BYTES", 64 * 1024)
+    ext = Extender(
+        decider=Decider(max_state_age=120),
+        demands=Demands(annotation="rdma_interfaces_required"),
+        reservations=Reservations(60),
+    )
+    pod = so.rdma_pod("p", [(1_000, 0)])
+    for round_ in range(20):  # new names, and new annotation texts, request after request
+        nodes = [
+            so.node(f"n{round_}-{i}", enc(PFS, generation=round_ * 100 + i + 1), images=0) for i in range(10)
+        ]
+        assert len(ext.filter(so.args_nodes(pod, nodes))["Nodes"]["items"]) == 10
+        assert ext.decider._view_bytes <= 64 * 1024
+        assert all(ext.view_of(f"n{round_}-{i}") is None for i in range(10))
+    huge = so.node("huge", enc(PFS) + " " * 70_000, images=0)
+    ext.filter(so.args_nodes(pod, [huge]))
+    assert ext.view_of("huge") is None
+
+
+def test_request_ends_and_answers_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdma_cni.extender import answers, rawargs
+    from rdma_cni.extender.rawargs import ArgsDecoder
+
+    monkeypatch.setattr(rawargs, "_TAIL_BYTES", 100_000)
+    decoder = ArgsDecoder()
+    for n in range(40):  # ends of new lengths, each seen twice (so remembered and checked)
+        body = json.dumps(so.args_names(so.pod("p"), [f"node-{i:05d}" for i in range(500 + n)])).encode()
+        decoder.loads(body)
+        decoder.loads(body)
+        assert decoder._seen.weight <= 100_000 and decoder._known.weight <= 100_000
+    assert 0 < len(decoder._known) < 16
+    monkeypatch.setattr(answers, "_SHAPES_BYTES", 300_000)
+    ext = Extender(
+        decider=Decider(max_state_age=120),
+        demands=Demands(annotation="rdma_interfaces_required"),
+        reservations=Reservations(60),
+    )
+    ext.ready.set()
+    names = [f"node-{i}" for i in range(300)]
+    for rate in range(1, 20):  # a new shape each time
+        ext.filter(so.args_names(so.rdma_pod("p", [(rate * 100, 0)]), names))
+        assert ext.answers._shapes.weight <= 300_000
+    assert len(ext.answers._shapes) == 3
+
+
+def test_max_connections_flag() -> None:
+    from rdma_cni.extender.main import parser
+
+    assert parser().parse_args(["--listen", ":0", "--max-connections", "7"]).max_connections == 7
+    assert parser().parse_args(["--listen", ":0"]).max_connections == 256
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["--listen", ":0", "--max-connections", bad])
