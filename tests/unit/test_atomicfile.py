@@ -89,3 +89,31 @@ def test_does_not_follow_a_planted_temporary_symlink(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         write_atomic(str(tmp_path / "f"), "x")
     assert victim.read_text() == "keep"
+
+
+# Renames that are not file writes: a corrupt record moved aside, a listening socket put in place.
+NOT_WRITES = {("rdma_cni/node/record.py", "quarantine"), ("rdma_cni/warm.py", "listen")}
+
+
+def test_every_writer_uses_the_one_helper() -> None:
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    found = set()
+    for path in sorted((root / "rdma_cni").rglob("*.py")):
+        rel = str(path.relative_to(root))
+        if rel == "rdma_cni/shared/atomicfile.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef):
+                continue
+            for node in ast.walk(func):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and node.attr in ("rename", "replace", "mkstemp")
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id in ("os", "tempfile")
+                ):
+                    found.add((rel, func.name))
+    assert found == NOT_WRITES
