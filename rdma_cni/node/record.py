@@ -13,6 +13,11 @@ not stop the node; its VFs are then judged from the kernel's view (a VF that
 is not proven home in the host is not free, see :mod:`rdma_cni.kernel.identity`),
 so setting it aside never hands its VFs to another pod.
 
+The state directory and the lock file are trusted only when the plugin owns
+them and no one else can write them (:mod:`rdma_cni.node.statedir`): a
+:class:`RecordStore` checks ``stateDir`` when it is made, :func:`node_lock`
+the lock file before it waits for it.
+
 A writer killed between creating its temporary file and renaming it leaves
 ``.tmp-<pid>-...`` behind; :func:`remove_orphaned_temporaries` (run by GC,
 under the node lock every writer holds) removes them.
