@@ -35,12 +35,12 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO, TextIO
 
 from rdma_cni import __version__
+from rdma_cni.shared.atomicfile import write_atomic
 
 DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"
 DEFAULT_CNI_CONF_DIR = "/etc/cni/net.d"
@@ -86,41 +86,16 @@ class Options:
 # Atomic file replacement
 
 
-def fsync_dir(path: str) -> None:
-    """Flush a directory's entries, so a rename in it survives a crash."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: str, fill: Callable[[BinaryIO], None], mode: int) -> None:
-    """Replace ``path`` with what ``fill`` writes, all at once.
+    """Replace ``path`` with what ``fill`` writes, all at once (see :mod:`rdma_cni.shared.atomicfile`).
 
-    The data goes to a hidden temporary file in the same directory (a rename
-    is only atomic within one filesystem), is flushed to disk and given its
-    final mode before the rename, and the directory is flushed after it.
     Readers and executors of ``path`` see the old file or the new one, never
-    a partial one, and never a missing one.
+    a partial one, and never a missing one. The temporary file is opened
+    close-on-exec, so no child process can inherit a writable descriptor,
+    which would make exec of the renamed file fail with ETXTBSY.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    # Python opens it close-on-exec, so no child process can inherit a writable
-    # descriptor, which would make exec of the renamed file fail with ETXTBSY.
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fill(f)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(directory)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_atomic(path, fill, mode=mode)
 
 
 def write_bytes_atomic(path: str, data: bytes, mode: int) -> None:

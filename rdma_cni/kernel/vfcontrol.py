@@ -21,6 +21,7 @@ from rdma_cni.cni.errors import KernelError
 from rdma_cni.kernel import sysfs
 from rdma_cni.kernel.netlink import Rtnl, VfInfo
 from rdma_cni.kernel.nlsock import NetlinkError
+from rdma_cni.shared.atomicfile import write_atomic
 
 log = logging.getLogger("rdma_cni.vfcontrol")
 
@@ -112,10 +113,7 @@ class FileVfControl:
             return {}
 
     def _save(self, doc: dict[str, Any]) -> None:
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1, sort_keys=True)
-        os.rename(tmp, self.path)
+        write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True), mode=0o644)
 
     def read(self, pf: str) -> dict[int, VfInfo] | None:
         table = self._load().get("pfs", {}).get(pf, {})

@@ -42,6 +42,8 @@ from typing import Any
 
 from rdma_cni.cni.errors import DecodeFailure, IpamError, TryAgainLater
 from rdma_cni.cni.protocol import CniEnv, Result, version_tuple
+from rdma_cni.node.statedir import make_dirs
+from rdma_cni.shared.atomicfile import write_atomic
 
 log = logging.getLogger("rdma_cni.ipam")
 
@@ -520,12 +522,9 @@ class Ipam:
         if not isinstance(versions, list):
             raise IpamError(f"IPAM plugin {self.type} did not answer VERSION", json.dumps(doc)[:500])
         try:
-            os.makedirs(os.path.dirname(self._cache_path), mode=0o700, exist_ok=True)
-            tmp = f"{self._cache_path}.{os.getpid()}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump({key: versions}, f)
-            os.rename(tmp, self._cache_path)
+            make_dirs(os.path.dirname(self._cache_path))
+            # A lost cache is asked again: no directory fsync needed.
+            write_atomic(self._cache_path, json.dumps({key: versions}), sync_dir=False)
         except OSError as exc:
             log.warning("cannot cache IPAM versions in %s: %s", self._cache_path, exc)
         return versions

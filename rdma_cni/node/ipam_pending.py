@@ -24,6 +24,7 @@ from rdma_cni.cni.errors import CniError, IOFailure, IpamError
 from rdma_cni.cni.protocol import CniEnv
 from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.record import QUARANTINE, attachment_files, quarantine, write_atomic
+from rdma_cni.node.statedir import make_dirs
 
 log = logging.getLogger("rdma_cni.ipam_pending")
 
@@ -143,7 +144,8 @@ class PendingStore:
     def put(self, item: PendingIpam) -> None:
         """Remember (or update) a pending release."""
         try:
-            os.makedirs(self.dir, mode=0o700, exist_ok=True)
+            make_dirs(os.path.dirname(self.dir))
+            make_dirs(self.dir)
         except OSError as exc:
             raise IOFailure(f"cannot create {self.dir}: {exc.strerror}") from exc
         write_atomic(

@@ -13,6 +13,11 @@ not stop the node; its VFs are then judged from the kernel's view (a VF that
 is not proven home in the host is not free, see :mod:`rdma_cni.kernel.identity`),
 so setting it aside never hands its VFs to another pod.
 
+The state directory and the lock file are trusted only when the plugin owns
+them and no one else can write them (:mod:`rdma_cni.node.statedir`): a
+:class:`RecordStore` checks ``stateDir`` when it is made, :func:`node_lock`
+the lock file before it waits for it.
+
 A writer killed between creating its temporary file and renaming it leaves
 ``.tmp-<pid>-...`` behind; :func:`remove_orphaned_temporaries` (run by GC,
 under the node lock every writer holds) removes them.
@@ -21,12 +26,12 @@ under the node lock every writer holds) removes them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
 import signal
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +39,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from rdma_cni.cni.errors import IOFailure, TryAgainLater
+from rdma_cni.node import statedir
+from rdma_cni.shared import atomicfile
 
 log = logging.getLogger("rdma_cni.record")
 
@@ -126,12 +133,19 @@ class RecordStore:
     """The attachments directory under ``stateDir``."""
 
     def __init__(self, state_dir: str) -> None:
+        """Code 5 at once for a ``state_dir`` another user owns or can write (see :mod:`.statedir`).
+
+        Every verb and the agent open the state through here, first: one
+        check per verb, before anything is read or changed.
+        """
+        statedir.check_state_dir(state_dir)
         self.dir = os.path.join(state_dir, "attachments")
 
     def ensure(self) -> None:
-        """Create the directory (0700) if needed; code 5 if impossible."""
+        """Create the directory (0700, and stateDir 0700) if needed; code 5 if impossible."""
         try:
-            os.makedirs(self.dir, mode=0o700, exist_ok=True)
+            statedir.make_dirs(os.path.dirname(self.dir))
+            statedir.make_dirs(self.dir)
         except OSError as exc:
             raise IOFailure(f"cannot create state directory {self.dir}: {exc.strerror}") from exc
 
@@ -249,16 +263,12 @@ class RecordStore:
 
 
 QUARANTINE = "quarantine"
-TMP_PREFIX = ".tmp-"
+TMP_PREFIX = atomicfile.TMP_PREFIX
 ORPHAN_AGE_SECONDS = 60
 
 
 def _sync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomicfile.fsync_dir(directory)
 
 
 def attachment_files(directory: str, what: str) -> list[tuple[str, str, str]]:
@@ -283,34 +293,25 @@ def attachment_files(directory: str, what: str) -> list[tuple[str, str, str]]:
 
 
 def write_atomic(directory: str, name: str, text: str, what: str, *, sync_dir: bool = True) -> None:
-    """Replace ``directory/name`` with ``text``: a 0600 temporary file, fsync, rename, fsync the directory.
+    """Replace ``directory/name`` with ``text``, 0600 (:mod:`rdma_cni.shared.atomicfile`); code 5 on failure.
 
     The temporary file is ``.tmp-<pid>-<name>``, so an orphan names its writer.
     ``sync_dir=False`` skips the directory fsync, for a file whose old version
     is as good as the new one after a crash.
     """
     path = os.path.join(directory, name)
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{name}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, text.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
+        atomicfile.write_atomic(path, text, sync_dir=False)
         if sync_dir:
             _sync_dir(directory)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise IOFailure(f"cannot write {what} {path}: {exc.strerror}") from exc
 
 
 def quarantine(path: str, directory: str) -> str:
     """Move ``path`` into ``directory`` under a new, unique name; returns it."""
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        statedir.make_dirs(directory)
         target = os.path.join(directory, f"{os.path.basename(path)}.{time.time_ns()}")
         os.rename(path, target)
         _sync_dir(os.path.dirname(path))
@@ -424,7 +425,8 @@ def held_lock() -> int | None:
 @contextlib.contextmanager
 def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
     """Hold the node-wide lock (flock on ``lock_file``); code 11 after ``timeout`` seconds, code 5 at once
-    for a lockFile that can never be locked (under /proc, a directory, a FIFO).
+    for a lockFile that can never be locked (under /proc or /sys, a directory, a FIFO) or that another
+    user owns or can write, or a symbolic link (see :mod:`rdma_cni.node.statedir`).
 
     The lock lives on this process's open file description, so an IPAM guard
     forked while it is held keeps holding it after this process is killed
@@ -435,17 +437,19 @@ def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
     flock is what earlier versions took through filelock, so versions side by
     side during an upgrade still exclude each other.
     """
+    statedir.check_lock_path(lock_file)
     try:
-        os.makedirs(os.path.dirname(lock_file), mode=0o755, exist_ok=True)
+        statedir.make_dirs(os.path.dirname(lock_file), mode=0o755)
     except OSError as exc:
         raise IOFailure(f"cannot create the directory of lockFile {lock_file}: {exc.strerror}") from exc
     try:
         fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise IOFailure(f"lockFile {lock_file} is a symbolic link; give its real path") from exc
         raise IOFailure(f"cannot open lockFile {lock_file}: {exc.strerror}") from exc
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise IOFailure(f"lockFile {lock_file} is not a regular file")
+        statedir.check_owned(lock_file, os.fstat(fd), "lockFile", want_dir=False)
         waited = time.monotonic()
         try:
             try:

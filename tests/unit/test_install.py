@@ -123,7 +123,7 @@ def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def leftovers(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".tmp") or p.name.endswith(".tmp"))
 
 
 # --------------------------------------------------------------------------

@@ -127,4 +127,4 @@ def test_unopenable_lock_file_is_code_5(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(IOFailure) as info, node_lock(str(blocker / "lock"), 1):
         pass
-    assert "cannot create the directory" in info.value.msg
+    assert "is not a directory" in info.value.msg

@@ -1,0 +1,74 @@
+"""The one atomic file write every writer of the package uses (standard library only).
+
+Readers see the old file or the new one, never a partial or a missing one,
+and a crash leaves one of the two on disk: the data goes to a temporary file
+in the same directory (a rename is atomic only within one file system), is
+given its final mode, written, fsync'ed, renamed over the target, and the
+directory is fsync'ed so that the rename itself survives a crash. Any
+failure removes the temporary file and leaves the target untouched.
+
+The temporary file is ``.tmp-<pid>-<name>``: hidden from listings that skip
+dot files, and an orphan left by a killed writer names its writer (the node's
+GC removes those, see :func:`rdma_cni.node.record.remove_orphaned_temporaries`).
+It is opened close-on-exec and without following symbolic links.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import BinaryIO
+
+TMP_PREFIX = ".tmp-"
+
+
+def fsync_dir(directory: str) -> None:
+    """Flush ``directory``'s entries (a rename or unlink in it) to disk."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temporary_name(path: str) -> str:
+    """The temporary file :func:`write_atomic` uses for ``path``."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{name}")
+
+
+def write_atomic(
+    path: str,
+    data: bytes | str | Callable[[BinaryIO], object],
+    *,
+    mode: int = 0o600,
+    sync_dir: bool = True,
+) -> None:
+    """Replace ``path`` with ``data`` (bytes, text as UTF-8, or a function writing to the file).
+
+    ``mode`` is the file's exact mode (the umask does not apply); 0600 unless
+    told. ``sync_dir=False`` skips the directory fsync, for a file whose old
+    version is as good as the new one after a crash. Raises what failed
+    (OSError, or whatever ``data`` raised); the temporary file is gone then
+    and ``path`` is as it was.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = temporary_name(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if sync_dir:
+        fsync_dir(directory)

@@ -1,0 +1,119 @@
+"""The one atomic write: fsync, exact mode (0600 by default); a failure leaves the old file, no temporary."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+
+from rdma_cni.shared import atomicfile
+from rdma_cni.shared.atomicfile import write_atomic
+
+
+def test_writes_0600_by_default_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        write_atomic(str(tmp_path / "f"), "text")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f").read_text() == "text"
+    assert stat.S_IMODE((tmp_path / "f").stat().st_mode) == 0o600
+    assert os.listdir(tmp_path) == ["f"]
+
+
+def test_exact_mode_bytes_and_writer_function(tmp_path: Path) -> None:
+    write_atomic(str(tmp_path / "b"), b"\x00\x01", mode=0o755)
+    assert (tmp_path / "b").read_bytes() == b"\x00\x01"
+    assert stat.S_IMODE((tmp_path / "b").stat().st_mode) == 0o755
+    write_atomic(str(tmp_path / "b"), lambda f: f.write(b"new"), mode=0o640)
+    assert (tmp_path / "b").read_bytes() == b"new"
+    assert stat.S_IMODE((tmp_path / "b").stat().st_mode) == 0o640
+
+
+def test_fsyncs_the_file_then_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    def replace(src: str, dst: str) -> None:
+        events.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(atomicfile.os, "fsync", fsync)
+    monkeypatch.setattr(atomicfile.os, "replace", replace)
+    write_atomic(str(tmp_path / "f"), "x")
+    assert events == ["file", "rename", "dir"]
+    events.clear()
+    write_atomic(str(tmp_path / "f"), "y", sync_dir=False)
+    assert events == ["file", "rename"]
+
+
+def _fail_writing(f: BinaryIO) -> None:
+    f.write(b"partial")
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("where", ["write", "fsync", "rename"])
+def test_failure_leaves_the_old_file_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    target = tmp_path / "f"
+    target.write_text("old")
+    os.chmod(target, 0o644)
+    data: object = "new"
+    if where == "write":
+        data = _fail_writing
+    else:
+
+        def boom(*_args: object) -> None:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(atomicfile.os, "fsync" if where == "fsync" else "replace", boom)
+    with pytest.raises(OSError):
+        write_atomic(str(target), data)  # type: ignore[arg-type]
+    assert target.read_text() == "old"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert os.listdir(tmp_path) == ["f"]
+
+
+def test_does_not_follow_a_planted_temporary_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    os.symlink(victim, atomicfile.temporary_name(str(tmp_path / "f")))
+    with pytest.raises(OSError):
+        write_atomic(str(tmp_path / "f"), "x")
+    assert victim.read_text() == "keep"
+
+
+# Renames that are not file writes: a corrupt record moved aside, a listening socket put in place.
+NOT_WRITES = {("rdma_cni/node/record.py", "quarantine"), ("rdma_cni/warm.py", "listen")}
+
+
+def test_every_writer_uses_the_one_helper() -> None:
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    found = set()
+    for path in sorted((root / "rdma_cni").rglob("*.py")):
+        rel = str(path.relative_to(root))
+        if rel == "rdma_cni/shared/atomicfile.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef):
+                continue
+            for node in ast.walk(func):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and node.attr in ("rename", "replace", "mkstemp")
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id in ("os", "tempfile")
+                ):
+                    found.add((rel, func.name))
+    assert found == NOT_WRITES
