@@ -93,9 +93,14 @@ def rdma_pod(
     env = cluster.pod(request, name=name)
     made = cluster.api.get_pod("default", name)
     assert made is not None
-    # Not scheduled yet: the extender binds it.
+    # Not scheduled yet, and of the profile the extender serves: the extender binds it.
     pod = cluster.api.add_pod(
-        "default", name, made["metadata"]["annotations"], uid=made["metadata"]["uid"], node_name=None
+        "default",
+        name,
+        made["metadata"]["annotations"],
+        uid=made["metadata"]["uid"],
+        node_name=None,
+        scheduler_name="rdma-scheduler",
     )
     return pod, env
 
