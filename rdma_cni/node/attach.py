@@ -15,12 +15,18 @@ ADD order per VF, and why:
    nothing trusts it) in one RTM_NEWLINK. The kernel only renames on the way
    in when the current name is taken in the pod, so the pod-side name never
    collides with a host interface and the host name never collides inside
-   the pod.
-4. MAC, up; IPAM; addresses and routes. An IPAM type that never looks at
+   the pod. Its MAC is set and it is brought up in the same step.
+4. IPAM; then addresses and routes. An IPAM type that never looks at
    the pod's interface (host-local, static) is started before step 3 and
    waited for after it, so its fork and exec overlap the namespace move,
    which is mostly the kernel waiting; release does the same with IPAM DEL
    and the move home. Every other type keeps CNI's order.
+
+Each step is one object in :data:`STEPS` (:class:`Step`: ``do``, ``undo``
+and ``check`` side by side), so ADD (:func:`perform`), its rollback and DEL
+(:func:`release`) and CHECK (:func:`check`) are loops over one list, and a
+step cannot be added to one of them without the others. Step names are ADD's
+in-memory progress markers; records never hold them.
 
 :func:`release` undoes these in reverse and is idempotent: it is DEL, GC and
 ADD's rollback all at once. Given ``progress`` (ADD's in-memory account of
@@ -423,7 +429,9 @@ class Addresses(Step):
     undo_what = "removing the addresses of {pod_name}"
 
     def applies(self, ctx: Context, vf: VfRecord) -> bool:
-        return ctx.ipam is not None
+        # CHECK (the one caller with prevResult) verifies the addresses prevResult
+        # gives the interface whoever set them, IPAM or a plugin later in the chain.
+        return ctx.ipam is not None or ctx.prev is not None
 
     def do(self, ctx: Context, run: VfRun) -> None:
         assert run.link is not None and run.vf.ipam is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rdma_cni.cni.errors import KernelError
+from rdma_cni.cni.protocol import Result
 from rdma_cni.node import attach
 from rdma_cni.node.attach import STEPS, Context, Progress, Step, VfRun
 from rdma_cni.node.record import VfRecord
@@ -175,6 +176,11 @@ def test_check_asks_every_step_that_applies(monkeypatch: pytest.MonkeyPatch) -> 
         Context(host=None, finder=None, vfctl=None, ipam=None), VfRecord("p", 0, "a", "h", "", 0, "n")
     )  # type: ignore[arg-type]
     assert seen == ["move"]
+    seen.clear()
+    # CHECK verifies prevResult's addresses even without IPAM (a later plugin in the chain may set them).
+    no_ipam = Context(host=None, finder=None, vfctl=None, ipam=None, prev=Result())  # type: ignore[arg-type]
+    attach.check(no_ipam, VfRecord("p", 0, "a", "h", "", 0, "n"))
+    assert seen == ["move", "addresses"]
 
 
 def test_check_of_a_missing_interface_names_it() -> None:
