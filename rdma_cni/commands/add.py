@@ -29,15 +29,10 @@ from rdma_cni.kernel.identity import VfFinder
 from rdma_cni.kernel.netlink import Rtnl
 from rdma_cni.kernel.netns import Netns
 from rdma_cni.kernel.vfcontrol import VfControl, describe, vf_control
-from rdma_cni.node.attach import (
-    Progress,
-    apply_addresses,
-    apply_pf_settings,
-    bring_up,
-    move_in,
-)
+from rdma_cni.node import attach
+from rdma_cni.node.attach import Progress
 from rdma_cni.node.inventory import Node, Vf, scan
-from rdma_cni.node.ipam import Ipam, IpamCall
+from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.ipam_pending import PendingStore, retry
 from rdma_cni.node.isolation import RdmaIsolation
 from rdma_cni.node.podmeta import pod_side_names, resolve_request
@@ -268,57 +263,26 @@ def perform(
     isolation: RdmaIsolation,
     progress: Progress,
 ) -> Result:
-    """Run every ADD step for every VF, marking each before it runs (so rollback covers a half-done step).
+    """Run every ADD step (:data:`rdma_cni.node.attach.STEPS`) for every VF, then assemble the result.
 
-    An IPAM type that never looks at the pod's interface (``Ipam.interface_blind``)
-    is started before the netdev moves and collected after it: the move is
-    mostly the kernel waiting, and IPAM's fork and exec use that time. Every
-    other type runs after the move, as CNI orders it. Either way the IPAM
-    call is waited for before this function returns or raises, so the
-    rollback's IPAM DEL never races an IPAM ADD still under way.
+    ``progress`` says which steps ran, for the rollback.
     """
     result = Result()
-    pod = finder.pod
-    assert pod is not None
+    ctx = attach.Context(host=host, finder=finder, vfctl=vfctl, ipam=ipam, rdma=isolation)
     for rec in att.vfs:
-        progress.mark(rec.pci, "pf")
-        apply_pf_settings(vfctl, rec)
-        if rec.rdma_action == "moved":
-            progress.mark(rec.pci, "rdma")
-            isolation.move_in(rec.rdma_device, pod)
-        progress.mark(rec.pci, "move")
-        home = finder.in_host(rec.pci)
-        if home is None:
-            raise KernelError(f"VF {rec.pci} is no longer proven to be in the host namespace")
-        call: IpamCall | None = None
-        try:
-            if ipam is not None and ipam.interface_blind:
-                progress.mark(rec.pci, "ipam")
-                call = ipam.start("ADD", rec.pod_name)
-            link = move_in(host, pod, rec, home)
-            progress.mark(rec.pci, "up")
-            bring_up(pod, link, rec)
-            index = len(result.interfaces)
-            result.interfaces.append(
-                Interface(
-                    name=rec.pod_name,
-                    mac=rec.mac or link.mac,
-                    sandbox=env.netns,
-                    mtu=rec.mtu or link.mtu,
-                    pci_id=rec.pci,
-                )
+        link = attach.perform(ctx, rec, progress)
+        index = len(result.interfaces)
+        result.interfaces.append(
+            Interface(
+                name=rec.pod_name,
+                mac=rec.mac or link.mac,
+                sandbox=env.netns,
+                mtu=rec.mtu or link.mtu,
+                pci_id=rec.pci,
             )
-            if ipam is None:
-                continue
-            if call is None:
-                progress.mark(rec.pci, "ipam")
-                call = ipam.start("ADD", rec.pod_name)
-            rec.ipam = ipam.finish_add(call)
-        finally:
-            if call is not None:
-                call.wait()
-        progress.mark(rec.pci, "addresses")
-        apply_addresses(pod, link, rec.ipam)
+        )
+        if rec.ipam is None:
+            continue
         sub = Result.from_dict(rec.ipam)
         for ip in sub.ips:
             ip.interface = index

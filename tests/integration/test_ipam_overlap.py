@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from rdma_cni.cni.errors import KernelError
-from rdma_cni.commands import add as add_cmd
 from rdma_cni.node import attach
 from tests.integration.conftest import Cluster, addresses_in, assert_node_pristine, ns_name, use_ipam
 from tests.support.fake_ipam import HOST_LOCAL
@@ -61,7 +60,7 @@ def _read(path: str) -> str:
 
 
 def _move_in_waiting_for(marker: str, seconds: float) -> Callable[..., Any]:
-    real = add_cmd.move_in
+    real = attach.move_in
 
     def move_in(*args: Any, **kwargs: Any) -> Any:
         _wait_for(marker, seconds)
@@ -87,7 +86,7 @@ def test_host_local_runs_while_the_vf_moves_in_and_home(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conf, files = _recording_ipam(cluster, "host-local")
-    monkeypatch.setattr(add_cmd, "move_in", _move_in_waiting_for(files["add-started"], 5))
+    monkeypatch.setattr(attach, "move_in", _move_in_waiting_for(files["add-started"], 5))
     monkeypatch.setattr(attach, "move_out", _move_out_telling(files["moved-home"], 5, files["del-started"]))
     pod = cluster.pod([{"max_tx_rate": 1000}])
     out = cluster.run_inproc("ADD", pod, conf)
@@ -107,7 +106,7 @@ def test_an_unknown_ipam_type_runs_after_the_move_and_before_it_on_del(
 ) -> None:
     # The same wrapper under a name the plugin does not know (as dhcp would be): CNI's order.
     conf, files = _recording_ipam(cluster, "order-ipam")
-    monkeypatch.setattr(add_cmd, "move_in", _move_in_waiting_for(files["add-started"], 0.5))
+    monkeypatch.setattr(attach, "move_in", _move_in_waiting_for(files["add-started"], 0.5))
     monkeypatch.setattr(attach, "move_out", _move_out_telling(files["moved-home"], 0.5, files["del-started"]))
     pod = cluster.pod([{"max_tx_rate": 1000}])
     out = cluster.run_inproc("ADD", pod, conf)
@@ -131,7 +130,7 @@ def test_a_move_that_fails_while_ipam_add_runs_waits_for_it_then_releases_it(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch, after: bool
 ) -> None:
     conf, started, done = _slow_host_local(cluster, "ADD", 1)
-    real = add_cmd.move_in
+    real = attach.move_in
 
     def failing_move(*args: Any, **kwargs: Any) -> Any:
         assert _wait_for(started, 5), "IPAM ADD was not started before the move"
@@ -139,7 +138,7 @@ def test_a_move_that_fails_while_ipam_add_runs_waits_for_it_then_releases_it(
             real(*args, **kwargs)
         raise KernelError("injected failure of the move")
 
-    monkeypatch.setattr(add_cmd, "move_in", failing_move)
+    monkeypatch.setattr(attach, "move_in", failing_move)
     pod = cluster.pod([{"max_tx_rate": 1000}, {}])
     out = cluster.run_inproc("ADD", pod, conf)
     assert out.code == 1 and out.doc is not None and "injected" in out.doc["msg"], out.doc

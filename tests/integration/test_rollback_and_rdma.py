@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from rdma_cni.cni.errors import IOFailure, KernelError
-from rdma_cni.commands import add as add_cmd
 from rdma_cni.kernel import rdma
 from rdma_cni.kernel.netns import Netns
+from rdma_cni.node import attach
 from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.isolation import RdmaIsolation
 from rdma_cni.node.record import RecordStore
@@ -49,12 +49,12 @@ def _fail_on_call(real: Callable[..., Any], n: int, after: bool) -> Callable[...
 
 
 STEPS: dict[str, tuple[Any, str]] = {
-    "pf settings": (add_cmd, "apply_pf_settings"),
+    "pf settings": (attach, "apply_pf_settings"),
     "rdma move": (RdmaIsolation, "move_in"),
-    "netdev move": (add_cmd, "move_in"),
-    "bring up": (add_cmd, "bring_up"),
+    "netdev move": (attach, "move_in"),
+    "bring up": (attach, "bring_up"),
     "ipam add": (Ipam, "finish_add"),
-    "addresses": (add_cmd, "apply_addresses"),
+    "addresses": (attach, "apply_addresses"),
 }
 
 
@@ -117,7 +117,7 @@ def test_failure_writing_the_final_record_rolls_back(
 def test_rollback_that_fails_keeps_the_record_for_del(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(add_cmd, "apply_addresses", _fail_on_call(add_cmd.apply_addresses, 1, True))
+    monkeypatch.setattr(attach, "apply_addresses", _fail_on_call(attach.apply_addresses, 1, True))
     real_restore = __import__("rdma_cni.node.attach", fromlist=["move_out"]).move_out
     monkeypatch.setattr(
         "rdma_cni.node.attach.move_out",
@@ -265,7 +265,7 @@ def test_netns_open_optional_handles_missing_path(tmp_path: Any) -> None:
 def test_rollback_that_cannot_drop_the_record_reports_adds_own_error(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(add_cmd, "apply_addresses", _fail_on_call(add_cmd.apply_addresses, 1, True))
+    monkeypatch.setattr(attach, "apply_addresses", _fail_on_call(attach.apply_addresses, 1, True))
 
     def no_delete(self: RecordStore, container_id: str, ifname: str) -> None:
         raise IOFailure("cannot remove allocation record: Read-only file system")
