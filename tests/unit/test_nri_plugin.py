@@ -320,3 +320,58 @@ def test_missing_socket_is_logged_once_and_reconnects(
     stop.set()
     t.join(5)
     server.close()
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("unlimited", plugin.RLIM_INFINITY),
+        ("off", None),
+        ("65536", 65536),
+        (" Unlimited ", plugin.RLIM_INFINITY),
+    ],
+)
+def test_parse_memlock(text: str, want: int | None) -> None:
+    assert plugin.parse_memlock(text) == want
+
+
+@pytest.mark.parametrize("text", ["lots", "0", "-1", ""])
+def test_parse_memlock_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="--memlock"):
+        plugin.parse_memlock(text)
+
+
+def test_installer_refuses_a_bad_memlock(capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    from rdma_cni import install
+
+    with pytest.raises(SystemExit) as exc:
+        install.main(["--watch", "--node-state", "--memlock", "lots"], io.StringIO())
+    assert exc.value.code == 2
+    assert "--memlock 'lots'" in capsys.readouterr().err
+
+
+def test_agent_starts_the_plugin_on_the_socket_or_not_at_all(tmp_path: Path) -> None:
+    from rdma_cni.agent.loop import start_nri
+    from rdma_cni.agent.snapshot import NetworkView
+
+    stop = threading.Event()
+    views = [NetworkView("rdma", state_dir=str(tmp_path / "state"), lock_file=str(tmp_path / "lock"))]
+    assert start_nri(views, "", None, stop) is None
+    path = str(tmp_path / "nri.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen()
+    server.settimeout(5)
+    thread = start_nri(views, path, None, stop)
+    assert thread is not None
+    conn, _ = server.accept()
+    conn.settimeout(5)
+    req = Runtime(conn).accept_registration()
+    assert pb.string(pb.decode(req.payload), 1) == "rdma-cni"
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    conn.close()
+    server.close()

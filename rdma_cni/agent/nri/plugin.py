@@ -333,3 +333,19 @@ class NriPlugin:
                 sock.close()
             self.state = "not connected"
             stop.wait(RECONNECT_DELAY)
+
+
+def parse_memlock(text: str) -> int | None:
+    """``--memlock``: "unlimited", a number of bytes, or "off" (None: the container's limit is kept)."""
+    value = text.strip().lower()
+    if value == "unlimited":
+        return RLIM_INFINITY
+    if value == "off":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"--memlock {text!r}: expected 'unlimited', 'off' or a number of bytes") from None
+    if number <= 0:
+        raise ValueError(f"--memlock {text!r}: must be positive")
+    return number
