@@ -164,8 +164,14 @@ def start_nri(
         log.info("NRI: disabled (--nri-socket is empty); pods get no RDMA devices from rdma-cni")
         return None
     from rdma_cni.agent.nri.plugin import NriPlugin, PodDevices
+    from rdma_cni.node.nristate import state_path
 
-    plugin = NriPlugin(socket_path, PodDevices([v.state_dir for v in views]), memlock=memlock)
+    plugin = NriPlugin(
+        socket_path,
+        PodDevices([v.state_dir for v in views]),
+        memlock=memlock,
+        state_file=state_path(views[0].lock_file) if views else None,
+    )
 
     def run() -> None:
         # Like run_agent: a bug is logged and the plugin resumes; container creation never waits on it.

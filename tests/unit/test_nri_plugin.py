@@ -6,11 +6,13 @@ import logging
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from rdma_cni.agent.nri import mux, pb, plugin, ttrpc
+from rdma_cni.node import nristate
 from rdma_cni.node.record import Attachment, RecordStore, VfRecord
 
 VF_A = "0000:3b:00.2"
@@ -300,7 +302,8 @@ def test_missing_socket_is_logged_once_and_reconnects(
 ) -> None:
     monkeypatch.setattr(plugin, "RECONNECT_DELAY", 0.05)
     path = str(tmp_path / "nri.sock")
-    p = plugin.NriPlugin(path, lambda _s: [])
+    lock_file = str(tmp_path / "rdma-cni.lock")
+    p = plugin.NriPlugin(path, lambda _s: [], state_file=nristate.state_path(lock_file))
     stop = threading.Event()
     t = threading.Thread(target=p.run, args=(stop,), daemon=True)
     with caplog.at_level(logging.WARNING, logger="rdma_cni.agent.nri"):
@@ -308,6 +311,7 @@ def test_missing_socket_is_logged_once_and_reconnects(
         stop.wait(0.3)
         assert p.state.startswith("not injecting: no NRI socket")
         assert sum("no NRI socket" in r.getMessage() for r in caplog.records) == 1
+        assert (nristate.read_state(lock_file) or "").startswith("not injecting: no NRI socket at")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen()
@@ -316,6 +320,10 @@ def test_missing_socket_is_logged_once_and_reconnects(
         conn, _ = server.accept()
         conn.settimeout(5)
         Runtime(conn).accept_registration()
+        deadline = time.monotonic() + 5
+        while nristate.read_state(lock_file) != "registered" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert nristate.read_state(lock_file) == "registered"
         conn.close()
     stop.set()
     t.join(5)
@@ -375,3 +383,19 @@ def test_agent_starts_the_plugin_on_the_socket_or_not_at_all(tmp_path: Path) -> 
     assert not thread.is_alive()
     conn.close()
     server.close()
+
+
+def test_status_says_when_pods_get_no_devices(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from rdma_cni.commands.status import report_nri
+    from rdma_cni.node.record import write_atomic
+
+    lock_file = str(tmp_path / "rdma-cni.lock")
+    with caplog.at_level(logging.WARNING, logger="rdma_cni.status"):
+        report_nri(lock_file)  # no agent: nothing to say
+        write_atomic(str(tmp_path), nristate.STATE_FILE, "registered\n", "t")
+        report_nri(lock_file)
+        assert not caplog.records
+        write_atomic(str(tmp_path), nristate.STATE_FILE, "not injecting: no NRI socket at /x\n", "t")
+        report_nri(lock_file)
+    (rec,) = caplog.records
+    assert "no RDMA character devices" in rec.getMessage() and "no NRI socket at /x" in rec.getMessage()

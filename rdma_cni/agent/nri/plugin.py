@@ -28,8 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rdma_cni.agent.nri import mux, pb, ttrpc
+from rdma_cni.cni.errors import CniError
 from rdma_cni.kernel import sysfs
-from rdma_cni.node.record import Attachment, RecordStore
+from rdma_cni.node.nristate import REGISTERED
+from rdma_cni.node.record import Attachment, RecordStore, write_atomic
 
 log = logging.getLogger("rdma_cni.agent.nri")
 
@@ -196,15 +198,41 @@ class NriPlugin:
         memlock: int | None = RLIM_INFINITY,
         name: str = PLUGIN_NAME,
         index: str = PLUGIN_INDEX,
+        state_file: str | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self.state_file = state_file
         self.devices_for = devices_for
         self.memlock = memlock
         self.name = name
         self.index = index
+        self._state = ""
         self.state = "not connected"
         self.injected = 0
         self._said_missing = False
+
+    @property
+    def state(self) -> str:
+        """Where the plugin stands: "registered", "not injecting: ...", ..."""
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        if value == self._state:
+            return
+        self._state = value
+        if self.state_file:
+            # STATUS, run by the runtime in another process, reads it to say whether pods get devices.
+            try:
+                write_atomic(
+                    os.path.dirname(self.state_file),
+                    os.path.basename(self.state_file),
+                    value + "\n",
+                    "NRI state file",
+                    sync_dir=False,
+                )
+            except CniError as exc:
+                log.debug("NRI: %s", exc.msg)
 
     # The Plugin service: method -> handler of the request payload, returning the response payload.
     def handle(self, req: ttrpc.Request) -> ttrpc.Response:
@@ -297,7 +325,7 @@ class NriPlugin:
                             self.name,
                         )
                     deadline = None
-                    self.state = "registered"
+                    self.state = REGISTERED
                 else:
                     log.debug(
                         "NRI: ignoring message type %d on connection %d stream %d",
