@@ -399,3 +399,14 @@ def test_status_says_when_pods_get_no_devices(tmp_path: Path, caplog: pytest.Log
         report_nri(lock_file)
     (rec,) = caplog.records
     assert "no RDMA character devices" in rec.getMessage() and "no NRI socket at /x" in rec.getMessage()
+
+
+def test_a_runtime_stalling_inside_a_frame_ends_the_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plugin, "STALL_TIMEOUT", 0.2)
+    p = plugin.NriPlugin("x", lambda _s: [])
+    rt, t, _stop, errors = serve(p)
+    rt.accept_registration()
+    rt.sock.sendall(mux.HEADER.pack(mux.PLUGIN_CONN, 100) + b"partial")
+    t.join(5)
+    assert not t.is_alive()
+    assert isinstance(errors[0], mux.Closed) and "timed out" in str(errors[0])

@@ -44,6 +44,8 @@ EVENT_CREATE_CONTAINER = 4
 REGISTRATION_TIMEOUT = 5.0
 RLIM_INFINITY = (1 << 64) - 1
 RECONNECT_DELAY = 2.0
+# A runtime that stops inside a frame must not hang the plugin: give up on the connection.
+STALL_TIMEOUT = 10.0
 DEV_DIR = "/dev/infiniband"
 
 
@@ -290,6 +292,7 @@ class NriPlugin:
 
     def session(self, sock: socket.socket, stop: threading.Event) -> None:
         """Register on a connected socket and serve it until it closes; Closed/ProtocolError end it."""
+        sock.settimeout(STALL_TIMEOUT)
         register = pb.f_string(1, self.name) + pb.f_string(2, self.index)
         call = ttrpc.encode_request(ttrpc.Request(RUNTIME_SERVICE, "RegisterPlugin", register))
         mux.send_frame(sock, mux.RUNTIME_CONN, ttrpc.encode_message(1, ttrpc.TYPE_REQUEST, call))
