@@ -410,3 +410,30 @@ def test_a_runtime_stalling_inside_a_frame_ends_the_session(monkeypatch: pytest.
     t.join(5)
     assert not t.is_alive()
     assert isinstance(errors[0], mux.Closed) and "timed out" in str(errors[0])
+
+
+def test_char_devices_of_an_rdma_device_hidden_in_the_pods_namespace(
+    node: RecordStore, tmp_path: Path
+) -> None:
+    # Exclusive mode: the RDMA device moved into the pod no longer shows in the host's sysfs, but its
+    # char devices still do, parented on the VF.
+    record(node, "pod", VF_A)
+    sys_root = tmp_path / "sys"
+    (sys_root / "devices" / "pci0000:3a" / VF_A / "infiniband" / "mlx5_0").rmdir()
+    os.unlink(sys_root / "class" / "infiniband" / "mlx5_0" / "device")
+    devices = plugin.PodDevices([os.path.dirname(node.dir)], prove=proven)
+    assert devices("pod") == []  # nothing ties the char devices to the VF any more
+    for cls, name in (
+        ("infiniband_verbs", "uverbs0"),
+        ("infiniband_mad", "umad0"),
+        ("infiniband_mad", "issm1"),
+    ):
+        os.symlink(
+            sys_root / "devices" / "pci0000:3a" / (VF_A if name != "issm1" else VF_B),
+            sys_root / "class" / cls / name / "device",
+        )
+    assert [d.path for d in devices("pod")] == [
+        "/dev/infiniband/rdma_cm",
+        "/dev/infiniband/umad0",
+        "/dev/infiniband/uverbs0",
+    ]

@@ -76,8 +76,16 @@ def _char(cls_dir: str, name: str) -> CharDevice | None:
         return None
 
 
-def char_devices(rdma_device: str) -> list[CharDevice]:
-    """The char devices (uverbsN, umadN, issmN) the kernel gives RDMA device ``rdma_device``."""
+def char_devices(pci: str, rdma_devices: Sequence[str]) -> list[CharDevice]:
+    """The char devices (uverbsN, umadN, issmN) of VF ``pci``'s RDMA devices.
+
+    A char device is the VF's when its ``device`` link is the VF (the kernel
+    parents them on the RDMA device's parent, so this holds while exclusive
+    mode hides the RDMA device itself from the host's sysfs in the pod's
+    namespace), or when its ``ibdev`` is one of ``rdma_devices``, which were
+    proven to sit on the VF.
+    """
+    want = os.path.realpath(sysfs.pci_dir(pci))
     out = []
     for cls in ("infiniband_verbs", "infiniband_mad"):
         cls_dir = os.path.join(sysfs.root(), "class", cls)
@@ -88,7 +96,9 @@ def char_devices(rdma_device: str) -> list[CharDevice]:
         for name in names:
             if not name.startswith(("uverbs", "umad", "issm")):
                 continue
-            if _read(os.path.join(cls_dir, name, "ibdev")) != rdma_device:
+            parent = os.path.join(cls_dir, name, "device")
+            on_vf = os.path.islink(parent) and os.path.realpath(parent) == want
+            if not on_vf and _read(os.path.join(cls_dir, name, "ibdev")) not in rdma_devices:
                 continue
             dev = _char(cls_dir, name)
             if dev is not None:
@@ -161,9 +171,8 @@ class PodDevices:
             if not pcis:
                 continue
             for pci in sorted(self.prove(att, pcis) & set(pcis)):
-                for rdma in vf_rdma_devices(pci):
-                    for dev in char_devices(rdma):
-                        devices[dev.path] = dev
+                for dev in char_devices(pci, vf_rdma_devices(pci)):
+                    devices[dev.path] = dev
         if devices:
             cm = rdma_cm_device()
             if cm is not None:
