@@ -437,3 +437,18 @@ def test_char_devices_of_an_rdma_device_hidden_in_the_pods_namespace(
         "/dev/infiniband/umad0",
         "/dev/infiniband/uverbs0",
     ]
+
+
+def test_a_char_device_parented_elsewhere_is_refused_even_with_a_matching_name(
+    node: RecordStore, tmp_path: Path
+) -> None:
+    # Another namespace's RDMA device may carry the same name as this VF's.
+    record(node, "pod", VF_A)
+    sys_root = tmp_path / "sys"
+    os.symlink(
+        sys_root / "devices" / "pci0000:3a" / VF_B,
+        sys_root / "class" / "infiniband_verbs" / "uverbs0" / "device",
+    )
+    devices = plugin.PodDevices([os.path.dirname(node.dir)], prove=proven)
+    assert "/dev/infiniband/uverbs0" not in [d.path for d in devices("pod")]
+    assert "/dev/infiniband/umad0" in [d.path for d in devices("pod")]

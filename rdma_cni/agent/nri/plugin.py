@@ -82,8 +82,8 @@ def char_devices(pci: str, rdma_devices: Sequence[str]) -> list[CharDevice]:
     A char device is the VF's when its ``device`` link is the VF (the kernel
     parents them on the RDMA device's parent, so this holds while exclusive
     mode hides the RDMA device itself from the host's sysfs in the pod's
-    namespace), or when its ``ibdev`` is one of ``rdma_devices``, which were
-    proven to sit on the VF.
+    namespace); only one without that link is matched by its ``ibdev`` among
+    ``rdma_devices``, which were proven to sit on the VF.
     """
     want = os.path.realpath(sysfs.pci_dir(pci))
     out = []
@@ -97,8 +97,11 @@ def char_devices(pci: str, rdma_devices: Sequence[str]) -> list[CharDevice]:
             if not name.startswith(("uverbs", "umad", "issm")):
                 continue
             parent = os.path.join(cls_dir, name, "device")
-            on_vf = os.path.islink(parent) and os.path.realpath(parent) == want
-            if not on_vf and _read(os.path.join(cls_dir, name, "ibdev")) not in rdma_devices:
+            if os.path.islink(parent):
+                # Names can repeat across namespaces in exclusive mode; the parent cannot.
+                if os.path.realpath(parent) != want:
+                    continue
+            elif _read(os.path.join(cls_dir, name, "ibdev")) not in rdma_devices:
                 continue
             dev = _char(cls_dir, name)
             if dev is not None:
