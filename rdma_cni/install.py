@@ -558,6 +558,19 @@ def _parser() -> argparse.ArgumentParser:
         help="rewrite an unchanged state this often, in seconds, so that readers can tell "
         "it is fresh (default: %(default)s)",
     )
+    agent.add_argument(
+        "--nri-socket",
+        metavar="PATH",
+        default="/var/run/nri/nri.sock",
+        help="the runtime's NRI socket, through which each pod gets its own RDMA devices; "
+        "empty disables (default: %(default)s)",
+    )
+    agent.add_argument(
+        "--memlock",
+        default="unlimited",
+        help="RLIMIT_MEMLOCK given to containers that get RDMA devices: 'unlimited', a number of "
+        "bytes, or 'off' (default: %(default)s)",
+    )
     return parser
 
 
@@ -576,6 +589,14 @@ def main(argv: list[str], out: TextIO, err: TextIO | None = None) -> int:
         parser.error("--network-config and --api-kubeconfig need --node-state")
     if not (args.node_state_period > 0 and args.node_state_heartbeat > 0):
         parser.error("--node-state-period and --node-state-heartbeat must be positive")
+    if args.node_state:
+        # Imported only when the agent runs, as the rest of the agent is.
+        from rdma_cni.agent.nri.plugin import parse_memlock
+
+        try:
+            args.memlock = parse_memlock(args.memlock)
+        except ValueError as exc:
+            parser.error(str(exc))
     if not args.name or "/" in args.name or args.name.startswith("."):
         # A hidden name would collide with the marker and temporary files.
         parser.error("--name must be a plain file name, not starting with '.'")
@@ -633,7 +654,7 @@ def _start_agent(
     args: argparse.Namespace, opts: Options, stop: threading.Event, out: TextIO
 ) -> threading.Thread:
     """Start the node agent thread; InstallError for what the operator must fix (nothing is started then)."""
-    from rdma_cni.agent.loop import run_agent, setup_agent
+    from rdma_cni.agent.loop import run_agent, setup_agent, start_nri
 
     node_name = opts.environ.get("NODE_NAME", "")
     try:
@@ -652,4 +673,5 @@ def _start_agent(
     thread = threading.Thread(target=run_agent, args=(agent, stop), name="node-agent", daemon=True)
     thread.start()
     _say(out, f"publishing node state on node {node_name} ({len(agent.views)} network(s))")
+    start_nri(agent.views, args.nri_socket, args.memlock, stop)
     return thread

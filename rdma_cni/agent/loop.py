@@ -156,6 +156,37 @@ def setup_agent(
     return Agent(views, publisher, period=period)
 
 
+def start_nri(
+    views: Sequence[NetworkView], socket_path: str, memlock: int | None, stop: threading.Event
+) -> threading.Thread | None:
+    """Start the NRI plugin thread for ``views``' state directories; None when ``socket_path`` is empty."""
+    if not socket_path:
+        log.info("NRI: disabled (--nri-socket is empty); pods get no RDMA devices from rdma-cni")
+        return None
+    from rdma_cni.agent.nri.plugin import NriPlugin, PodDevices
+    from rdma_cni.node.nristate import state_path
+
+    plugin = NriPlugin(
+        socket_path,
+        PodDevices([v.state_dir for v in views]),
+        memlock=memlock,
+        state_file=state_path(views[0].lock_file) if views else None,
+    )
+
+    def run() -> None:
+        # Like run_agent: a bug is logged and the plugin resumes; container creation never waits on it.
+        while not stop.is_set():
+            try:
+                plugin.run(stop)
+            except Exception:
+                log.exception("NRI plugin failed unexpectedly; restarting it in %.0f s", RESCAN_DELAY * 5)
+                stop.wait(RESCAN_DELAY * 5)
+
+    thread = threading.Thread(target=run, name="nri-plugin", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_agent(agent: Agent, stop: threading.Event) -> None:
     """:meth:`Agent.run` that survives its own bugs: logged, then resumed after a pause."""
     while not stop.is_set():

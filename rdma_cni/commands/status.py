@@ -41,6 +41,7 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
         if ipam is not None:
             ipam.status()
         report_degraded(corrupt, store.quarantined(), PendingStore(conf.stateDir).count())
+        report_nri(conf.lockFile)
     except PluginUnavailable:
         raise
     except CniError as exc:
@@ -67,4 +68,15 @@ def report_degraded(corrupt: list[str], set_aside: list[str], pending: int) -> N
         log.warning(
             "%d attachment(s) have an IPAM release pending (IPAM DEL failed); DEL and GC retry them",
             pending,
+        )
+
+
+def report_nri(lock_file: str) -> None:
+    """Warn when the node agent's NRI plugin injects no RDMA devices into pods (STATUS still succeeds)."""
+    from rdma_cni.node.nristate import REGISTERED, read_state
+
+    state = read_state(lock_file)
+    if state is not None and state != REGISTERED:
+        log.warning(
+            "pods get no RDMA character devices from rdma-cni: the node agent's NRI plugin is %s", state
         )

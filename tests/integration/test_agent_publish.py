@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -247,8 +248,39 @@ def test_rotated_token_is_picked_up_after_a_401(cluster: Cluster) -> None:
         assert wait_for(lambda: published(cluster, name), 5, "publish with the new token").generation == 1
 
 
+def nri_handshake(conn: socket.socket) -> bytes:
+    """Take the plugin's registration as a runtime would, then ask CreateContainer; its answer's payload."""
+    from rdma_cni.agent.nri import mux, pb, plugin, ttrpc
+
+    readers = {1: ttrpc.Reader(), 2: ttrpc.Reader()}
+
+    def next_message() -> tuple[int, ttrpc.Message]:
+        while True:
+            cid, payload = mux.read_frame(conn)
+            for msg in readers[cid].feed(payload):
+                return cid, msg
+
+    cid, msg = next_message()
+    assert cid == mux.RUNTIME_CONN and ttrpc.decode_request(msg.payload).method == "RegisterPlugin"
+    ok = ttrpc.encode_response(ttrpc.Response(0, "", b""))
+    mux.send_frame(conn, mux.RUNTIME_CONN, ttrpc.encode_message(msg.stream, ttrpc.TYPE_RESPONSE, ok))
+    pod = pb.f_bytes(1, pb.f_string(1, "no-such-sandbox"))
+    req = ttrpc.encode_request(ttrpc.Request(plugin.PLUGIN_SERVICE, "CreateContainer", pod))
+    mux.send_frame(conn, mux.PLUGIN_CONN, ttrpc.encode_message(1, ttrpc.TYPE_REQUEST, req))
+    cid, msg = next_message()
+    assert (cid, msg.stream, msg.type) == (mux.PLUGIN_CONN, 1, ttrpc.TYPE_RESPONSE)
+    resp = ttrpc.decode_response(msg.payload)
+    assert resp.code == 0, resp.message
+    return resp.payload
+
+
 def test_install_watch_node_state_publishes_and_stops_on_sigterm(cluster: Cluster, tmp_path: Any) -> None:
     name = node_name()
+    nri_socket = str(tmp_path / "nri.sock")
+    runtime = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    runtime.bind(nri_socket)
+    runtime.listen()
+    runtime.settimeout(20)
     cluster.api.add_node(name)
     sa = tmp_path / "sa"
     sa.mkdir()
@@ -276,6 +308,7 @@ def test_install_watch_node_state_publishes_and_stops_on_sigterm(cluster: Cluste
             f"--serviceaccount-dir={sa}",
             f"--network-config={conf_file(cluster)}",
             f"--api-kubeconfig={os.path.join(cluster.tmp, 'kubeconfig')}",
+            f"--nri-socket={nri_socket}",
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -285,12 +318,19 @@ def test_install_watch_node_state_publishes_and_stops_on_sigterm(cluster: Cluste
     try:
         state = wait_for(lambda: published(cluster, name), 20, "the installer's agent to publish")
         assert [p.name for p in state.pfs] == ["simpf0", "simpf1"]
+        # The same process is the NRI plugin: it registers on the runtime's socket and answers.
+        conn, _ = runtime.accept()
+        with conn:
+            conn.settimeout(20)
+            assert nri_handshake(conn) == b""  # a container of a pod without attachments: no adjustment
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
     assert f"publishing node state on node {name}" in out
     assert "published node state generation 1" in err
+    assert f"NRI: registered with the runtime at {nri_socket}" in err
+    runtime.close()
 
 
 def _ca_of(cluster: Cluster) -> str:

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from rdma_cni import install
+from rdma_cni.agent.nri import plugin as nri_plugin
 from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, load_netconf
 from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
 from rdma_cni.kube import podget as k8s
@@ -256,13 +257,18 @@ def test_daemonset_installs_with_least_privilege() -> None:
             install.DEFAULT_CNI_CONF_DIR,
             DEFAULT_STATE_DIR,
             os.path.dirname(DEFAULT_LOCK_FILE),
+            # The NRI plugin: the runtime's socket, and the pods' namespaces to prove their VFs.
+            os.path.dirname(nri_plugin.DEFAULT_SOCKET),
+            "/var/run/netns",
         ]
     )
     for volume, host_path in host_paths.items():
         assert mounts[volume] == host_path
     # The agent only reads the records; the lock directory is where it takes the node lock.
     read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
-    assert read_only == {DEFAULT_STATE_DIR}
+    assert read_only == {DEFAULT_STATE_DIR, "/var/run/netns"}
+    # Entering a pod's netns is the one capability; everything else is dropped.
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
 
     # The node agent is on, and names its Node from the downward API.
     assert "--node-state" in container["command"]

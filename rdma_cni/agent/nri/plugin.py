@@ -1,0 +1,394 @@
+"""The NRI plugin: on CreateContainer, a pod with rdma-cni attachments gets exactly its own RDMA char devices.
+
+Which devices are the pod's is decided by the kernel and the node's records,
+never by the pod: the records whose CNI_CONTAINERID is the sandbox id NRI
+reports, each VF proven to sit in the pod by identity (see
+:mod:`rdma_cni.kernel.identity`), a VF claimed by two records trusted for
+neither, and the RDMA devices whose PCI parent is such a VF, as sysfs shows
+them at that moment. Their character devices (uverbs, umad, issm, and the
+node's rdma_cm) are injected with the device-cgroup rule the runtime derives
+from each (``rwm``), and RLIMIT_MEMLOCK is raised so memory registration
+works without IPC_LOCK.
+
+NRI's timeouts (containerd/nri ``pkg/api/timeouts.go``): registration must
+finish within 5 s and each request be answered within 2 s, or the runtime
+drops the plugin and creates containers without it. Every answer here is a
+few sysfs reads and one netlink dump per pod; nothing waits on the node lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from rdma_cni.agent.nri import mux, pb, ttrpc
+from rdma_cni.cni.errors import CniError
+from rdma_cni.kernel import sysfs
+from rdma_cni.node.nristate import REGISTERED
+from rdma_cni.node.record import Attachment, RecordStore, write_atomic
+
+log = logging.getLogger("rdma_cni.agent.nri")
+
+DEFAULT_SOCKET = "/var/run/nri/nri.sock"
+PLUGIN_NAME = "rdma-cni"
+PLUGIN_INDEX = "50"
+RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+EVENT_CREATE_CONTAINER = 4
+REGISTRATION_TIMEOUT = 5.0
+RLIM_INFINITY = (1 << 64) - 1
+RECONNECT_DELAY = 2.0
+# A runtime that stops inside a frame must not hang the plugin: give up on the connection.
+STALL_TIMEOUT = 10.0
+DEV_DIR = "/dev/infiniband"
+
+
+@dataclass(frozen=True)
+class CharDevice:
+    path: str
+    major: int
+    minor: int
+    mode: int = 0o666
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _char(cls_dir: str, name: str) -> CharDevice | None:
+    text = _read(os.path.join(cls_dir, name, "dev"))
+    if not text:
+        return None
+    major, _, minor = text.partition(":")
+    try:
+        return CharDevice(os.path.join(DEV_DIR, name), int(major), int(minor))
+    except ValueError:
+        return None
+
+
+def char_devices(pci: str, rdma_devices: Sequence[str]) -> list[CharDevice]:
+    """The char devices (uverbsN, umadN, issmN) of VF ``pci``'s RDMA devices.
+
+    A char device is the VF's when its ``device`` link is the VF (the kernel
+    parents them on the RDMA device's parent, so this holds while exclusive
+    mode hides the RDMA device itself from the host's sysfs in the pod's
+    namespace); only one without that link is matched by its ``ibdev`` among
+    ``rdma_devices``, which were proven to sit on the VF.
+    """
+    want = os.path.realpath(sysfs.pci_dir(pci))
+    out = []
+    for cls in ("infiniband_verbs", "infiniband_mad"):
+        cls_dir = os.path.join(sysfs.root(), "class", cls)
+        try:
+            names = sorted(os.listdir(cls_dir))
+        except OSError:
+            continue
+        for name in names:
+            if not name.startswith(("uverbs", "umad", "issm")):
+                continue
+            parent = os.path.join(cls_dir, name, "device")
+            if os.path.islink(parent):
+                # Names can repeat across namespaces in exclusive mode; the parent cannot.
+                if os.path.realpath(parent) != want:
+                    continue
+            elif _read(os.path.join(cls_dir, name, "ibdev")) not in rdma_devices:
+                continue
+            dev = _char(cls_dir, name)
+            if dev is not None:
+                out.append(dev)
+    return out
+
+
+def rdma_cm_device() -> CharDevice | None:
+    """``/dev/infiniband/rdma_cm`` (shared by every RDMA user of the node), if the kernel has it."""
+    return _char(os.path.join(sysfs.root(), "class", "misc"), "rdma_cm")
+
+
+def vf_rdma_devices(pci: str) -> list[str]:
+    """RDMA devices whose parent is PCI function ``pci``: listed under it and pointing back to it."""
+    want = os.path.realpath(sysfs.pci_dir(pci))
+    out = []
+    for dev in sysfs.pci_rdma_devices(pci):
+        parent = os.path.join(sysfs.root(), "class", "infiniband", dev, "device")
+        if os.path.realpath(parent) == want:
+            out.append(dev)
+    return out
+
+
+Prover = Callable[[Attachment, list[str]], set[str]]
+
+
+def prove_in_pod(att: Attachment, pcis: list[str]) -> set[str]:
+    """Of ``pcis``, the VFs the kernel shows in the attachment's pod namespace (by identity)."""
+    from rdma_cni.kernel.identity import VfFinder
+    from rdma_cni.kernel.netlink import Rtnl
+    from rdma_cni.kernel.netns import Netns
+
+    pod = Netns.open_optional(att.netns)
+    if pod is None:
+        return set()
+    try:
+        with Rtnl() as host:
+            return set(VfFinder(host, pod).vfs_in_pod(pcis))
+    finally:
+        pod.close()
+
+
+class PodDevices:
+    """Sandbox id -> the char devices of that pod's own RDMA devices."""
+
+    def __init__(self, state_dirs: Sequence[str], prove: Prover = prove_in_pod) -> None:
+        self.stores = [RecordStore(d) for d in dict.fromkeys(state_dirs)]
+        self.prove = prove
+
+    def __call__(self, sandbox_id: str) -> list[CharDevice]:
+        records: list[Attachment] = []
+        for store in self.stores:
+            records.extend(store.all(errors=[]))
+        claims: dict[str, set[str]] = {}
+        for att in records:
+            for vf in att.vfs:
+                claims.setdefault(vf.pci, set()).add(att.container_id)
+        devices: dict[str, CharDevice] = {}
+        for att in records:
+            if att.container_id != sandbox_id or att.state != "ready":
+                continue
+            pcis = []
+            for vf in att.vfs:
+                if claims[vf.pci] != {sandbox_id}:
+                    log.error(
+                        "VF %s is claimed by several pods' records; injecting none of its devices", vf.pci
+                    )
+                    continue
+                pcis.append(vf.pci)
+            if not pcis:
+                continue
+            for pci in sorted(self.prove(att, pcis) & set(pcis)):
+                for dev in char_devices(pci, vf_rdma_devices(pci)):
+                    devices[dev.path] = dev
+        if devices:
+            cm = rdma_cm_device()
+            if cm is not None:
+                devices[cm.path] = cm
+        return [devices[p] for p in sorted(devices)]
+
+
+def encode_adjustment(devices: Sequence[CharDevice], memlock: int | None) -> bytes:
+    """A ContainerAdjustment: the devices (the runtime adds an ``rwm`` cgroup rule to each) and rlimit."""
+    linux_devices = [
+        pb.f_string(1, d.path)
+        + pb.f_string(2, "c")
+        + pb.f_varint(3, d.major)
+        + pb.f_varint(4, d.minor)
+        + pb.f_bytes(5, pb.f_varint(1, d.mode), keep_empty=True)
+        for d in devices
+    ]
+    out = pb.f_bytes(6, pb.f_messages(1, linux_devices))
+    if memlock is not None:
+        out += pb.f_messages(
+            7, [pb.f_string(1, "RLIMIT_MEMLOCK") + pb.f_varint(2, memlock) + pb.f_varint(3, memlock)]
+        )
+    return out
+
+
+class NriPlugin:
+    """One NRI plugin connection at a time; :meth:`run` reconnects whenever the runtime goes away."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        devices_for: Callable[[str], list[CharDevice]],
+        *,
+        memlock: int | None = RLIM_INFINITY,
+        name: str = PLUGIN_NAME,
+        index: str = PLUGIN_INDEX,
+        state_file: str | None = None,
+    ) -> None:
+        self.socket_path = socket_path
+        self.state_file = state_file
+        self.devices_for = devices_for
+        self.memlock = memlock
+        self.name = name
+        self.index = index
+        self._state = ""
+        self.state = "not connected"
+        self.injected = 0
+        self._said_missing = False
+
+    @property
+    def state(self) -> str:
+        """Where the plugin stands: "registered", "not injecting: ...", ..."""
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        if value == self._state:
+            return
+        self._state = value
+        if self.state_file:
+            # STATUS, run by the runtime in another process, reads it to say whether pods get devices.
+            try:
+                write_atomic(
+                    os.path.dirname(self.state_file),
+                    os.path.basename(self.state_file),
+                    value + "\n",
+                    "NRI state file",
+                    sync_dir=False,
+                )
+            except CniError as exc:
+                log.debug("NRI: %s", exc.msg)
+
+    # The Plugin service: method -> handler of the request payload, returning the response payload.
+    def handle(self, req: ttrpc.Request) -> ttrpc.Response:
+        """Answer one call of the Plugin service; errors become a status, never an exception."""
+        if req.service != PLUGIN_SERVICE:
+            return ttrpc.Response(ttrpc.UNIMPLEMENTED, f"service {req.service} is not served", b"")
+        try:
+            f = pb.decode(req.payload)
+        except pb.DecodeError as exc:
+            return ttrpc.Response(ttrpc.INVALID_ARGUMENT, f"{req.method}: {exc}", b"")
+        if req.method == "Configure":
+            log.info(
+                "NRI: configured by %s %s (registration timeout %d ms, request timeout %d ms)",
+                pb.string(f, 2),
+                pb.string(f, 3),
+                pb.integer(f, 4),
+                pb.integer(f, 5),
+            )
+            return ttrpc.Response(ttrpc.OK, "", pb.f_varint(2, 1 << (EVENT_CREATE_CONTAINER - 1)))
+        if req.method == "Synchronize":
+            # Devices cannot be added to running containers; only later ones get theirs.
+            return ttrpc.Response(ttrpc.OK, "", pb.f_varint(2, pb.integer(f, 3)))
+        if req.method == "CreateContainer":
+            return self._create_container(f)
+        if req.method == "Shutdown":
+            self.state = "shut down by the runtime"
+            return ttrpc.Response(ttrpc.OK, "", b"")
+        # Events not subscribed to: an empty answer is a valid "no change" for every one of them.
+        return ttrpc.Response(ttrpc.OK, "", b"")
+
+    def _create_container(self, f: pb.Fields) -> ttrpc.Response:
+        pod = pb.message(f, 1)
+        container = pb.message(f, 2)
+        sandbox = pb.string(pod, 1) or pb.string(container, 2)
+        if not sandbox:
+            return ttrpc.Response(ttrpc.OK, "", b"")
+        try:
+            devices = self.devices_for(sandbox)
+        except Exception:  # a failure here must not fail the pod's container
+            log.exception("NRI: cannot work out the RDMA devices of pod sandbox %s; injecting none", sandbox)
+            devices = []
+        if not devices:
+            return ttrpc.Response(ttrpc.OK, "", b"")
+        self.injected += 1
+        log.info(
+            "NRI: container %s of pod %s/%s gets %s",
+            pb.string(container, 3),
+            pb.string(pod, 4),
+            pb.string(pod, 2),
+            ", ".join(d.path for d in devices),
+        )
+        return ttrpc.Response(
+            ttrpc.OK, "", pb.f_bytes(1, encode_adjustment(devices, self.memlock), keep_empty=True)
+        )
+
+    def session(self, sock: socket.socket, stop: threading.Event) -> None:
+        """Register on a connected socket and serve it until it closes; Closed/ProtocolError end it."""
+        sock.settimeout(STALL_TIMEOUT)
+        register = pb.f_string(1, self.name) + pb.f_string(2, self.index)
+        call = ttrpc.encode_request(ttrpc.Request(RUNTIME_SERVICE, "RegisterPlugin", register))
+        mux.send_frame(sock, mux.RUNTIME_CONN, ttrpc.encode_message(1, ttrpc.TYPE_REQUEST, call))
+        deadline: float | None = time.monotonic() + REGISTRATION_TIMEOUT
+        readers = {mux.PLUGIN_CONN: ttrpc.Reader(), mux.RUNTIME_CONN: ttrpc.Reader()}
+        self.state = "registering"
+        while not stop.is_set():
+            if deadline is not None and time.monotonic() > deadline:
+                raise ttrpc.ProtocolError("the runtime did not answer RegisterPlugin in time")
+            ready, _, _ = select.select([sock], [], [], 0.2)
+            if not ready:
+                continue
+            conn_id, payload = mux.read_frame(sock)
+            reader = readers.get(conn_id)
+            if reader is None:
+                continue  # a connection the plugin never opened: dropped, as NRI's multiplexer does
+            for msg in reader.feed(payload):
+                if conn_id == mux.PLUGIN_CONN and msg.type == ttrpc.TYPE_REQUEST:
+                    resp = self.handle(ttrpc.decode_request(msg.payload))
+                    out = ttrpc.encode_message(msg.stream, ttrpc.TYPE_RESPONSE, ttrpc.encode_response(resp))
+                    mux.send_frame(sock, mux.PLUGIN_CONN, out)
+                    if self.state == "shut down by the runtime":
+                        return
+                elif conn_id == mux.RUNTIME_CONN and msg.type == ttrpc.TYPE_RESPONSE and msg.stream == 1:
+                    resp = ttrpc.decode_response(msg.payload)
+                    if resp.code != ttrpc.OK:
+                        raise ttrpc.ProtocolError(f"the runtime refused registration: {resp.message}")
+                    if deadline is not None:
+                        log.info(
+                            "NRI: registered with the runtime at %s as %s-%s",
+                            self.socket_path,
+                            self.index,
+                            self.name,
+                        )
+                    deadline = None
+                    self.state = REGISTERED
+                else:
+                    log.debug(
+                        "NRI: ignoring message type %d on connection %d stream %d",
+                        msg.type,
+                        conn_id,
+                        msg.stream,
+                    )
+
+    def run(self, stop: threading.Event) -> None:
+        """Connect, serve, reconnect, until ``stop``; a missing socket is logged once."""
+        while not stop.is_set():
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                sock.connect(self.socket_path)
+            except OSError as exc:
+                sock.close()
+                self.state = f"not injecting: no NRI socket at {self.socket_path} ({exc.strerror})"
+                if not self._said_missing:
+                    log.warning(
+                        "NRI: %s; pods get no RDMA devices from rdma-cni (enable NRI in the runtime, "
+                        "or use the RDMA shared device plugin)",
+                        self.state,
+                    )
+                    self._said_missing = True
+                stop.wait(RECONNECT_DELAY)
+                continue
+            self._said_missing = False
+            try:
+                self.session(sock, stop)
+            except (mux.Closed, ttrpc.ProtocolError) as exc:
+                log.warning("NRI: connection to %s ended: %s; reconnecting", self.socket_path, exc)
+            finally:
+                sock.close()
+            self.state = "not connected"
+            stop.wait(RECONNECT_DELAY)
+
+
+def parse_memlock(text: str) -> int | None:
+    """``--memlock``: "unlimited", a number of bytes, or "off" (None: the container's limit is kept)."""
+    value = text.strip().lower()
+    if value == "unlimited":
+        return RLIM_INFINITY
+    if value == "off":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"--memlock {text!r}: expected 'unlimited', 'off' or a number of bytes") from None
+    if number <= 0:
+        raise ValueError(f"--memlock {text!r}: must be positive")
+    return number

@@ -1,0 +1,69 @@
+"""The NRI plugin's choice of devices on the simulated node: records from ADD, VFs proven in real netns."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from rdma_cni.agent.nri import plugin
+from tests.integration.conftest import Cluster
+
+
+def give_rdma_devices(cluster: Cluster) -> dict[str, str]:
+    """A fake RDMA device and uverbs node for every VF (as the kernel would show them); pci -> uverbs path."""
+    sysfs = cluster.node.sysfs
+    out = {}
+    for n, (k, i) in enumerate(cluster.node.all_vfs()):
+        pci = cluster.node.vf_pci(k, i)
+        vf_dir = os.path.join(sysfs, "bus", "pci", "devices", pci)
+        dev = f"mlx5_{n}"
+        os.makedirs(os.path.join(vf_dir, "infiniband", dev))
+        ib = os.path.join(sysfs, "class", "infiniband", dev)
+        os.makedirs(ib)
+        os.symlink(vf_dir, os.path.join(ib, "device"))
+        verbs = os.path.join(sysfs, "class", "infiniband_verbs", f"uverbs{n}")
+        os.makedirs(verbs)
+        with open(os.path.join(verbs, "ibdev"), "w") as f:
+            f.write(dev + "\n")
+        with open(os.path.join(verbs, "dev"), "w") as f:
+            f.write(f"231:{192 + n}\n")
+        out[pci] = f"/dev/infiniband/uverbs{n}"
+    return out
+
+
+def recorded_pcis(cluster: Cluster, container_id: str) -> list[str]:
+    with open(os.path.join(cluster.state_dir, "attachments", f"{container_id}@net1.json")) as f:
+        return [vf["pci"] for vf in json.load(f)["vfs"]]
+
+
+def test_each_pod_gets_exactly_the_devices_of_the_vfs_the_kernel_shows_in_it(cluster: Cluster) -> None:
+    conf = cluster.conf()
+    alpha = cluster.pod([{"min_tx_rate": 1000}, {}], name="alpha")
+    beta = cluster.pod([{}], name="beta")
+    plain = cluster.pod(None, name="plain")
+    assert cluster.run("ADD", alpha, conf).ok
+    assert cluster.run("ADD", beta, conf).ok
+    uverbs = give_rdma_devices(cluster)
+    devices = plugin.PodDevices([cluster.state_dir])
+
+    for pod in (alpha, beta):
+        got = [d.path for d in devices(pod["CNI_CONTAINERID"])]
+        assert got == sorted(uverbs[p] for p in recorded_pcis(cluster, pod["CNI_CONTAINERID"]))
+    assert devices(plain["CNI_CONTAINERID"]) == []
+
+    # A record (say, hand-made) naming a VF that sits in the host, with another pod's namespace:
+    # the kernel does not show that VF there, so the record yields nothing.
+    taken = {p for pod in (alpha, beta) for p in recorded_pcis(cluster, pod["CNI_CONTAINERID"])}
+    free = next(p for p in uverbs if p not in taken)
+    with open(os.path.join(cluster.state_dir, "attachments", f"{alpha['CNI_CONTAINERID']}@net1.json")) as f:
+        doc = json.load(f)
+    doc["container_id"] = "ghost"
+    doc["vfs"][0]["pci"] = free
+    doc["vfs"] = doc["vfs"][:1]
+    with open(os.path.join(cluster.state_dir, "attachments", "ghost@net1.json"), "w") as f:
+        json.dump(doc, f)
+    assert devices("ghost") == []
+    os.unlink(os.path.join(cluster.state_dir, "attachments", "ghost@net1.json"))
+
+    assert cluster.run("DEL", alpha, conf).ok
+    assert devices(alpha["CNI_CONTAINERID"]) == []
