@@ -80,6 +80,18 @@ def parser() -> argparse.ArgumentParser:
         description="kube-scheduler extender placing RDMA pods on nodes whose published state fits them.",
     )
     p.add_argument("--listen", type=_listen, required=True, help="ADDR:PORT to serve on")
+    p.add_argument(
+        "--metrics-listen",
+        type=_listen,
+        default=None,
+        help="ADDR:PORT to serve Prometheus /metrics on, plain HTTP (default: off)",
+    )
+    p.add_argument(
+        "--no-events",
+        dest="events",
+        action="store_false",
+        help="do not post a BindingRefused Event on pods whose bind is refused",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account)")
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key", help="... and this key (PEM)")
@@ -174,6 +186,8 @@ class Service:
         sweep_interval: float = 1.0,
         pod_check_interval: float = 10.0,
         backoff: tuple[float, float] = (0.2, 10.0),
+        metrics_listen: tuple[str, int] | None = None,
+        events: Any = None,
     ) -> None:
         self.client = client
         self.decider = Decider(policy=policy, max_state_age=max_state_age)
@@ -195,6 +209,15 @@ class Service:
             scheduler_names=scheduler_names,
         )
         self.server = ExtenderServer(listen, self.extender, tls)
+        self.events = events  # an rdma_cni.kube.events.EventSink, or None
+        if events is not None:
+            self.extender.binder.on_refused = self._tell_refused
+        self.metrics_server: Any = None
+        if metrics_listen is not None:
+            from rdma_cni.extender import metrics
+
+            metrics.watch(self)
+            self.metrics_server = metrics.serve(metrics_listen)
         self.sweep_interval = sweep_interval
         self.pod_check_interval = pod_check_interval
         self.backoff = backoff
@@ -206,6 +229,25 @@ class Service:
         """The address served (the port is the real one when 0 was asked)."""
         host, port = self.server.server_address[:2]
         return str(host), int(port)
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """Where /metrics is served (None: not served)."""
+        if self.metrics_server is None:
+            return None
+        host, port = self.metrics_server.server_address[:2]
+        return str(host), int(port)
+
+    def _tell_refused(self, args: Any, reason: str, error: str) -> None:
+        """A Warning Event on the pod whose bind was refused: queued, never waited for."""
+        self.events.emit(
+            kind="Pod",
+            namespace=args.pod_namespace,
+            name=args.pod_name,
+            uid=args.pod_uid,
+            reason="BindingRefused",
+            message=f"{error} [{reason}]",
+        )
 
     def start(self) -> Service:
         """Serve in background threads; readiness follows the cache and the rebuild."""
@@ -225,6 +267,11 @@ class Service:
         self.cache.stop()
         self.server.shutdown()
         self.server.server_close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
+        if self.events is not None:
+            self.events.close()
 
     def _startup(self) -> None:
         from rdma_cni.kube import client as kubeapi
@@ -299,6 +346,7 @@ def main(argv: list[str], out: TextIO) -> int:
         args.default_request = parse_request("[{}]", "--default-request")
     from rdma_cni.cni.errors import CniError
     from rdma_cni.kube import client as kubeapi
+    from rdma_cni.kube.events import EventSink
 
     tls = None
     if args.tls_cert:
@@ -325,10 +373,14 @@ def main(argv: list[str], out: TextIO) -> int:
             reservation_ttl=args.reservation_ttl,
             annotation=args.annotation,
             scheduler_names=frozenset(args.scheduler_names or DEFAULT_SCHEDULER_NAMES),
+            metrics_listen=args.metrics_listen,
+            events=EventSink(client.post, "rdma-cni-extender") if args.events else None,
         )
     except OSError as exc:
-        host, port = args.listen
-        sys.stderr.write(f"rdma-cni scheduler-extender: cannot listen on {host}:{port}: {exc}\n")
+        where = ["{}:{}".format(*args.listen)] + (
+            ["{}:{}".format(*args.metrics_listen)] if args.metrics_listen else []
+        )
+        sys.stderr.write(f"rdma-cni scheduler-extender: cannot listen on {' and '.join(where)}: {exc}\n")
         return 1
     done = threading.Event()
 
@@ -339,7 +391,10 @@ def main(argv: list[str], out: TextIO) -> int:
     signal.signal(signal.SIGINT, on_signal)
     service.start()
     host, port = service.address
-    out.write(json.dumps({"listening": f"{host}:{port}", "tls": tls is not None}) + "\n")
+    said: dict[str, Any] = {"listening": f"{host}:{port}", "tls": tls is not None}
+    if service.metrics_address is not None:
+        said["metrics"] = "{}:{}".format(*service.metrics_address)
+    out.write(json.dumps(said) + "\n")
     out.flush()
     while not done.wait(1.0):
         pass
