@@ -260,6 +260,7 @@ def test_extender_rbac_is_exactly_what_it_uses() -> None:
         ("pods", "list"),
         ("pods", "watch"),
         ("pods/binding", "create"),
+        ("events", "create"),  # BindingRefused (core v1 Events, rdma_cni/kube/events.py)
     }
     binding = one(EXTENDER, "ClusterRoleBinding")
     account = one(EXTENDER, "ServiceAccount")["metadata"]
@@ -382,6 +383,7 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
         sys.path.insert(0, root)
     from rdma_cni.extender.main import Service
     from rdma_cni.kube import client as kubeapi
+    from rdma_cni.kube.events import EventSink
     from rdma_cni.shared import nodestate
     from tests.support import sched_objects as so
     from tests.support.apiserver import ApiServer
@@ -400,7 +402,8 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
             scheduler_name="rdma-scheduler",
         )
         client = kubeapi.ApiClient.from_kubeconfig(api.write_kubeconfig(tmp_path / "kubeconfig"))
-        service = Service(client, listen=("127.0.0.1", 0)).start()
+        events = EventSink(client.post, "rdma-cni-extender")
+        service = Service(client, listen=("127.0.0.1", 0), events=events).start()
         try:
             assert service.extender.ready.wait(30)
             assert service.extender.filter(so.args_names(pod, ["n1"]))["NodeNames"] == ["n1"]
@@ -412,6 +415,8 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
                 "Node": "n1",
             }
             assert service.extender.bind(bind) == {"Error": ""}
+            assert service.extender.bind(bind)["Error"]  # already bound: refused, with an Event
+            assert events.flush() and events.posted == 1
             service.check_pods()
         finally:
             service.stop()
@@ -423,5 +428,6 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
         ("pods", "list"),
         ("pods/binding", "create"),
         ("pods", "get"),
+        ("events", "create"),
     } <= used
     assert used <= granted, sorted(used - granted)
