@@ -694,12 +694,12 @@ def _start_agent(
     metrics.watch(publisher)
     if args.metrics_listen:
         try:
-            metrics.serve(args.metrics_listen)
+            server = metrics.serve(args.metrics_listen)
         except OSError as exc:
             raise InstallError(
                 "node agent: cannot serve metrics on {}:{}: {}".format(*args.metrics_listen, exc)
             ) from None
-        _say(out, "serving metrics on {}:{}".format(*args.metrics_listen))
+        _say(out, "serving metrics on {}:{}".format(*server.server_address[:2]))
     # The agent reports through logging; the container's log should show its progress, not only errors.
     for handler in logging.getLogger("rdma_cni").handlers:
         handler.setLevel(logging.INFO)

@@ -40,6 +40,7 @@ def _request(
 class Extender:
     def __init__(self, proc: subprocess.Popen[str], port: int, tls: ssl.SSLContext | None) -> None:
         self.proc, self.port, self.tls = proc, port, tls
+        self.announced: dict[str, Any] = {}
 
     def conn(self) -> http.client.HTTPConnection:
         if self.tls is not None:
@@ -88,7 +89,9 @@ def start(tmp: Path, api: ApiServer, *extra: str, tls: bool = False) -> Extender
         raise AssertionError(f"extender did not start: {proc.stderr.read() if proc.stderr else ''}")
     announced = json.loads(line)
     assert announced["tls"] is tls
-    return Extender(proc, int(announced["listening"].rsplit(":", 1)[1]), context)
+    ext = Extender(proc, int(announced["listening"].rsplit(":", 1)[1]), context)
+    ext.announced = announced
+    return ext
 
 
 @pytest.fixture
@@ -163,6 +166,53 @@ def test_process_binds_only_the_schedulers_it_is_told(
         assert ext.call("POST", "/bind", doc)[1]["Error"].startswith(error)
     assert not api.get_pod("team-a", "ours")["spec"].get("nodeName")  # type: ignore[index]
     assert api.get_pod("team-a", "gpu")["spec"]["nodeName"] == "n1"  # type: ignore[index]
+
+
+def test_process_serves_metrics_and_posts_refusals_as_events(
+    tmp_path: Path, api: ApiServer, procs: list[Extender]
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    api.add_node(
+        "n1", annotations={nodestate.ANNOTATION: nodestate.encode(so.state([("ens1f0", 25_000, 1)]))}
+    )
+    ext = start(tmp_path, api, "--metrics-listen", "127.0.0.1:0")
+    procs.append(ext)
+    ext.wait_ready()
+    pods = [_request(api, name, [(20_000, 0)]) for name in ("a", "b")]
+    for pod in pods:
+        assert ext.call("POST", "/filter", so.args_names(pod, ["n1"]))[1]["NodeNames"] == ["n1"]
+    errors = []
+    for pod in pods:
+        meta = pod["metadata"]
+        doc = {"PodName": meta["name"], "PodNamespace": "team-a", "PodUID": meta["uid"], "Node": "n1"}
+        errors.append(ext.call("POST", "/bind", doc)[1]["Error"])
+    assert errors[0] == "" and "no longer fits node n1" in errors[1]
+    host, port = ext.announced["metrics"].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", "/metrics")
+    page = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(conn.getresponse().read().decode())
+        for s in family.samples
+    }
+    conn.close()
+    assert page[("rdma_cni_extender_request_seconds_count", (("verb", "filter"),))] == 2
+    assert page[("rdma_cni_extender_request_seconds_count", (("verb", "bind"),))] == 2
+    assert page[("rdma_cni_extender_decisions_total", (("outcome", "fits"), ("verb", "filter")))] == 2
+    assert page[("rdma_cni_extender_decisions_total", (("outcome", "bound"), ("verb", "bind")))] == 1
+    assert page[("rdma_cni_extender_bind_refusals_total", (("reason", "no_fit"),))] == 1
+    assert page[("rdma_cni_extender_reservations", ())] == 1
+    assert page[("rdma_cni_extender_watched_nodes", ())] == 1
+    # The refusal, on the pod, as the process's own sink posted it.
+    deadline = time.monotonic() + 10
+    while not api.events() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (event,) = api.events()
+    assert event["involvedObject"]["name"] == "b" and event["reason"] == "BindingRefused"
+    assert event["message"] == f"{errors[1]} [no_fit]"
+    ext.proc.send_signal(signal.SIGTERM)
+    assert ext.proc.wait(15) == 0
 
 
 def test_process_serves_https(tmp_path: Path, api: ApiServer, procs: list[Extender]) -> None:
