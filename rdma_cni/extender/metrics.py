@@ -71,15 +71,24 @@ _PREEMPT_NODES = Counter(
 )
 
 
+# Children looked up once: labels() takes a lock and builds a tuple per call, on the filter path.
+_LATENCY_BY_PATH = {f"/{verb}": _LATENCY.labels(verb) for verb in VERBS}
+_DECISIONS_BY_KEY: dict[tuple[str, str], Any] = {}
+
+
 def request(path: str, seconds: float) -> None:
     """A request to ``path`` was answered in ``seconds``."""
-    verb = path.strip("/")
-    _LATENCY.labels(verb if verb in VERBS else "other").observe(seconds)
+    child = _LATENCY_BY_PATH.get(path.rstrip("/"))
+    (child if child is not None else _LATENCY.labels("other")).observe(seconds)
 
 
 def decided(verb: str, outcome: str) -> None:
     """One answer of ``verb`` with ``outcome`` (one of :data:`OUTCOMES`)."""
-    _DECISIONS.labels(verb if verb in VERBS else "other", outcome if outcome in OUTCOMES else "other").inc()
+    child = _DECISIONS_BY_KEY.get((verb, outcome))
+    if child is None:
+        key = (verb if verb in VERBS else "other", outcome if outcome in OUTCOMES else "other")
+        child = _DECISIONS_BY_KEY[(verb, outcome)] = _DECISIONS.labels(*key)
+    child.inc()
 
 
 def bind_refused(reason: str) -> None:
