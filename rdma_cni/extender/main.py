@@ -43,6 +43,19 @@ def _listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _metrics_listen(value: str) -> tuple[str, int]:
+    try:
+        return _listen(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"--metrics-listen {value!r}: expected ADDR:PORT, e.g. 0.0.0.0:9474"
+        ) from None
+
+
+class MetricsListenError(OSError):
+    """The metrics port cannot be served (the message names it)."""
+
+
 def _positive(value: str) -> float:
     try:
         number = float(value)
@@ -82,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", type=_listen, required=True, help="ADDR:PORT to serve on")
     p.add_argument(
         "--metrics-listen",
-        type=_listen,
+        type=_metrics_listen,
         default=None,
         help="ADDR:PORT to serve Prometheus /metrics on, plain HTTP (default: off)",
     )
@@ -217,7 +230,12 @@ class Service:
             from rdma_cni.extender import metrics
 
             metrics.watch(self)
-            self.metrics_server = metrics.serve(metrics_listen)
+            try:
+                self.metrics_server = metrics.serve(metrics_listen)
+            except OSError as exc:
+                self.server.server_close()
+                where = "{}:{}".format(*metrics_listen)
+                raise MetricsListenError(f"cannot serve metrics on {where}: {exc}") from exc
         self.sweep_interval = sweep_interval
         self.pod_check_interval = pod_check_interval
         self.backoff = backoff
@@ -376,11 +394,12 @@ def main(argv: list[str], out: TextIO) -> int:
             metrics_listen=args.metrics_listen,
             events=EventSink(client.post, "rdma-cni-extender") if args.events else None,
         )
+    except MetricsListenError as exc:
+        sys.stderr.write(f"rdma-cni scheduler-extender: {exc}\n")
+        return 1
     except OSError as exc:
-        where = ["{}:{}".format(*args.listen)] + (
-            ["{}:{}".format(*args.metrics_listen)] if args.metrics_listen else []
-        )
-        sys.stderr.write(f"rdma-cni scheduler-extender: cannot listen on {' and '.join(where)}: {exc}\n")
+        host, port = args.listen
+        sys.stderr.write(f"rdma-cni scheduler-extender: cannot listen on {host}:{port}: {exc}\n")
         return 1
     done = threading.Event()
 

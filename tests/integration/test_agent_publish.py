@@ -338,6 +338,17 @@ def _ca_of(cluster: Cluster) -> str:
     [
         (["--node-state"], {"NODE_NAME": "n"}, "--node-state needs --watch"),
         (["--watch", "--network-config=x"], {}, "need --node-state"),
+        (["--watch", "--metrics-listen=127.0.0.1:0"], {}, "--metrics-listen need --node-state"),
+        (
+            ["--watch", "--node-state", "--metrics-listen=nowhere"],
+            {"NODE_NAME": "n"},
+            "'nowhere': expected ADDR",
+        ),
+        (
+            ["--watch", "--node-state", "--metrics-listen=203.0.113.1:2"],
+            {"NODE_NAME": "n"},
+            "node agent: cannot serve metrics on 203.0.113.1:2: ",
+        ),
         (
             ["--watch", "--node-state"],
             {"NODE_NAME": "Bad_Name"},

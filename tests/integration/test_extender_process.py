@@ -244,6 +244,7 @@ def test_process_serves_https(tmp_path: Path, api: ApiServer, procs: list[Extend
         (["--listen", "127.0.0.1:0", "--max-state-age", "0"], "'0' is not a positive number of seconds"),
         (["--listen", "127.0.0.1:0", "--annotation", "bad key!"], "is not a valid Kubernetes annotation key"),
         (["--listen", "127.0.0.1:0", "--policy", "random"], "invalid choice: 'random'"),
+        (["--listen", "127.0.0.1:0", "--metrics-listen", "nowhere"], "--metrics-listen 'nowhere': expected"),
         (["--listen", "127.0.0.1:0", "--scheduler-name", ""], "is not a valid scheduler name"),
         (["--listen", "127.0.0.1:0", "--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig"),
         (
@@ -267,3 +268,8 @@ def test_address_that_cannot_be_served_is_refused(tmp_path: Path, api: ApiServer
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "cannot listen on 203.0.113.1:1" in proc.stderr
+    cmd = [*plugin_command(), "scheduler-extender", "--listen", "127.0.0.1:0", "--kubeconfig", kubeconfig]
+    cmd += ["--metrics-listen", "203.0.113.1:2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "rdma-cni scheduler-extender: cannot serve metrics on 203.0.113.1:2: " in proc.stderr
