@@ -571,7 +571,20 @@ def _parser() -> argparse.ArgumentParser:
         help="RLIMIT_MEMLOCK given to containers that get RDMA devices: 'unlimited', a number of "
         "bytes, or 'off' (default: %(default)s)",
     )
+    agent.add_argument(
+        "--metrics-listen",
+        metavar="ADDR:PORT",
+        type=_metrics_listen,
+        help="serve the agent's Prometheus /metrics here, plain HTTP (default: off)",
+    )
     return parser
+
+
+def _metrics_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"--metrics-listen {value!r}: expected ADDR:PORT, e.g. 0.0.0.0:9101")
+    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def main(argv: list[str], out: TextIO, err: TextIO | None = None) -> int:
@@ -585,8 +598,8 @@ def main(argv: list[str], out: TextIO, err: TextIO | None = None) -> int:
         parser.error("--interval must be positive")
     if args.node_state and not args.watch:
         parser.error("--node-state needs --watch")
-    if (args.network_config or args.api_kubeconfig) and not args.node_state:
-        parser.error("--network-config and --api-kubeconfig need --node-state")
+    if (args.network_config or args.api_kubeconfig or args.metrics_listen) and not args.node_state:
+        parser.error("--network-config, --api-kubeconfig and --metrics-listen need --node-state")
     if not (args.node_state_period > 0 and args.node_state_heartbeat > 0):
         parser.error("--node-state-period and --node-state-heartbeat must be positive")
     if args.node_state:
@@ -667,6 +680,22 @@ def _start_agent(
         )
     except ValueError as exc:
         raise InstallError(f"node agent: {exc}") from None
+    from rdma_cni.agent import metrics
+    from rdma_cni.kube.events import EventSink
+
+    publisher = agent.publisher
+    publisher.events = EventSink(
+        lambda path, body: publisher.client.post(path, body), "rdma-cni-agent", host=node_name
+    )
+    metrics.watch(publisher)
+    if args.metrics_listen:
+        try:
+            server = metrics.serve(args.metrics_listen)
+        except OSError as exc:
+            raise InstallError(
+                "node agent: cannot serve metrics on {}:{}: {}".format(*args.metrics_listen, exc)
+            ) from None
+        _say(out, "serving metrics on {}:{}".format(*server.server_address[:2]))
     # The agent reports through logging; the container's log should show its progress, not only errors.
     for handler in logging.getLogger("rdma_cni").handlers:
         handler.setLevel(logging.INFO)

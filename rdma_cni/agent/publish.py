@@ -23,8 +23,9 @@ import random
 import re
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from rdma_cni.agent import metrics
 from rdma_cni.shared import nodestate
 
 if TYPE_CHECKING:
@@ -109,6 +110,8 @@ class Publisher:
         self.writes = 0
         self.failures = 0
         self.last_error = ""
+        # An rdma_cni.kube.events.EventSink: told (rate-limited per node) when a publish fails.
+        self.events: Any = None
 
     def offer(self, state: nodestate.NodeState) -> None:
         """A freshly computed state; written by the next :meth:`step` if it differs from the Node's."""
@@ -125,6 +128,7 @@ class Publisher:
         from rdma_cni.kube import client as kubeapi
 
         state = fit(self._pending)
+        started = time.monotonic()
         try:
             if not self._known:
                 self._read_current()
@@ -135,16 +139,19 @@ class Publisher:
             ):
                 self._pending = None
                 self._backoff = 0.0
+                metrics.publish_done("unchanged", started)
                 return False
             written = self._write(state)
         except kubeapi.ApiError as exc:
             self._failed(exc)
+            metrics.publish_done("failed", started)
             return False
         self.published = written
         self._written_at = time.monotonic()
         self._pending = None
         self._backoff = 0.0
         self.writes += 1
+        metrics.publish_done("written", started)
         if self.last_error:
             log.info("node state published again after: %s", self.last_error)
             self.last_error = ""
@@ -187,6 +194,7 @@ class Publisher:
         from rdma_cni.kube import client as kubeapi
 
         self.failures += 1
+        metrics.api_error(exc)
         # After a conflict or a 404 the Node may differ from what we think:
         # read it again before the next write.
         if isinstance(exc, kubeapi.Conflict | kubeapi.NotFound):
@@ -198,6 +206,14 @@ class Publisher:
         delay = self._backoff * (0.5 + random.random() / 2)
         self._next_attempt = time.monotonic() + delay
         message = f"{type(exc).__name__}: {exc}"
+        if self.events is not None:  # at most one per its interval: the sink rate-limits by node
+            self.events.emit(
+                kind="Node",
+                name=self.node,
+                reason="NodeStatePublishFailed",
+                message=f"rdma-cni cannot publish this node's RDMA state: {message}",
+                key=self.node,
+            )
         if message != self.last_error:
             log.warning(
                 "cannot publish node state on node %s (retrying in %.1f s): %s", self.node, delay, message

@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from rdma_cni.cni.errors import InvalidPodRequest
+from rdma_cni.extender import metrics
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.reservations import Reservations
@@ -38,7 +39,11 @@ DEFAULT_SCHEDULER_NAMES = frozenset({"rdma-scheduler"})
 
 
 class _Refused(Exception):
-    """Bind refuses the pod: the message is the verb's Error."""
+    """Bind refuses the pod: the message is the verb's Error; ``reason`` one of metrics.REFUSAL_REASONS."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def binding_outcome_unknown(exc: Exception) -> bool:
@@ -70,6 +75,8 @@ class Binder:
         self.views = views
         self.scheduler_names = frozenset(scheduler_names)
         self.lock = threading.Lock()
+        # Told of every refusal: (the bind's args, reason, the Error answered); must not block.
+        self.on_refused: Callable[[BindArgs, str, str], None] | None = None
 
     def _pod_path(self, args: BindArgs) -> str:
         return f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}"
@@ -80,12 +87,14 @@ class Binder:
 
         who = f"pod {args.pod_namespace}/{args.pod_name}"
         if self.views(args.node) is None:
-            raise _Refused(f"rdma-cni: node {args.node} is not known to the extender (binding {who})")
+            raise _Refused(
+                f"rdma-cni: node {args.node} is not known to the extender (binding {who})", "unknown_node"
+            )
         try:
             pod = self.client.get(self._pod_path(args))
         except kubeapi.ApiError as exc:
             raise _Refused(
-                f"rdma-cni: cannot read {who} to check it against node {args.node}: {exc}"
+                f"rdma-cni: cannot read {who} to check it against node {args.node}: {exc}", "pod_unreadable"
             ) from None
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
@@ -93,41 +102,53 @@ class Binder:
         if args.pod_uid and uid != args.pod_uid:
             raise _Refused(
                 f"rdma-cni: cannot read {who} to check it against node {args.node}: "
-                f"pod {args.pod_namespace}/{args.pod_name} now has uid {uid}, not {args.pod_uid}"
+                f"pod {args.pod_namespace}/{args.pod_name} now has uid {uid}, not {args.pod_uid}",
+                "pod_replaced",
             )
         scheduler = spec.get("schedulerName") or "default-scheduler"
         if scheduler not in self.scheduler_names:
             raise _Refused(
-                f"rdma-cni: {who} has schedulerName {scheduler!r}, which this extender does not serve"
+                f"rdma-cni: {who} has schedulerName {scheduler!r}, which this extender does not serve",
+                "other_scheduler",
             )
         bound = spec.get("nodeName")
         if bound:
-            raise _Refused(f"rdma-cni: {who} is already bound to node {bound}")
+            raise _Refused(f"rdma-cni: {who} is already bound to node {bound}", "already_bound")
         try:
             demand = self.demands.of_pod(pod)
         except InvalidPodRequest as exc:
-            raise _Refused(f"rdma-cni: {exc.msg}") from None
+            raise _Refused(f"rdma-cni: {exc.msg}", "bad_annotation") from None
         if demand is not None and (not args.pod_uid or not uid):
-            raise _Refused(f"rdma-cni: {who} asks for RDMA interfaces but the bind names no pod uid")
+            raise _Refused(
+                f"rdma-cni: {who} asks for RDMA interfaces but the bind names no pod uid", "no_pod_uid"
+            )
         return uid, demand
 
     def bind(self, args: BindArgs) -> str:
-        """Bind the pod; the ``Error`` to answer ("" on success)."""
+        """Bind the pod; the ``Error`` to answer ("" on success). A refusal is counted and told."""
+        try:
+            error = self._bind(args)
+        except _Refused as refused:
+            log.info("bind refused: %s", refused)
+            metrics.bind_refused(refused.reason)
+            if self.on_refused is not None:
+                self.on_refused(args, refused.reason, str(refused))
+            return str(refused)
+        metrics.decided("bind", "bound")
+        return error
+
+    def _bind(self, args: BindArgs) -> str:
         from rdma_cni.kube import client as kubeapi
 
         who = f"pod {args.pod_namespace}/{args.pod_name}"
-        try:
-            uid, demand = self._read(args)
-        except _Refused as refused:
-            log.info("bind refused: %s", refused)
-            return str(refused)
+        uid, demand = self._read(args)
         reserved = False
         if demand is not None:
             with self.lock:
                 self.reservations.expire()
-                problem = self._reserve(args, demand)
+                problem, reason = self._reserve(args, demand)
             if problem:
-                return problem
+                raise _Refused(problem, reason)
             reserved = self.reservations.get(args.pod_uid) is not None
         try:
             self._post(args, uid)
@@ -136,7 +157,7 @@ class Binder:
                 return self._unknown(args, exc)
             if reserved:
                 self.reservations.drop(args.pod_uid, f"the API refused the Binding: {exc}")
-            return f"rdma-cni: binding {who} to {args.node} failed: {exc}"
+            raise _Refused(f"rdma-cni: binding {who} to {args.node} failed: {exc}", "api_refused") from None
         log.info("bound %s to %s", who, args.node)
         return ""
 
@@ -150,7 +171,9 @@ class Binder:
             pod = self.client.get(self._pod_path(args))
         except kubeapi.NotFound:
             self.reservations.drop(args.pod_uid, "the pod is gone")
-            return f"rdma-cni: binding {who} to {args.node} failed: {exc}"
+            raise _Refused(
+                f"rdma-cni: binding {who} to {args.node} failed: {exc}", "outcome_unknown"
+            ) from None
         except kubeapi.ApiError as again:
             log.warning(
                 "binding %s to %s: outcome unknown (%s) and the pod cannot be read back (%s): "
@@ -160,10 +183,11 @@ class Binder:
                 exc,
                 again,
             )
-            return (
+            raise _Refused(
                 f"rdma-cni: binding {who} to {args.node}: outcome unknown ({exc}); "
-                "its reservation is kept until the pod is read back"
-            )
+                "its reservation is kept until the pod is read back",
+                "outcome_unknown",
+            ) from None
         uid = (pod.get("metadata") or {}).get("uid")
         node = (pod.get("spec") or {}).get("nodeName")
         if uid == args.pod_uid and node == args.node:
@@ -174,17 +198,21 @@ class Binder:
             self.reservations.drop(args.pod_uid, f"the Binding was not applied: {exc}")
         else:
             self.reservations.drop(args.pod_uid, "the pod is bound elsewhere or was replaced")
-        return f"rdma-cni: binding {who} to {args.node} failed: {exc}"
+        raise _Refused(f"rdma-cni: binding {who} to {args.node} failed: {exc}", "outcome_unknown")
 
-    def _reserve(self, args: BindArgs, demand: Demand) -> str:
+    def _reserve(self, args: BindArgs, demand: Demand) -> tuple[str, str]:
+        """("", "") when reserved (or nothing to reserve), else (the refusal, its reason)."""
         # Called under self.lock: the check and the reservation are one step.
         view = self.views(args.node)
         problem = self.decider.unusable(view, self.decider.now())
         if problem:
-            return f"{problem} (binding pod {args.pod_namespace}/{args.pod_name} to {args.node})"
+            return (
+                f"{problem} (binding pod {args.pod_namespace}/{args.pod_name} to {args.node})",
+                "state_unusable",
+            )
         assert view is not None
         if args.pod_uid in view.uids:
-            return ""  # already published on this node: it holds what it needs
+            return "", ""  # already published on this node: it holds what it needs
         extra = self.reservations.extra(args.node, without=(args.pod_uid,))
         verdict = self.decider.verdict(demand, view, extra)
         if not verdict.fits:
@@ -193,16 +221,16 @@ class Binder:
             return (
                 f"rdma-cni: pod {args.pod_namespace}/{args.pod_name} no longer fits node {args.node}: "
                 f"{verdict.reason.removeprefix('rdma-cni: ')} ({free})"
-            )
+            ), "no_fit"
         if args.pod_uid:
             try:
                 use = self.decider.use(demand, view, extra)
             except placement.NoFit as exc:  # the verdict's search gave up where bind's did not
                 return (
                     f"rdma-cni: pod {args.pod_namespace}/{args.pod_name} does not fit node {args.node}: {exc}"
-                )
+                ), "no_fit"
             self.reservations.add(args.pod_uid, args.pod_namespace, args.pod_name, args.node, use)
-        return ""
+        return "", ""
 
     def _post(self, args: BindArgs, uid: str) -> None:
         from rdma_cni.kube import client as kubeapi

@@ -49,6 +49,19 @@ def _listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _metrics_listen(value: str) -> tuple[str, int]:
+    try:
+        return _listen(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"--metrics-listen {value!r}: expected ADDR:PORT, e.g. 0.0.0.0:9474"
+        ) from None
+
+
+class MetricsListenError(OSError):
+    """The metrics port cannot be served (the message names it)."""
+
+
 def _positive(value: str) -> float:
     try:
         number = float(value)
@@ -102,6 +115,18 @@ def parser() -> argparse.ArgumentParser:
         type=_listen,
         default=None,
         help="ADDR:PORT serving only GET /healthz and /readyz in plain HTTP, for the kubelet's probes",
+    )
+    p.add_argument(
+        "--metrics-listen",
+        type=_metrics_listen,
+        default=None,
+        help="ADDR:PORT to serve Prometheus /metrics on, plain HTTP (default: off)",
+    )
+    p.add_argument(
+        "--no-events",
+        dest="events",
+        action="store_false",
+        help="do not post a BindingRefused Event on pods whose bind is refused",
     )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account)")
     p.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
@@ -217,6 +242,8 @@ class Service:
         pod_check_interval: float = 10.0,
         backoff: tuple[float, float] = (0.2, 10.0),
         max_connections: int = MAX_CONNECTIONS,
+        metrics_listen: tuple[str, int] | None = None,
+        events: Any = None,
     ) -> None:
         self.client = client
         self.decider = Decider(policy=policy, max_state_age=max_state_age)
@@ -247,6 +274,22 @@ class Service:
             except BaseException:
                 self.server.server_close()
                 raise
+        self.events = events  # an rdma_cni.kube.events.EventSink, or None
+        if events is not None:
+            self.extender.binder.on_refused = self._tell_refused
+        self.metrics_server: Any = None
+        if metrics_listen is not None:
+            from rdma_cni.extender import metrics
+
+            metrics.watch(self)
+            try:
+                self.metrics_server = metrics.serve(metrics_listen)
+            except OSError as exc:
+                self.server.server_close()
+                if self.probe_server is not None:
+                    self.probe_server.server_close()
+                where = "{}:{}".format(*metrics_listen)
+                raise MetricsListenError(f"cannot serve metrics on {where}: {exc}") from exc
         self.sweep_interval = sweep_interval
         self.pod_check_interval = pod_check_interval
         self.backoff = backoff
@@ -266,6 +309,25 @@ class Service:
             return None
         host, port = self.probe_server.server_address[:2]
         return str(host), int(port)
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """Where /metrics is served (None: not served)."""
+        if self.metrics_server is None:
+            return None
+        host, port = self.metrics_server.server_address[:2]
+        return str(host), int(port)
+
+    def _tell_refused(self, args: Any, reason: str, error: str) -> None:
+        """A Warning Event on the pod whose bind was refused: queued, never waited for."""
+        self.events.emit(
+            kind="Pod",
+            namespace=args.pod_namespace,
+            name=args.pod_name,
+            uid=args.pod_uid,
+            reason="BindingRefused",
+            message=f"{error} [{reason}]",
+        )
 
     def start(self) -> Service:
         """Serve in background threads; readiness follows the cache and the rebuild."""
@@ -291,6 +353,11 @@ class Service:
         if self.probe_server is not None:
             self.probe_server.shutdown()
             self.probe_server.server_close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
+        if self.events is not None:
+            self.events.close()
 
     def _startup(self) -> None:
         from rdma_cni.kube import client as kubeapi
@@ -377,6 +444,7 @@ def main(argv: list[str], out: TextIO) -> int:
         args.default_request = parse_request("[{}]", "--default-request")
     from rdma_cni.cni.errors import CniError
     from rdma_cni.kube import client as kubeapi
+    from rdma_cni.kube.events import EventSink
 
     tls = None
     if args.tls_cert:
@@ -413,11 +481,16 @@ def main(argv: list[str], out: TextIO) -> int:
             client_names=frozenset(args.client_name),
             probe_listen=args.probe_listen,
             max_connections=args.max_connections,
+            metrics_listen=args.metrics_listen,
+            events=EventSink(client.post, "rdma-cni-extender") if args.events else None,
         )
     except UnauthenticatedListener as exc:  # a host name that resolved to a non-loopback address
         sys.stderr.write(f"rdma-cni scheduler-extender: {exc}\n")
         client.close()
         return 2
+    except MetricsListenError as exc:
+        sys.stderr.write(f"rdma-cni scheduler-extender: {exc}\n")
+        return 1
     except OSError as exc:
         where = "{}:{}".format(*args.listen)
         if args.probe_listen is not None:
@@ -433,9 +506,15 @@ def main(argv: list[str], out: TextIO) -> int:
     signal.signal(signal.SIGINT, on_signal)
     service.start()
     host, port = service.address
-    announced = {"listening": f"{host}:{port}", "tls": tls is not None, "client_ca": bool(args.client_ca)}
+    announced: dict[str, Any] = {
+        "listening": f"{host}:{port}",
+        "tls": tls is not None,
+        "client_ca": bool(args.client_ca),
+    }
     if service.probe_address is not None:
         announced["probes"] = "{}:{}".format(*service.probe_address)
+    if service.metrics_address is not None:
+        announced["metrics"] = "{}:{}".format(*service.metrics_address)
     out.write(json.dumps(announced) + "\n")
     out.flush()
     while not done.wait(1.0):

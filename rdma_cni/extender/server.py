@@ -31,7 +31,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from rdma_cni.cni.errors import InvalidPodRequest
-from rdma_cni.extender import wire
+from rdma_cni.extender import metrics, wire
 from rdma_cni.extender.answers import Answers
 from rdma_cni.extender.bind import DEFAULT_SCHEDULER_NAMES, Binder
 from rdma_cni.extender.decide import FUTURE_SKEW, Decider, NodeView, Verdict
@@ -187,9 +187,11 @@ class Extender:
         try:
             args = wire.parse_filter(doc)
         except wire.WireError as exc:
+            metrics.decided("filter", "error")
             return wire.filter_error(f"rdma-cni: bad ExtenderArgs: {exc}")
         names = args.names if args.node_names is not None else None
         if names is not None and not self.ready.is_set():
+            metrics.decided("filter", "error")
             return wire.filter_result(
                 args, [], {}, {}, "rdma-cni: the extender's node cache is not synced yet"
             )
@@ -197,22 +199,27 @@ class Extender:
             demand = self._demand(args.pod)
         except InvalidPodRequest as exc:
             reason = f"rdma-cni: {exc.msg}"
+            metrics.decided("filter", "error")
             return wire.filter_result(args, [], {}, {n: reason for n in args.names})
         except wire.WireError as exc:
+            metrics.decided("filter", "error")
             return wire.filter_error(f"rdma-cni: bad ExtenderArgs: {exc}")
         if demand is None:
+            metrics.decided("filter", "not_rdma")
             return wire.filter_result(args, args.names, {}, {})
         uid = wire.pod_identity(args.pod)[2]
         if args.node_names is not None:
             names, views = self._lookup(args.node_names)
             answer = self.answers.filter(demand, names, views, self.decider.now())
             self._remember(uid, demand, answer.score, answer.passing, answer.prioritize_body)
+            metrics.decided("filter", "fits" if answer.passing else "no_fit")
             if log.isEnabledFor(logging.DEBUG):  # first: answer.failed is built per call
                 self._log_detail(args.pod, answer.failed, self._cache_views())
             return answer.filter_body
         names, views = self._views(args)
         passing, failed, unresolvable, scores = self._decide(demand, names, views)
         self._remember(uid, demand, lambda node: scores.get(node, 0), None, b"")
+        metrics.decided("filter", "fits" if passing else "no_fit")
         return wire.filter_result(args, passing, failed, unresolvable)
 
     def _lookup(self, names: list[str]) -> tuple[list[str], list[NodeView | None]]:
@@ -289,10 +296,13 @@ class Extender:
             demand = self.demands.of_pod(args.pod)
         except (wire.WireError, InvalidPodRequest) as exc:
             log.warning("preempt: %s", getattr(exc, "msg", exc))
+            metrics.preempted(0, 0, "error")
             return wire.preempt_result({}, {})
         if demand is None:
+            metrics.preempted(len(args.victims), len(args.victims), "not_rdma")
             return wire.preempt_result(args.victims, args.pdb_violations)
         kept = keep_nodes(demand, args.victims, self.view_of, self.reservations, self.decider)
+        metrics.preempted(len(args.victims), len(kept))
         return wire.preempt_result(kept, args.pdb_violations)
 
     def bind(self, doc: Any) -> dict[str, Any]:
@@ -300,8 +310,10 @@ class Extender:
         try:
             args = wire.parse_bind(doc)
         except wire.WireError as exc:
+            metrics.bind_refused("bad_request")
             return wire.bind_result(f"rdma-cni: bad ExtenderBindingArgs: {exc}")
         if not self.ready.is_set():
+            metrics.bind_refused("not_ready")
             return wire.bind_result("rdma-cni: the extender is not ready (reservations not rebuilt yet)")
         return wire.bind_result(self.binder.bind(args))
 
@@ -505,6 +517,7 @@ class _Handler(socketserver.StreamRequestHandler):
         del doc
         body = answer if isinstance(answer, bytes) else json.dumps(answer, separators=(",", ":")).encode()
         self._send(200, body, close=not keep)
+        metrics.request(path, time.perf_counter() - started)
         log.debug(
             "%s: %d bytes in, %d out, %.2f ms",
             path,

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -289,6 +290,9 @@ def test_install_watch_node_state_publishes_and_stops_on_sigterm(cluster: Cluste
         (sa / "ca.crt").write_text(f.read())
     source = tmp_path / "rdma-cni-bin"
     source.write_bytes(b"#!/bin/sh\n")
+    with socket.socket() as probe:  # a free port for the agent's /metrics
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     env = {
         **os.environ,
         "NODE_NAME": name,
@@ -309,6 +313,7 @@ def test_install_watch_node_state_publishes_and_stops_on_sigterm(cluster: Cluste
             f"--network-config={conf_file(cluster)}",
             f"--api-kubeconfig={os.path.join(cluster.tmp, 'kubeconfig')}",
             f"--nri-socket={nri_socket}",
+            f"--metrics-listen=127.0.0.1:{port}",
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -323,6 +328,17 @@ def test_install_watch_node_state_publishes_and_stops_on_sigterm(cluster: Cluste
         with conn:
             conn.settimeout(20)
             assert nri_handshake(conn) == b""  # a container of a pod without attachments: no adjustment
+        # Its /metrics: one write, and per PF what the Node now says.
+        written = ("rdma_cni_agent_publishes_total", (("outcome", "written"),))
+        # Counted just after the PATCH returns: a scrape may come between the two.
+        page = wait_for(lambda: (got := _scrape(port)) and written in got and got, 10, "the agent's /metrics")
+        assert page[written] == 1
+        assert page[("rdma_cni_agent_last_publish_timestamp_seconds", ())] > time.time() - 60
+        for pf in state.pfs:
+            labels = (("node", name), ("pf", pf.name))
+            assert page[("rdma_cni_node_pf_capacity_vfs", labels)] == pf.capacity_vfs
+            assert page[("rdma_cni_node_pf_used_vfs", labels)] == pf.used_vfs
+            assert page[("rdma_cni_node_pf_used_mbps", labels)] == pf.used_tx_rate
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=20)
@@ -331,6 +347,22 @@ def test_install_watch_node_state_publishes_and_stops_on_sigterm(cluster: Cluste
     assert "published node state generation 1" in err
     assert f"NRI: registered with the runtime at {nri_socket}" in err
     runtime.close()
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+    """Every sample of the agent's /metrics, None while it does not answer yet."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def _ca_of(cluster: Cluster) -> str:
@@ -345,6 +377,17 @@ def _ca_of(cluster: Cluster) -> str:
     [
         (["--node-state"], {"NODE_NAME": "n"}, "--node-state needs --watch"),
         (["--watch", "--network-config=x"], {}, "need --node-state"),
+        (["--watch", "--metrics-listen=127.0.0.1:0"], {}, "--metrics-listen need --node-state"),
+        (
+            ["--watch", "--node-state", "--metrics-listen=nowhere"],
+            {"NODE_NAME": "n"},
+            "'nowhere': expected ADDR",
+        ),
+        (
+            ["--watch", "--node-state", "--metrics-listen=203.0.113.1:2"],
+            {"NODE_NAME": "n"},
+            "node agent: cannot serve metrics on 203.0.113.1:2: ",
+        ),
         (
             ["--watch", "--node-state"],
             {"NODE_NAME": "Bad_Name"},

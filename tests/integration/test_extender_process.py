@@ -167,6 +167,53 @@ def test_process_binds_only_the_schedulers_it_is_told(
     assert api.get_pod("team-a", "gpu")["spec"]["nodeName"] == "n1"  # type: ignore[index]
 
 
+def test_process_serves_metrics_and_posts_refusals_as_events(
+    tmp_path: Path, api: ApiServer, procs: list[Extender]
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    api.add_node(
+        "n1", annotations={nodestate.ANNOTATION: nodestate.encode(so.state([("ens1f0", 25_000, 1)]))}
+    )
+    ext = start(tmp_path, api, "--metrics-listen", "127.0.0.1:0")
+    procs.append(ext)
+    ext.wait_ready()
+    pods = [_request(api, name, [(20_000, 0)]) for name in ("a", "b")]
+    for pod in pods:
+        assert ext.call("POST", "/filter", so.args_names(pod, ["n1"]))[1]["NodeNames"] == ["n1"]
+    errors = []
+    for pod in pods:
+        meta = pod["metadata"]
+        doc = {"PodName": meta["name"], "PodNamespace": "team-a", "PodUID": meta["uid"], "Node": "n1"}
+        errors.append(ext.call("POST", "/bind", doc)[1]["Error"])
+    assert errors[0] == "" and "no longer fits node n1" in errors[1]
+    host, port = ext.announced["metrics"].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", "/metrics")
+    page = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(conn.getresponse().read().decode())
+        for s in family.samples
+    }
+    conn.close()
+    assert page[("rdma_cni_extender_request_seconds_count", (("verb", "filter"),))] == 2
+    assert page[("rdma_cni_extender_request_seconds_count", (("verb", "bind"),))] == 2
+    assert page[("rdma_cni_extender_decisions_total", (("outcome", "fits"), ("verb", "filter")))] == 2
+    assert page[("rdma_cni_extender_decisions_total", (("outcome", "bound"), ("verb", "bind")))] == 1
+    assert page[("rdma_cni_extender_bind_refusals_total", (("reason", "no_fit"),))] == 1
+    assert page[("rdma_cni_extender_reservations", ())] == 1
+    assert page[("rdma_cni_extender_watched_nodes", ())] == 1
+    # The refusal, on the pod, as the process's own sink posted it.
+    deadline = time.monotonic() + 10
+    while not api.events() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (event,) = api.events()
+    assert event["involvedObject"]["name"] == "b" and event["reason"] == "BindingRefused"
+    assert event["message"] == f"{errors[1]} [no_fit]"
+    ext.proc.send_signal(signal.SIGTERM)
+    assert ext.proc.wait(15) == 0
+
+
 def test_process_serves_https(tmp_path: Path, api: ApiServer, procs: list[Extender]) -> None:
     api.add_node(
         "n1", annotations={nodestate.ANNOTATION: nodestate.encode(so.state([("ens1f0", 25_000, 4)]))}
@@ -196,6 +243,7 @@ def test_process_serves_https(tmp_path: Path, api: ApiServer, procs: list[Extend
         (["--listen", "127.0.0.1:0", "--max-state-age", "0"], "'0' is not a positive number of seconds"),
         (["--listen", "127.0.0.1:0", "--annotation", "bad key!"], "is not a valid Kubernetes annotation key"),
         (["--listen", "127.0.0.1:0", "--policy", "random"], "invalid choice: 'random'"),
+        (["--listen", "127.0.0.1:0", "--metrics-listen", "nowhere"], "--metrics-listen 'nowhere': expected"),
         (["--listen", "127.0.0.1:0", "--scheduler-name", ""], "is not a valid scheduler name"),
         (["--listen", "127.0.0.1:0", "--client-ca", "/ca.crt"], "--client-ca needs --tls-cert and --tls-key"),
         (["--listen", "127.0.0.1:0", "--client-name", "x"], "--client-name needs --client-ca"),
@@ -241,6 +289,11 @@ def test_address_that_cannot_be_served_is_refused(tmp_path: Path, api: ApiServer
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert "cannot listen on 203.0.113.1:1" in proc.stderr
+    cmd = [*plugin_command(), "scheduler-extender", "--listen", "127.0.0.1:0", "--kubeconfig", kubeconfig]
+    cmd += ["--metrics-listen", "203.0.113.1:2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "rdma-cni scheduler-extender: cannot serve metrics on 203.0.113.1:2: " in proc.stderr
 
 
 def test_process_with_client_ca_serves_only_its_certificates(

@@ -23,6 +23,10 @@ server's semantics for the parts it implements:
   carrying a 410 ``Expired`` Status. Test hooks: :meth:`ApiServer.drop_watches`
   cuts every watch connection, :meth:`ApiServer.compact` forgets history,
   :meth:`ApiServer.send_bookmarks` makes watches send a bookmark now.
+- Events: ``POST /api/v1/namespaces/{ns}/events`` (core v1; 201 with the stored
+  Event, named from ``metadata.generateName``; 422 without ``involvedObject.name``
+  or ``reason``, or with a namespace other than the URL's). Read them with
+  :meth:`ApiServer.events`; :meth:`ApiServer.hold_events` keeps their answers waiting.
 - Unauthenticated ``/healthz``, ``/readyz``, ``/livez`` and ``/version``.
 
 Everything runs over real TLS with a certificate authority it generates
@@ -343,6 +347,7 @@ def _peer_cn(cert: dict[str, Any] | None) -> str | None:
 _NODE_PATH = re.compile(r"/api/v1/nodes/([^/]+)")
 _NS_PODS_PATH = re.compile(r"/api/v1/namespaces/([^/]+)/pods")
 _BINDING_PATH = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding")
+_EVENTS_PATH = re.compile(r"/api/v1/namespaces/([^/]+)/events")
 
 # apimachinery's TotalAnnotationSizeLimitB: keys plus values of one object.
 MAX_ANNOTATIONS_BYTES = 256 * 1024
@@ -794,6 +799,9 @@ class ApiServer:
         self._malformed = 0
         self._hang = 0.0
         self._late_bindings = 0.0
+        self._events: list[dict[str, Any]] = []
+        self._hold_events = threading.Event()
+        self._hold_events.set()
         self._wake = threading.Event()
         self._seen: list[SeenRequest] = []
         self._httpd: _HttpsServer | None = None
@@ -834,6 +842,7 @@ class ApiServer:
         """Stop serving, release hanging requests and watches, and remove a temporary directory."""
         if self._httpd is not None:
             self._wake.set()
+            self._hold_events.set()
             self.drop_watches()
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -1081,8 +1090,21 @@ class ApiServer:
         with self._lock:
             self._late_bindings = max(0.0, seconds)
 
+    def hold_events(self, hold: bool = True) -> None:
+        """Keep every Event POST unanswered until called with False, :meth:`reset` or :meth:`stop`."""
+        if hold:
+            self._hold_events.clear()
+        else:
+            self._hold_events.set()
+
+    def events(self) -> list[dict[str, Any]]:
+        """The Events created, in order."""
+        with self._lock:
+            return [_copy(event) for event in self._events]
+
     def reset(self) -> None:
         """Clear the fault switches, forbidden namespaces and request records (pods stay)."""
+        self._hold_events.set()
         with self._lock:
             self._late_bindings = 0.0
             self._fail.clear()
@@ -1306,6 +1328,9 @@ class ApiServer:
             else:
                 self._require(method, "GET")
                 self._get_pod(handler, namespace, name, peer_cert)
+        elif match := _EVENTS_PATH.fullmatch(path):
+            self._require(method, "POST")
+            self._create_event(handler, unquote(match.group(1)), body)
         elif match := _BINDING_PATH.fullmatch(path):
             namespace, name = (unquote(part) for part in match.groups())
             self._require(method, "POST")
@@ -1437,6 +1462,29 @@ class ApiServer:
         if gone is None:
             raise _not_found("pods", name)
         handler.send_body(200, gone.full(), "application/json")
+
+    def _create_event(self, handler: _Handler, namespace: str, body: bytes) -> None:
+        event = self._json_body(handler, body, ("application/json",))
+        if not isinstance(event, dict) or event.get("kind", "Event") != "Event":
+            raise _ApiFailure(400, "BadRequest", "the request body is not an Event")
+        meta = event.get("metadata") if isinstance(event.get("metadata"), dict) else {}
+        involved = event.get("involvedObject") if isinstance(event.get("involvedObject"), dict) else {}
+        name = meta.get("name") or ""
+        if meta.get("namespace", namespace) != namespace:
+            raise _invalid(
+                "Event", name, "metadata.namespace", "FieldValueInvalid", "does not match the URL's"
+            )
+        for where, value in (("involvedObject.name", involved.get("name")), ("reason", event.get("reason"))):
+            if not isinstance(value, str) or not value:
+                raise _invalid("Event", name, where, "FieldValueRequired", "Required value")
+        self._hold_events.wait(60)
+        with self._lock:
+            doc = _copy(event)
+            doc["metadata"] = {**meta, "namespace": namespace}
+            if not name:
+                doc["metadata"]["name"] = f"{meta.get('generateName') or 'event.'}{secrets.token_hex(5)}"
+            self._events.append(doc)
+        handler.send_json(201, doc)
 
     def _bind(self, handler: _Handler, namespace: str, name: str, body: bytes) -> None:
         binding = self._json_body(handler, body, ("application/json",))

@@ -208,7 +208,7 @@ def test_many_unknown_keys_under_the_limit_cost_little(binary: str, sysfs: Path,
 # A cold VERSION loads the plugin's entry point and nothing of what
 # PyInstaller's runtime hooks used to import (build.spec drops them; inspect
 # stays, dataclasses imports it).
-NOT_AT_START = ("zipfile", "pkgutil", "multiprocessing", "pydantic", "pyroute2")
+NOT_AT_START = ("zipfile", "pkgutil", "multiprocessing", "pydantic", "pyroute2", "prometheus_client")
 # A config verb loads pydantic but not importlib.metadata and what it brings,
 # nor the other modules rdma_cni.startup defers (secrets and hashlib for
 # pydantic.types, multiprocessing for pyroute2.config), nor PyInstaller's
@@ -221,6 +221,9 @@ NOT_IN_CONFIG_VERBS = (
     "hashlib",
     "multiprocessing",
     "difflib",  # only a config with an unknown key needs it (rdma_cni.cni.config.suggest_field)
+    # The agent's and the extender's /metrics only: in the tree, never on a verb's path.
+    "prometheus_client",
+    "rdma_cni.kube.events",
 )
 
 

@@ -29,12 +29,13 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 # schemas the installed kubernetes-validate ships.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
-MANIFESTS = ("daemonset.yaml", "rbac.yaml", "pod.yaml", "network-attachment-definition.yaml")
+MANIFESTS = ("daemonset.yaml", "rbac.yaml", "pod.yaml", "network-attachment-definition.yaml", "metrics.yaml")
 EXPECTED_FILES = {
     *MANIFESTS,
     "rdma-cni.conflist",
     "kubeconfig.template.json",
     "Containerfile",
+    "metrics.yaml",
     # Checked in test_conf_scheduler.py:
     "scheduler-extender.yaml",
     "scheduler-extender-mtls.yaml",
@@ -286,6 +287,8 @@ def test_rbac_gets_pods_and_patches_nodes_only() -> None:
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        # The agent's NodeStatePublishFailed Event (rdma_cni/kube/events.py posts core v1 Events).
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
     binding = one("rbac.yaml", "ClusterRoleBinding")
     sa = one("rbac.yaml", "ServiceAccount")
@@ -296,6 +299,51 @@ def test_rbac_gets_pods_and_patches_nodes_only() -> None:
     }
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}
+    ]
+
+
+def _metrics_service(component: str) -> dict[str, Any]:
+    (service,) = [
+        doc
+        for doc in load_docs("metrics.yaml")
+        if component in doc["spec"]["selector"].values()
+    ]
+    return service
+
+
+@pytest.mark.parametrize(
+    ("component", "manifest", "kind"),
+    [
+        ("rdma-cni", "daemonset.yaml", "DaemonSet"),
+        ("rdma-cni-scheduler-extender", "scheduler-extender.yaml", "Deployment"),  # the sidecar
+        ("rdma-cni-scheduler-extender", "scheduler-extender-mtls.yaml", "Deployment"),
+    ],
+)
+def test_metrics_service_reaches_the_port_the_component_serves(
+    component: str, manifest: str, kind: str
+) -> None:
+    from rdma_cni.extender.main import parser as extender_parser
+
+    template = one(manifest, kind)["spec"]["template"]
+    # The sidecar's pod holds kube-scheduler too: the container that runs rdma-cni.
+    (container,) = [c for c in template["spec"]["containers"] if c["command"][0] == "/usr/local/bin/rdma-cni"]
+    command = container["command"]
+    # The port each component's own parser reads from its command line.
+    if command[1] == "install":
+        listen = install._parser().parse_args(command[2:]).metrics_listen
+    else:
+        listen = extender_parser().parse_args(command[2:]).metrics_listen
+    assert listen is not None and listen[0] == "0.0.0.0"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    service = _metrics_service(component)
+    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    assert service["metadata"]["namespace"] == one(manifest, kind)["metadata"]["namespace"]
+    annotations = service["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert int(annotations["prometheus.io/port"]) == ports["metrics"] == listen[1]
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": listen[1], "targetPort": "metrics", "protocol": "TCP"}
     ]
 
 

@@ -357,7 +357,8 @@ def test_mtls_service_and_listen_port_agree() -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["https"] == args.listen[1]
     service = one(MTLS, "Service")
-    assert service["spec"]["selector"] == one(MTLS, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    labels = one(MTLS, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["https"]  # not the probes
 
 
@@ -386,6 +387,7 @@ def test_extender_rbac_is_exactly_what_it_uses(name: str) -> None:
         ("pods", "list"),
         ("pods", "watch"),
         ("pods/binding", "create"),
+        ("events", "create"),  # BindingRefused (core v1 Events, rdma_cni/kube/events.py)
     }
     (binding,) = [
         d
@@ -521,6 +523,7 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
         sys.path.insert(0, root)
     from rdma_cni.extender.main import Service
     from rdma_cni.kube import client as kubeapi
+    from rdma_cni.kube.events import EventSink
     from rdma_cni.shared import nodestate
     from tests.support import sched_objects as so
     from tests.support.apiserver import ApiServer
@@ -539,7 +542,8 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
             scheduler_name="rdma-scheduler",
         )
         client = kubeapi.ApiClient.from_kubeconfig(api.write_kubeconfig(tmp_path / "kubeconfig"))
-        service = Service(client, listen=("127.0.0.1", 0)).start()
+        events = EventSink(client.post, "rdma-cni-extender")
+        service = Service(client, listen=("127.0.0.1", 0), events=events).start()
         try:
             assert service.extender.ready.wait(30)
             assert service.extender.filter(so.args_names(pod, ["n1"]))["NodeNames"] == ["n1"]
@@ -551,6 +555,8 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
                 "Node": "n1",
             }
             assert service.extender.bind(bind) == {"Error": ""}
+            assert service.extender.bind(bind)["Error"]  # already bound: refused, with an Event
+            assert events.flush() and events.posted == 1
             service.check_pods()
         finally:
             service.stop()
@@ -562,5 +568,6 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
         ("pods", "list"),
         ("pods/binding", "create"),
         ("pods", "get"),
+        ("events", "create"),
     } <= used
     assert used <= granted, sorted(used - granted)

@@ -1,0 +1,119 @@
+"""The node agent's Prometheus metrics, served on their own port (``rdma-cni install --metrics-listen``).
+
+Imported by the agent only (``rdma-cni install --watch --node-state``): never
+on the CNI plugin's cold path. Labels: the publish outcome, the API client's
+error class (a fixed set), and per PF gauges labelled by this node's name and
+the PF's name, read at scrape time from the state last published, so the
+figures are exactly what the extender sees.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["REGISTRY", "api_error", "publish_done", "serve", "watch"]
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+OUTCOMES = frozenset({"written", "unchanged", "failed"})
+# rdma_cni.kube.client's error classes.
+ERROR_CLASSES = frozenset({"NotFound", "Conflict", "Gone", "Invalid", "Unavailable", "ApiError"})
+
+_SECONDS = Histogram(
+    "rdma_cni_agent_publish_seconds",
+    "Time of a publish attempt (read of the Node when needed, then the merge patch)",
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+_PUBLISHES = Counter(
+    "rdma_cni_agent_publishes_total",
+    "Publish attempts by outcome (written, unchanged: nothing to write, failed)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+_LAST_SUCCESS = Gauge(
+    "rdma_cni_agent_last_publish_timestamp_seconds",
+    "Unix time of the last successful write of the node state",
+    registry=REGISTRY,
+)
+_API_ERRORS = Counter(
+    "rdma_cni_agent_api_errors_total",
+    "API errors while publishing, by class (NotFound, Conflict, Gone, Invalid, Unavailable, ApiError)",
+    ["class"],
+    registry=REGISTRY,
+)
+
+
+def publish_done(outcome: str, started: float) -> None:
+    """A publish attempt begun at ``started`` (time.monotonic) ended with ``outcome``."""
+    _SECONDS.observe(time.monotonic() - started)
+    _PUBLISHES.labels(outcome if outcome in OUTCOMES else "other").inc()
+    if outcome == "written":
+        _LAST_SUCCESS.set(time.time())
+
+
+def api_error(exc: Exception) -> None:
+    """Count an API error by its class."""
+    name = type(exc).__name__
+    _API_ERRORS.labels(name if name in ERROR_CLASSES else "other").inc()
+
+
+class _PublisherCollector(Collector):
+    """Per PF gauges from what a :class:`rdma_cni.agent.publish.Publisher` last wrote."""
+
+    def __init__(self, publisher: Any) -> None:
+        self.publisher = publisher
+
+    def collect(self) -> Iterator[Any]:
+        state = self.publisher.published
+        node = self.publisher.node
+        families = {
+            "capacity_mbps": GaugeMetricFamily(
+                "rdma_cni_node_pf_capacity_mbps", "PF capacity in Mbit/s, as published", labels=["node", "pf"]
+            ),
+            "used_mbps": GaugeMetricFamily(
+                "rdma_cni_node_pf_used_mbps",
+                "Sum of min_tx_rate held on the PF, as published",
+                labels=["node", "pf"],
+            ),
+            "capacity_vfs": GaugeMetricFamily(
+                "rdma_cni_node_pf_capacity_vfs",
+                "VFs ADD may hand out on the PF, held or not",
+                labels=["node", "pf"],
+            ),
+            "used_vfs": GaugeMetricFamily(
+                "rdma_cni_node_pf_used_vfs", "VFs held by pods", labels=["node", "pf"]
+            ),
+        }
+        for pf in state.pfs if state is not None else ():
+            labels = [node, pf.name]
+            if pf.capacity_tx_rate is not None:
+                families["capacity_mbps"].add_metric(labels, pf.capacity_tx_rate)
+            families["used_mbps"].add_metric(labels, pf.used_tx_rate)
+            families["capacity_vfs"].add_metric(labels, pf.capacity_vfs)
+            families["used_vfs"].add_metric(labels, pf.used_vfs)
+        yield from families.values()
+
+
+_collector: _PublisherCollector | None = None
+
+
+def watch(publisher: Any) -> None:
+    """Report the PFs of what ``publisher`` wrote (replacing a publisher watched before)."""
+    global _collector
+    if _collector is not None:
+        REGISTRY.unregister(_collector)
+    _collector = _PublisherCollector(publisher)
+    REGISTRY.register(_collector)
+
+
+def serve(address: tuple[str, int]) -> Any:
+    """Serve ``/metrics`` on ``address`` in a daemon thread; returns the server (``shutdown()`` stops it)."""
+    server, _thread = start_http_server(address[1], address[0], registry=REGISTRY)
+    return server
