@@ -92,6 +92,105 @@ def test_default_request_only_for_pods_selecting_our_networks() -> None:
     assert Demands(annotation="rdma_interfaces_required").of_pod(selecting) is None
 
 
+def test_a_pod_on_two_of_our_networks_is_two_demands() -> None:
+    """The pod-wide annotation applies to each attachment: ADD allocates it once per network."""
+    demands = Demands(annotation="rdma_interfaces_required", networks=frozenset({"rdma-a", "rdma-b"}))
+    annotations = {
+        "rdma_interfaces_required": '[{"min_tx_rate": 10000}]',
+        "k8s.v1.cni.cncf.io/networks": "rdma-a, rdma-b, macvlan",
+    }
+    got = demands.of_pod(so.pod("p", annotations))
+    assert got is not None and got.requests == (placement.Request(10000, 0),) * 2
+    assert got.min_total == 20000 and got.source == "pod team-a/p annotation rdma_interfaces_required"
+    one = demands.of_pod(so.pod("q", {**annotations, "k8s.v1.cni.cncf.io/networks": "rdma-a"}))
+    assert one is not None and one.requests == (placement.Request(10000, 0),)
+
+
+def test_cni_args_are_each_attachments_own_request() -> None:
+    default = parse_request("[{}]", "--default-request")
+    demands = Demands(
+        annotation="rdma_interfaces_required",
+        networks=frozenset({"rail-0", "rail-1", "rail-2"}),
+        default_request=default,
+    )
+    selection = [
+        {
+            "name": "rail-0",
+            "cni-args": {"rdma_interfaces_required": [{"min_tx_rate": 1}, {"min_tx_rate": 2}]},
+        },
+        {"name": "rail-1", "cni-args": {"other": "x"}},
+        {"name": "rail-2"},
+    ]
+    pod = so.pod(
+        "p",
+        {
+            "k8s.v1.cni.cncf.io/networks": json.dumps(selection),
+            "rdma_interfaces_required": '[{"min_tx_rate": 5}]',
+        },
+    )
+    got = demands.of_pod(pod)
+    assert got is not None and sorted(r.min_tx_rate for r in got.requests) == [1, 2, 5, 5]
+    assert "network team-a/rail-0 cni-args.rdma_interfaces_required" in got.source
+    # Without the annotation the attachments without a request take --default-request.
+    del pod["metadata"]["annotations"]["rdma_interfaces_required"]
+    got = demands.of_pod(pod)
+    assert got is not None and sorted(r.min_tx_rate for r in got.requests) == [0, 0, 1, 2]
+    # Without --default-request either, only the attachment with its own request counts.
+    bare = Demands(annotation="rdma_interfaces_required", networks=demands.networks).of_pod(pod)
+    assert bare is not None and sorted(r.min_tx_rate for r in bare.requests) == [1, 2]
+    bad = so.pod(
+        "b",
+        {
+            "k8s.v1.cni.cncf.io/networks": json.dumps(
+                [{"name": "rail-0", "cni-args": {"rdma_interfaces_required": []}}]
+            )
+        },
+    )
+    with pytest.raises(InvalidPodRequest, match=r"network team-a/rail-0 cni-args\.rdma_interfaces_required"):
+        demands.of_pod(bad)
+
+
+def test_add_and_the_extender_decide_with_the_same_function(tmp_path: Any) -> None:
+    """ADD on each attachment allocates exactly the interfaces the extender counts."""
+    from rdma_cni.cni.config import load_netconf
+    from rdma_cni.cni.protocol import parse_env
+    from rdma_cni.node.podmeta import CRI_ANNOTATIONS, resolve_request
+
+    annotations = {"rdma_interfaces_required": '[{"min_tx_rate": 3}, {}]'}
+    selection = [
+        {"name": "rail-0"},
+        {"name": "rail-1", "cni-args": {"rdma_interfaces_required": [{"max_tx_rate": 9}]}},
+    ]
+    pod = so.pod("p", {**annotations, "k8s.v1.cni.cncf.io/networks": json.dumps(selection)})
+    counted = Demands(annotation="rdma_interfaces_required", networks=frozenset({"rail-0", "rail-1"})).of_pod(
+        pod
+    )
+    added = []
+    for element in selection:
+        doc = {
+            "cniVersion": "1.0.0",
+            "name": element["name"],
+            "type": "rdma-cni",
+            "kubeconfig": str(tmp_path / "none"),
+            "runtimeConfig": {CRI_ANNOTATIONS: annotations},
+            # What Multus makes of the selection element: its cni-args as args.cni.
+            **({"args": {"cni": element["cni-args"]}} if "cni-args" in element else {}),
+        }
+        env = parse_env(
+            {
+                "CNI_COMMAND": "ADD",
+                "CNI_CONTAINERID": "c1",
+                "CNI_NETNS": "/x",
+                "CNI_IFNAME": "net1",
+                "CNI_ARGS": "K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=p",
+                "CNI_PATH": "/opt/cni/bin",
+            }
+        )
+        request, _ = resolve_request(env, load_netconf(doc))
+        added += [(i.min_tx_rate, i.max_tx_rate) for i in request.interfaces]
+    assert counted is not None and counted.key == tuple(sorted(added))
+
+
 # -- verdicts -------------------------------------------------------------
 
 
