@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -474,3 +475,22 @@ def test_greedy_fit_is_a_proof_and_verdicts_match_placement(
     assert decider._compute(d, tuple(pfs), sum(p.free_vfs for p in pfs) or 1).fits == fits
     if cannot_fit(d, pfs):
         assert not fits  # a short reason is a proof too
+
+
+def test_v1_and_v2_states_get_the_same_verdicts() -> None:
+    """Agents upgrade node by node: the extender reads both versions (v2 read as the PFs' union here)."""
+    decider = Decider()
+    state = so.state(TWO_PFS, [("u1", [("p0", 20_000, 0), ("p1", 1_000, 0)])])
+    v2 = dataclasses.replace(
+        state,
+        version=nodestate.VERSION_2,
+        networks=(nodestate.Network("rdma-a", ("p0", "p1"), (None, None)),),
+    )
+    v1_view, v2_view = decider.view(nodestate.encode(state)), decider.view(nodestate.encode(v2))
+    assert v2_view.problem == "" and v2_view.state is not None and v2_view.state.version == 2
+    assert v2_view.uids == v1_view.uids == frozenset({"u1"})
+    for rates in ([(5_000, 0)], [(24_000, 0)], [(25_000, 0)], [(0, 0)] * 7, [(0, 0)] * 6):
+        d = demand(*rates)
+        assert decider.verdict(d, v1_view).fits == decider.verdict(d, v2_view).fits
+    assert not decider.verdict(demand((25_000, 0)), v2_view).fits
+    assert decider.verdict(demand((24_000, 0)), v2_view).fits
