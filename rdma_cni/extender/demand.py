@@ -29,18 +29,25 @@ _MEMO_LIMIT = 4096
 
 @dataclass(frozen=True)
 class Demand:
-    """A pod's interfaces as placement requests; ``key`` identifies the request up to order."""
+    """A pod's interfaces as placement requests; ``key`` identifies the request up to order.
+
+    ``networks`` says which network each run of ``requests`` is for, as
+    ``(network name, number of requests)`` in order; empty when the pod named
+    none of ``--networks`` (judged on all the node's PFs, as a version 1 state is).
+    """
 
     requests: tuple[placement.Request, ...]
-    key: tuple[tuple[int, int], ...]
+    key: tuple[Any, ...]
     source: str
+    networks: tuple[tuple[str, int], ...] = ()
     # Derived once, read per node: (min, max) largest first (best fit's order), the min rates' sum.
     wants: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
     min_total: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "wants", self.key[::-1])
-        object.__setattr__(self, "min_total", sum(low for low, _ in self.key))
+        rates = sorted((r.min_tx_rate, r.max_tx_rate) for r in self.requests)
+        object.__setattr__(self, "wants", tuple(rates[::-1]))
+        object.__setattr__(self, "min_total", sum(low for low, _ in rates))
 
     @classmethod
     def of(cls, request: PodRequest, source: str) -> Demand:
@@ -51,13 +58,30 @@ class Demand:
         return cls(reqs, key, source)
 
     @classmethod
-    def joint(cls, parts: Sequence[tuple[PodRequest, str]]) -> Demand:
-        """The demand of several attachments of one pod (one per network): all their interfaces."""
-        asked = [i for request, _ in parts for i in request.interfaces]
-        reqs = tuple(placement.Request(i.min_tx_rate, i.max_tx_rate) for i in asked)
-        key = tuple(sorted((r.min_tx_rate, r.max_tx_rate) for r in reqs))
-        sources = {source: None for _, source in parts}
-        return cls(reqs, key, "; ".join(sources))
+    def joint(cls, parts: Sequence[tuple[str, PodRequest, str]]) -> Demand:
+        """The demand of a pod's attachments, ``(network, request, source)`` each: all their interfaces."""
+        reqs = tuple(
+            placement.Request(i.min_tx_rate, i.max_tx_rate)
+            for _, request, _ in parts
+            for i in request.interfaces
+        )
+        networks = tuple((network, len(request.interfaces)) for network, request, _ in parts)
+        # Per network, order does not matter; two attachments of one network pool their interfaces.
+        pooled: dict[str, list[tuple[int, int]]] = {}
+        for network, request, _ in parts:
+            pooled.setdefault(network, []).extend((i.min_tx_rate, i.max_tx_rate) for i in request.interfaces)
+        key = tuple(sorted((network, tuple(sorted(rates))) for network, rates in pooled.items()))
+        sources = {source: None for _, _, source in parts}
+        return cls(reqs, key, "; ".join(sources), networks)
+
+    def by_network(self) -> dict[str, list[placement.Request]]:
+        """The requests of each network (empty when the demand names no networks)."""
+        out: dict[str, list[placement.Request]] = {}
+        at = 0
+        for network, count in self.networks:
+            out.setdefault(network, []).extend(self.requests[at : at + count])
+            at += count
+        return out
 
 
 def selected_networks(pod_namespace: str, value: Any) -> list[tuple[str, str]]:
@@ -121,7 +145,7 @@ class Demands:
             if raw is None:
                 return None
             return Demand.of(self._parse(raw, annotation_source), annotation_source)
-        parts: list[tuple[PodRequest, str]] = []
+        parts: list[tuple[str, PodRequest, str]] = []
         for sel in ours:
             request, source = attachment_request(
                 sel.cni_args,
@@ -131,9 +155,7 @@ class Demands:
                 self._parse,
             )
             if request is not None:
-                parts.append((request, source))
+                parts.append((sel.name, request, source))
         if not parts:
             return None
-        if len(parts) == 1:
-            return Demand.of(*parts[0])
         return Demand.joint(parts)

@@ -166,7 +166,7 @@ def test_add_and_the_extender_decide_with_the_same_function(tmp_path: Any) -> No
     counted = Demands(annotation="rdma_interfaces_required", networks=frozenset({"rail-0", "rail-1"})).of_pod(
         pod
     )
-    added = []
+    added: dict[str, list[tuple[int, int]]] = {}
     for element in selection:
         doc = {
             "cniVersion": "1.0.0",
@@ -188,8 +188,11 @@ def test_add_and_the_extender_decide_with_the_same_function(tmp_path: Any) -> No
             }
         )
         request, _ = resolve_request(env, load_netconf(doc))
-        added += [(i.min_tx_rate, i.max_tx_rate) for i in request.interfaces]
-    assert counted is not None and counted.key == tuple(sorted(added))
+        added[element["name"]] = [(i.min_tx_rate, i.max_tx_rate) for i in request.interfaces]
+    assert counted is not None
+    assert {
+        n: [(r.min_tx_rate, r.max_tx_rate) for r in rs] for n, rs in counted.by_network().items()
+    } == added
 
 
 # -- verdicts -------------------------------------------------------------
@@ -494,3 +497,56 @@ def test_v1_and_v2_states_get_the_same_verdicts() -> None:
         assert decider.verdict(d, v1_view).fits == decider.verdict(d, v2_view).fits
     assert not decider.verdict(demand((25_000, 0)), v2_view).fits
     assert decider.verdict(demand((24_000, 0)), v2_view).fits
+
+
+def _rails(state: nodestate.NodeState, **networks: tuple[str, ...]) -> str:
+    listed = tuple(nodestate.Network(n, pfs, (None,) * len(pfs)) for n, pfs in networks.items())
+    return nodestate.encode(dataclasses.replace(state, version=nodestate.VERSION_2, networks=listed))
+
+
+def _on(*parts: tuple[str, list[tuple[int, int]]]) -> Demand:
+    return Demand.joint(
+        [
+            (net, parse_request([{"min_tx_rate": lo, "max_tx_rate": hi} for lo, hi in rates], "t"), "t")
+            for net, rates in parts
+        ]
+    )
+
+
+def test_v2_judges_each_network_on_its_own_pfs() -> None:
+    """p0 (rail-a) is full, p1 (rail-b) empty: a pod on rail-a fits only the union of a v1 state."""
+    decider = Decider()
+    state = so.state(TWO_PFS, [("u1", [("p0", 0, 0)] * 4)])
+    v1 = decider.view(nodestate.encode(state))
+    v2 = decider.view(_rails(state, **{"rail-a": ("p0",), "rail-b": ("p1",)}))
+    on_a = _on(("rail-a", [(0, 0)]))
+    assert decider.verdict(on_a, v1).fits  # a version 1 state: the union, as before
+    got = decider.verdict(on_a, v2)
+    assert not got.fits and got.reason.endswith("(on the PFs of network rail-a)")
+    assert got.unresolvable is False  # the empty node would hold it: preemption can help
+    assert decider.verdict(_on(("rail-b", [(0, 0)] * 4)), v2).fits
+    assert not decider.verdict(_on(("rail-b", [(0, 0)] * 4), ("rail-a", [(0, 0)])), v2).fits
+    # The filter's fast path (fill) agrees.
+    assert not decider.fill(on_a, v2, decider.table(on_a)).fits
+    # A network the state does not list is judged on every PF, as a version 1 state is.
+    assert decider.verdict(_on(("rail-x", [(0, 0)])), v2).fits
+
+
+def test_networks_sharing_pfs_are_judged_together() -> None:
+    decider = Decider()
+    state = so.state(TWO_PFS, [("u1", [("p0", 0, 0)] * 4 + [("p1", 0, 0)] * 3)])  # one VF free, on p1
+    shared = decider.view(_rails(state, **{"a": ("p0", "p1"), "b": ("p1", "p0")}))
+    assert decider.verdict(_on(("a", [(0, 0)])), shared).fits
+    assert not decider.verdict(_on(("a", [(0, 0)]), ("b", [(0, 0)])), shared).fits
+    demand_ab = _on(("a", [(0, 0)]), ("b", [(0, 0)]))
+    assert demand_ab.key != _on(("a", [(0, 0), (0, 0)])).key  # cached apart
+
+
+def test_reservations_go_on_the_networks_pfs() -> None:
+    decider = Decider()
+    state = so.state([("p0", 25_000, 4), ("p1", 25_000, 4), ("p2", 25_000, 4)], [("u1", [("p1", 20_000, 0)])])
+    view_ = decider.view(_rails(state, **{"rail-a": ("p0",), "rail-b": ("p1",)}))
+    use = decider.use(_on(("rail-a", [(1_000, 0)]), ("rail-b", [(5_000, 0)])), view_)
+    assert use == (("p0", 1, 1_000), ("p1", 1, 5_000))
+    with pytest.raises(placement.NoFit):
+        decider.use(_on(("rail-b", [(6_000, 0)])), view_)
