@@ -19,9 +19,9 @@ Per PF:
 Several networks on one node share the one annotation. A PF named by several
 networks is published once, with the most cautious of their views (smallest
 capacity and pool, largest use), so the extender never sees room that one of
-them lacks. The extender does not know which network a pod will use, so the
-published PFs are the union of every network's ``pfs``; see the README
-("Node state") for what that means when networks use different PFs.
+them lacks. The state (version 2) also lists each network's PFs, so the
+extender can judge each of a pod's attachments on its own network's PFs; see
+the README ("Node state").
 """
 
 from __future__ import annotations
@@ -192,6 +192,9 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
     from rdma_cni.node.record import RecordStore, node_lock
 
     pfs: dict[str, _PfView] = {}
+    # Per network (by name), its PFs as ADD scans them: the extender judges each selected
+    # network's interfaces on these (version 2). Dicts keep the order and drop repeats.
+    networks: dict[str, dict[str, None]] = {}
     seen: dict[tuple[str, str, str], Attachment] = {}
     with Rtnl() as host:
         vfctl = vf_control(host)
@@ -213,7 +216,9 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
                 )
             for problem in unreadable:
                 log.warning("node state: %s; its VFs count as free only once back in the host", problem)
+            members = networks.setdefault(view.name, {})
             for pv in pf_views(node, view.isolation):
+                members[pv.name] = None
                 if pv.name in pfs:
                     pfs[pv.name].merge(pv)
                 else:
@@ -221,9 +226,13 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
             for att in records:
                 seen[(os.path.realpath(view.state_dir), att.container_id, att.ifname)] = att
     return nodestate.NodeState(
-        version=nodestate.VERSION,
+        version=nodestate.VERSION_2,
         generation=0,
         updated="",
+        networks=tuple(
+            nodestate.Network(name, tuple(members), (None,) * len(members))
+            for name, members in networks.items()
+        ),
         pfs=tuple(
             nodestate.PfSummary(
                 name=p.name,

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from rdma_cni.extender.demand import Demand
 from rdma_cni.shared import nodestate, placement
@@ -41,7 +41,9 @@ _VIEW_BYTES = 8 * 1024 * 1024
 _VIEW_TEXT_MAX = 256 * 1024
 
 Extra = Mapping[str, tuple[int, int]]
-_Fingerprint = tuple[tuple[placement.PfState, ...], int]
+_Fingerprint = tuple[tuple[placement.PfState, ...], int, tuple[nodestate.Network, ...]]
+# (networks judged together, their requests, the PFs they may use)
+Group = tuple[tuple[str, ...], tuple[placement.Request, ...], frozenset[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class NodeView:
     pfs: tuple[placement.PfState, ...]
     capacity_vfs: int
     uids: frozenset[str]
+    networks: tuple[nodestate.Network, ...] = ()
 
 
 class Verdict(NamedTuple):
@@ -142,8 +145,8 @@ def cannot_fit(demand: Demand, pfs: Sequence[placement.PfState]) -> str:
             vfs += pf.free_vfs
             if pf.capacity_mbps is not None:
                 free_total += pf.free_mbps  # type: ignore[operator]
-    if vfs < len(demand.key):
-        return f"rdma-cni: needs {len(demand.key)} free VFs, the node has {vfs}"
+    if vfs < len(demand.requests):
+        return f"rdma-cni: needs {len(demand.requests)} free VFs, the node has {vfs}"
     for low, high in demand.wants:
         for pf in pfs:
             if not pf.free_vfs:
@@ -164,6 +167,34 @@ def cannot_fit(demand: Demand, pfs: Sequence[placement.PfState]) -> str:
     return ""
 
 
+def network_groups(demand: Demand, networks: Sequence[nodestate.Network]) -> list[Group] | None:
+    """The demand's requests grouped by the PFs their networks may use; None: judge on every PF.
+
+    None when the demand names no networks, the state lists none (version 1),
+    or a network the pod selects is not listed (the node's agent is not told
+    of it). Networks sharing a PF are judged together on their PFs' union:
+    exact when their PF lists are equal, and no stricter than ADD when they
+    only overlap (per-interface constraints in placement would make that exact).
+    """
+    if not demand.networks or not networks:
+        return None
+    listed = {n.name: frozenset(n.pfs) for n in networks}
+    wanted = demand.by_network()
+    if any(name not in listed for name in wanted):
+        return None
+    groups: list[tuple[list[str], frozenset[str]]] = []
+    for name in wanted:
+        names, members = [name], listed[name]
+        apart = []
+        for other_names, other in groups:
+            if other & members:
+                names, members = other_names + names, other | members
+            else:
+                apart.append((other_names, other))
+        groups = [*apart, (names, members)]
+    return [(tuple(names), tuple(r for n in names for r in wanted[n]), members) for names, members in groups]
+
+
 class Decider:
     """Verdicts and scores for demands on node views, with the caches that make them cheap. Thread-safe."""
 
@@ -177,7 +208,7 @@ class Decider:
         self._lock = threading.Lock()
         self._ids: dict[_Fingerprint, int] = {}
         self._next_id = 1
-        self._tables: dict[tuple[tuple[int, int], ...], dict[int, Verdict]] = {}
+        self._tables: dict[tuple[Any, ...], dict[int, Verdict]] = {}
         self._entries = 0
         self._views: dict[str | None, NodeView] = {}
         self._view_bytes = 0
@@ -230,11 +261,12 @@ class Decider:
             state=state,
             problem="",
             updated=_parse_time(state.updated),
-            fp=self._intern((pfs, capacity)),
-            empty_fp=self._intern((empty, capacity)),
+            fp=self._intern((pfs, capacity, state.networks)),
+            empty_fp=self._intern((empty, capacity, state.networks)),
             pfs=pfs,
             capacity_vfs=capacity,
             uids=frozenset(a.uid for a in state.allocations if a.uid),
+            networks=state.networks,
         )
 
     # -- verdicts ----------------------------------------------------------
@@ -297,7 +329,7 @@ class Decider:
             return got[1], got[2]
         assert view.state is not None
         pfs = tuple(nodestate.pf_states(view.state, extra))
-        fp = self._intern((pfs, view.capacity_vfs))
+        fp = self._intern((pfs, view.capacity_vfs, view.state.networks))
         with self._lock:
             if len(self._extra_states) >= _VIEW_LIMIT:
                 self._extra_states.clear()
@@ -314,7 +346,7 @@ class Decider:
     def fill(self, demand: Demand, view: NodeView, table: dict[int, Verdict]) -> Verdict:
         """:meth:`verdict` without reservations, for filter's first look at a state (its hot path)."""
         pfs = view.pfs
-        if greedy_fits(demand.wants, pfs):
+        if (not demand.networks or not view.networks) and greedy_fits(demand.wants, pfs):
             got = self._fits[self._score(pfs, view.capacity_vfs, demand)]
             self._entries += 1
             table[view.fp] = got
@@ -334,7 +366,7 @@ class Decider:
         got = table.get(fp)
         if got is not None:
             return got
-        got = self._compute(demand, pfs, view.capacity_vfs)
+        got = self._compute(demand, pfs, view.capacity_vfs, view.networks)
         if not got.fits:
             if fp == view.empty_fp:
                 empty = got
@@ -356,7 +388,26 @@ class Decider:
         table[fp] = got
         return got
 
-    def _compute(self, demand: Demand, pfs: tuple[placement.PfState, ...], capacity_vfs: int) -> Verdict:
+    def _compute(
+        self,
+        demand: Demand,
+        pfs: tuple[placement.PfState, ...],
+        capacity_vfs: int,
+        networks: tuple[nodestate.Network, ...] = (),
+    ) -> Verdict:
+        groups = network_groups(demand, networks)
+        if groups is None:
+            return self._misfit(demand, pfs) or self._fits[self._score(pfs, capacity_vfs, demand)]
+        for names, requests, members in groups:
+            part = Demand(requests, (), demand.source)
+            got = self._misfit(part, tuple(pf for pf in pfs if pf.name in members))
+            if got is not None:
+                where = ", ".join(names)
+                return got._replace(reason=f"{got.reason} (on the PFs of network {where})")
+        return self._fits[self._score(pfs, capacity_vfs, demand)]
+
+    def _misfit(self, demand: Demand, pfs: tuple[placement.PfState, ...]) -> Verdict | None:
+        """The failing verdict when ``demand`` does not fit on ``pfs``, else None."""
         # Most verdicts are "fits" on a node with room: a greedy assignment that respects every
         # rule proves it in microseconds (placement is exact, so ADD finds a fit too). Then
         # cheap necessary conditions prove most misfits; placement searches only what is left.
@@ -371,7 +422,7 @@ class Decider:
                 # Extender), not into the reason, so that reasons group.
                 text = exc.message.removesuffix(f" ({placement.free_summary(pfs)})")
                 return Verdict(False, False, f"rdma-cni: {text}", 0, exhausted=exc.reason == "search_limit")
-        return self._fits[self._score(pfs, capacity_vfs, demand)]
+        return None
 
     def use(
         self, demand: Demand, view: NodeView, extra: Extra | None = None
@@ -382,12 +433,17 @@ class Decider:
         """
         assert view.state is not None
         pfs = nodestate.pf_states(view.state, extra) if extra else view.pfs
-        placed = placement.place(demand.requests, pfs, max_steps=BIND_STEPS)
+        groups = network_groups(demand, view.networks) or [
+            ((), demand.requests, frozenset(p.name for p in pfs))
+        ]
         use: dict[str, list[int]] = {}
-        for req, pf in zip(demand.requests, placed.pfs, strict=True):
-            slot = use.setdefault(pf, [0, 0])
-            slot[0] += 1
-            slot[1] += req.min_tx_rate
+        for _, requests, members in groups:
+            sub = [pf for pf in pfs if pf.name in members]
+            placed = placement.place(requests, sub, max_steps=BIND_STEPS)
+            for req, pf in zip(requests, placed.pfs, strict=True):
+                slot = use.setdefault(pf, [0, 0])
+                slot[0] += 1
+                slot[1] += req.min_tx_rate
         return tuple(sorted((pf, vfs, rate) for pf, (vfs, rate) in use.items()))
 
     def _score(self, pfs: tuple[placement.PfState, ...], capacity_vfs: int, demand: Demand) -> int:
@@ -397,7 +453,7 @@ class Decider:
         spread scores emptier nodes higher. Where the pod's interfaces go does not
         change the node's totals: every min rate fits in its PF's free bandwidth.
         """
-        free_vfs = -len(demand.key)
+        free_vfs = -len(demand.requests)
         cap = 0
         used = demand.min_total
         for pf in pfs:

@@ -1,22 +1,25 @@
 """What a pod asks of the extender: its RDMA request, or None when it is not an RDMA pod.
 
-The request comes from the same annotation and parser as the plugin's ADD
-(:mod:`rdma_cni.shared.podrequest`: same limits, same error text). A pod without the
-annotation that selects one of ``--networks`` in Multus' network annotation is
-placed with ``--default-request``, as the plugin would place it with the
-network's ``defaultRequest``; any other pod without it is not ours.
+The request comes from the same rule and parser as the plugin's ADD
+(:mod:`rdma_cni.shared.attachments`, :mod:`rdma_cni.shared.podrequest`: same
+precedence, limits and error text). Each network of ``--networks`` the pod
+selects in Multus' network annotation is one attachment: its ``cni-args``
+request, else the pod-wide annotation, else ``--default-request`` (as the plugin
+would use the network's ``defaultRequest``); the pod's demand is all of them. A
+pod with the annotation that selects none of them counts it once; any other pod
+is not ours.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni.extender.wire import pod_annotations, pod_identity
 from rdma_cni.shared import placement
-from rdma_cni.shared.podrequest import MAX_REQUEST_BYTES, PodRequest, parse_request
+from rdma_cni.shared.attachments import ARGS_KEY, Selection, attachment_request, selections
+from rdma_cni.shared.podrequest import PodRequest, parse_request
 
 __all__ = ["NETWORKS_ANNOTATION", "Demand", "Demands", "selected_networks"]
 
@@ -26,18 +29,25 @@ _MEMO_LIMIT = 4096
 
 @dataclass(frozen=True)
 class Demand:
-    """A pod's interfaces as placement requests; ``key`` identifies the request up to order."""
+    """A pod's interfaces as placement requests; ``key`` identifies the request up to order.
+
+    ``networks`` says which network each run of ``requests`` is for, as
+    ``(network name, number of requests)`` in order; empty when the pod named
+    none of ``--networks`` (judged on all the node's PFs, as a version 1 state is).
+    """
 
     requests: tuple[placement.Request, ...]
-    key: tuple[tuple[int, int], ...]
+    key: tuple[Any, ...]
     source: str
+    networks: tuple[tuple[str, int], ...] = ()
     # Derived once, read per node: (min, max) largest first (best fit's order), the min rates' sum.
     wants: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
     min_total: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "wants", self.key[::-1])
-        object.__setattr__(self, "min_total", sum(low for low, _ in self.key))
+        rates = sorted((r.min_tx_rate, r.max_tx_rate) for r in self.requests)
+        object.__setattr__(self, "wants", tuple(rates[::-1]))
+        object.__setattr__(self, "min_total", sum(low for low, _ in rates))
 
     @classmethod
     def of(cls, request: PodRequest, source: str) -> Demand:
@@ -47,39 +57,36 @@ class Demand:
         key = tuple(sorted((r.min_tx_rate, r.max_tx_rate) for r in reqs))
         return cls(reqs, key, source)
 
+    @classmethod
+    def joint(cls, parts: Sequence[tuple[str, PodRequest, str]]) -> Demand:
+        """The demand of a pod's attachments, ``(network, request, source)`` each: all their interfaces."""
+        reqs = tuple(
+            placement.Request(i.min_tx_rate, i.max_tx_rate)
+            for _, request, _ in parts
+            for i in request.interfaces
+        )
+        networks = tuple((network, len(request.interfaces)) for network, request, _ in parts)
+        # Per network, order does not matter; two attachments of one network pool their interfaces.
+        pooled: dict[str, list[tuple[int, int]]] = {}
+        for network, request, _ in parts:
+            pooled.setdefault(network, []).extend((i.min_tx_rate, i.max_tx_rate) for i in request.interfaces)
+        key = tuple(sorted((network, tuple(sorted(rates))) for network, rates in pooled.items()))
+        sources = {source: None for _, _, source in parts}
+        return cls(reqs, key, "; ".join(sources), networks)
+
+    def by_network(self) -> dict[str, list[placement.Request]]:
+        """The requests of each network (empty when the demand names no networks)."""
+        out: dict[str, list[placement.Request]] = {}
+        at = 0
+        for network, count in self.networks:
+            out.setdefault(network, []).extend(self.requests[at : at + count])
+            at += count
+        return out
+
 
 def selected_networks(pod_namespace: str, value: Any) -> list[tuple[str, str]]:
-    """(namespace, name) of each network a Multus ``networks`` annotation selects.
-
-    Both forms Multus accepts: ``"a, ns/b, c@net2"`` and a JSON list of
-    ``{"name", "namespace", "interface"}``. A malformed value selects nothing
-    (Multus refuses such a pod anyway).
-    """
-    if not isinstance(value, str) or len(value) > MAX_REQUEST_BYTES:
-        return []
-    text = value.strip()
-    out = []
-    if text.startswith("["):
-        try:
-            items = json.loads(text)
-        except (ValueError, RecursionError):
-            return []
-        if not isinstance(items, list):
-            return []
-        for item in items:
-            if isinstance(item, dict) and isinstance(item.get("name"), str):
-                namespace = item.get("namespace")
-                out.append(
-                    (namespace if isinstance(namespace, str) and namespace else pod_namespace, item["name"])
-                )
-        return out
-    for entry in text.split(","):
-        entry = entry.strip().split("@", 1)[0]
-        if not entry:
-            continue
-        namespace, _, name = entry.rpartition("/")
-        out.append((namespace or pod_namespace, name))
-    return out
+    """(namespace, name) of each network a Multus ``networks`` annotation selects (both forms)."""
+    return [(sel.namespace, sel.name) for sel in selections(pod_namespace, value)]
 
 
 class Demands:
@@ -98,22 +105,14 @@ class Demands:
         self.default_request = default_request
         self._memo: dict[str, PodRequest] = {}
 
-    def _selects(self, namespace: str, annotations: Mapping[str, Any]) -> bool:
-        for net_ns, name in selected_networks(namespace, annotations.get(NETWORKS_ANNOTATION)):
-            if name in self.networks or f"{net_ns}/{name}" in self.networks:
-                return True
-        return False
+    def _ours(self, namespace: str, annotations: Mapping[str, Any]) -> list[Selection]:
+        return [
+            sel
+            for sel in selections(namespace, annotations.get(NETWORKS_ANNOTATION))
+            if sel.name in self.networks or f"{sel.namespace}/{sel.name}" in self.networks
+        ]
 
-    def of_pod(self, pod: Mapping[str, Any]) -> Demand | None:
-        """The pod's demand, None when it is not an RDMA pod; InvalidPodRequest when malformed."""
-        namespace, name, _ = pod_identity(pod)
-        annotations = pod_annotations(pod)
-        raw = annotations.get(self.annotation)
-        if raw is None:
-            if self.default_request is not None and self._selects(namespace, annotations):
-                return Demand.of(self.default_request, f"defaultRequest (pod {namespace}/{name})")
-            return None
-        source = f"pod {namespace}/{name} annotation {self.annotation}"
+    def _parse(self, raw: Any, source: str) -> PodRequest:
         request = self._memo.get(raw) if isinstance(raw, str) else None
         if request is None:
             request = parse_request(raw, source)
@@ -121,4 +120,42 @@ class Demands:
                 if len(self._memo) >= _MEMO_LIMIT:
                     self._memo.clear()
                 self._memo[raw] = request
-        return Demand.of(request, source)
+        return request
+
+    def of_pod(self, pod: Mapping[str, Any]) -> Demand | None:
+        """The pod's demand, None when it is not an RDMA pod; InvalidPodRequest when malformed.
+
+        Each selected network of ``--networks`` is one attachment, one ADD: its
+        request is decided as ADD decides it
+        (:func:`rdma_cni.shared.attachments.attachment_request`) and the demand
+        is all of them together. A pod with the annotation that selects none of
+        ``--networks`` (or an extender run without them) counts it once.
+        """
+        namespace, name, _ = pod_identity(pod)
+        annotations = pod_annotations(pod)
+        raw = annotations.get(self.annotation)
+        annotation_source = f"pod {namespace}/{name} annotation {self.annotation}"
+        default_source = f"defaultRequest (pod {namespace}/{name})"
+
+        def pod_wide() -> tuple[Any, str]:
+            return (raw, annotation_source) if raw is not None else (None, default_source)
+
+        ours = self._ours(namespace, annotations)
+        if not ours:
+            if raw is None:
+                return None
+            return Demand.of(self._parse(raw, annotation_source), annotation_source)
+        parts: list[tuple[str, PodRequest, str]] = []
+        for sel in ours:
+            request, source = attachment_request(
+                sel.cni_args,
+                f"pod {namespace}/{name} network {sel.namespace}/{sel.name} cni-args.{ARGS_KEY}",
+                pod_wide,
+                self.default_request,
+                self._parse,
+            )
+            if request is not None:
+                parts.append((sel.name, request, source))
+        if not parts:
+            return None
+        return Demand.joint(parts)

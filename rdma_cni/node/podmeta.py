@@ -9,11 +9,11 @@ from typing import Any
 from rdma_cni.cni.config import NetConf
 from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest
 from rdma_cni.cni.protocol import IFNAMSIZ, CniEnv
-from rdma_cni.shared.podrequest import InterfaceRequest, PodRequest, parse_request
+from rdma_cni.shared.attachments import ARGS_KEY, attachment_request
+from rdma_cni.shared.podrequest import InterfaceRequest, PodRequest
 
 log = logging.getLogger("rdma_cni.podmeta")
 
-ARGS_KEY = "rdma_interfaces_required"
 # containerd's CRI puts the pod's annotations under this runtimeConfig key
 # when the plugin's conflist entry declares the capability of the same name.
 CRI_ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
@@ -41,28 +41,34 @@ def runtime_annotations(conf: NetConf) -> dict[str, str] | None:
 
 
 def resolve_request(env: CniEnv, conf: NetConf) -> tuple[PodRequest, str]:
-    """The pod's request and a phrase naming where it came from (for errors and logs).
+    """The attachment's request and a phrase naming where it came from (for errors and logs).
 
-    In order: the runtime's CRI annotations (no API round trip), the pod read
-    from the API server (Multus and other runtimes pass only its name), the
-    config's ``args.cni``, then ``defaultRequest``.
+    Decided by :func:`rdma_cni.shared.attachments.attachment_request`, as the
+    extender decides it: this attachment's ``args.cni.rdma_interfaces_required``
+    (Multus: the selection's ``cni-args``), else the pod-wide annotation, read
+    from the runtime's CRI annotations (no API round trip) or from the pod on
+    the API server (Multus and other runtimes pass only its name), else
+    ``defaultRequest``.
     """
-    request, source = _resolve(env, conf)
+    default = PodRequest(interfaces=conf.defaultRequest)
+    cni_args = conf.args.get("cni") if isinstance(conf.args, dict) else None
+    request, source = attachment_request(
+        cni_args, f"config args.cni.{ARGS_KEY}", lambda: _pod_wide(env, conf), default
+    )
+    request = request or default  # never None: a default is given
     log.info("pod request from %s: %d interface(s)", source, len(request.interfaces))
     return request, source
 
 
-def _resolve(env: CniEnv, conf: NetConf) -> tuple[PodRequest, str]:
+def _pod_wide(env: CniEnv, conf: NetConf) -> tuple[Any, str]:
     pod = env.pod
-    default = PodRequest(interfaces=conf.defaultRequest)
     annotations = runtime_annotations(conf)
     if annotations is not None:
         who = f"pod {pod}" if pod is not None else "the pod"
         raw = annotations.get(conf.annotation)
         if raw is None:
-            return default, f"defaultRequest ({who} has no {conf.annotation}, per the runtime's annotations)"
-        source = f"{who} annotation {conf.annotation} (from the runtime's annotations)"
-        return parse_request(raw, source), source
+            return None, f"defaultRequest ({who} has no {conf.annotation}, per the runtime's annotations)"
+        return raw, f"{who} annotation {conf.annotation} (from the runtime's annotations)"
     if pod is not None:
         from rdma_cni.kube import podget as k8s
 
@@ -76,14 +82,9 @@ def _resolve(env: CniEnv, conf: NetConf) -> tuple[PodRequest, str]:
             )
         raw = k8s.pod_annotation(obj, conf.annotation)
         if raw is None:
-            return default, f"defaultRequest (pod {pod} has no {conf.annotation})"
-        source = f"pod {pod} annotation {conf.annotation} (from the API server)"
-        return parse_request(raw, source), source
-    cni_args = conf.args.get("cni") if isinstance(conf.args, dict) else None
-    if isinstance(cni_args, dict) and ARGS_KEY in cni_args:
-        source = f"config args.cni.{ARGS_KEY}"
-        return parse_request(cni_args[ARGS_KEY], source), source
-    return default, "defaultRequest"
+            return None, f"defaultRequest (pod {pod} has no {conf.annotation})"
+        return raw, f"pod {pod} annotation {conf.annotation} (from the API server)"
+    return None, "defaultRequest"
 
 
 def pod_side_names(ifname: str, request: list[InterfaceRequest], source: str) -> list[str]:

@@ -26,8 +26,10 @@ from rdma_cni.shared import placement
 __all__ = [
     "ANNOTATION",
     "VERSION",
+    "VERSION_2",
     "Allocation",
     "InterfaceUse",
+    "Network",
     "NodeState",
     "NodeStateError",
     "PfSummary",
@@ -40,6 +42,9 @@ __all__ = [
 
 ANNOTATION = "rdma-cni.io/node-state"
 VERSION = 1
+# Version 2: PFs, allocations and the networks (each with its PFs and their rails) as arrays.
+VERSION_2 = 2
+MAX_NETWORKS = 64
 
 # Bounds a reader enforces: generous for real nodes, tight enough that a
 # hostile or corrupt annotation cannot make the extender allocate much.
@@ -111,14 +116,28 @@ class Allocation:
 
 
 @dataclass(frozen=True)
+class Network:
+    """One rdma-cni network on the node (version 2): its PFs and each one's rail label (or None)."""
+
+    name: str
+    pfs: tuple[str, ...]
+    rails: tuple[str | None, ...]
+
+
+@dataclass(frozen=True)
 class NodeState:
-    """The whole annotation. ``generation`` counts the writer's changes; ``updated`` is RFC 3339."""
+    """The whole annotation. ``generation`` counts the writer's changes; ``updated`` is RFC 3339.
+
+    ``networks`` is empty in a version 1 state: the reader then knows only the
+    union of the networks' PFs.
+    """
 
     version: int
     generation: int
     updated: str
     pfs: tuple[PfSummary, ...]
     allocations: tuple[Allocation, ...]
+    networks: tuple[Network, ...] = ()
 
 
 def eligible_vf(*, has_netdev: bool, userspace_driver: bool, has_rdma_device: bool, isolation: str) -> bool:
@@ -134,8 +153,44 @@ def eligible_vf(*, has_netdev: bool, userspace_driver: bool, has_rdma_device: bo
     return isolation != "required" or has_rdma_device
 
 
+def _encode_v2(state: NodeState) -> dict[str, Any]:
+    # Arrays, not objects: a key per value would be most of the text (256 pods x 8 interfaces
+    # is ~160 KB as objects). PFs are referred to by their index in "pfs".
+    index = {pf.name: i for i, pf in enumerate(state.pfs)}
+    return {
+        "version": state.version,
+        "generation": state.generation,
+        "updated": state.updated,
+        # [name, capacity_tx_rate, used_tx_rate, capacity_vfs, used_vfs, numa_node]
+        "pfs": [
+            [pf.name, pf.capacity_tx_rate, pf.used_tx_rate, pf.capacity_vfs, pf.used_vfs, pf.numa_node]
+            for pf in state.pfs
+        ],
+        # [name, [[pf index, rail or null], ...]]
+        "networks": [
+            [net.name, [[index[pf], rail] for pf, rail in zip(net.pfs, net.rails, strict=True)]]
+            for net in state.networks
+        ],
+        # [namespace, name, uid, [pf index, min_tx_rate, max_tx_rate, pf index, ...]]
+        "allocations": [
+            [
+                a.namespace,
+                a.name,
+                a.uid,
+                [v for i in a.interfaces for v in (index[i.pf], i.min_tx_rate, i.max_tx_rate)],
+            ]
+            for a in state.allocations
+        ],
+    }
+
+
 def encode(state: NodeState) -> str:
-    """The annotation value: compact JSON with sorted keys, so equal states encode equally."""
+    """The annotation value: compact JSON with sorted keys, so equal states encode equally.
+
+    The form follows ``state.version``: 1 (objects, no networks) or 2 (arrays, with networks).
+    """
+    if state.version == VERSION_2:
+        return json.dumps(_encode_v2(state), sort_keys=True, separators=(",", ":"))
     doc = {
         "version": state.version,
         "generation": state.generation,
@@ -264,8 +319,12 @@ def decode(text: str) -> NodeState:
         raise NodeStateError(f"node state is not valid JSON: {exc}") from None
     top = _obj(doc, "node state")
     version = _int(top, "version", "node state", 0, MAX_GENERATION)
+    if version == VERSION_2:
+        return _decode_v2(top)
     if version != VERSION:
-        raise NodeStateError(f"node state version {version} is not supported (this reader knows {VERSION})")
+        raise NodeStateError(
+            f"node state version {version} is not supported (this reader knows {VERSION} and {VERSION_2})"
+        )
     generation = _int(top, "generation", "node state", 0, MAX_GENERATION)
     updated = _str(top, "updated", "node state")
     pfs = tuple(_pf(raw, f"pfs[{i}]") for i, raw in enumerate(_list(top, "pfs", "node state", MAX_PFS)))
@@ -287,9 +346,99 @@ def decode(text: str) -> NodeState:
     )
 
 
+def _row(raw: Any, where: str, size: int) -> list[Any]:
+    if not isinstance(raw, list) or len(raw) < size:
+        raise NodeStateError(f"{where}: expected a list of at least {size} entries")
+    return raw
+
+
+def _pf_v2(raw: Any, where: str) -> PfSummary:
+    row = _row(raw, where, 6)
+    keys = ("name", "capacity_tx_rate", "used_tx_rate", "capacity_vfs", "used_vfs", "numa_node")
+    return _pf(dict(zip(keys, row[:6], strict=True)), where)
+
+
+def _index(value: Any, where: str, pfs: tuple[PfSummary, ...]) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(pfs):
+        raise NodeStateError(f"{where}: {json.dumps(value)[:40]} is not the index of a listed PF")
+    return pfs[value].name
+
+
+def _network_v2(raw: Any, where: str, pfs: tuple[PfSummary, ...]) -> Network:
+    row = _row(raw, where, 2)
+    name = _str({"name": row[0]}, "name", where)
+    members = row[1]
+    if not isinstance(members, list) or len(members) > MAX_PFS:
+        raise NodeStateError(f"{where}: its PF list must be a list of at most {MAX_PFS} entries")
+    names: list[str] = []
+    rails: list[str | None] = []
+    for j, item in enumerate(members):
+        mwhere = f"{where}.pfs[{j}]"
+        pair = _row(item, mwhere, 2)
+        names.append(_index(pair[0], mwhere, pfs))
+        rail = pair[1]
+        rails.append(None if rail is None else _str({"rail": rail}, "rail", mwhere))
+    if len(set(names)) != len(names):
+        raise NodeStateError(f"{where}: lists a PF more than once")
+    return Network(name, tuple(names), tuple(rails))
+
+
+def _allocation_v2(raw: Any, where: str, pfs: tuple[PfSummary, ...]) -> Allocation:
+    row = _row(raw, where, 4)
+    flat = row[3]
+    if not isinstance(flat, list) or len(flat) % 3 or len(flat) > 3 * MAX_INTERFACES_PER_ALLOCATION:
+        raise NodeStateError(
+            f"{where}: interfaces must be a flat list of (PF index, min, max) triples, "
+            f"at most {MAX_INTERFACES_PER_ALLOCATION}"
+        )
+    uses = []
+    for k in range(0, len(flat), 3):
+        iwhere = f"{where}.interfaces[{k // 3}]"
+        pf = _index(flat[k], iwhere, pfs)
+        rates = {"min_tx_rate": flat[k + 1], "max_tx_rate": flat[k + 2]}
+        uses.append(
+            InterfaceUse(
+                pf,
+                _int(rates, "min_tx_rate", iwhere, 0, MAX_RATE_MBPS),
+                _int(rates, "max_tx_rate", iwhere, 0, MAX_RATE_MBPS),
+            )
+        )
+    ids = {"namespace": row[0], "name": row[1], "uid": row[2]}
+    return Allocation(
+        namespace=_str(ids, "namespace", where, allow_empty=True),
+        name=_str(ids, "name", where, allow_empty=True),
+        uid=_str(ids, "uid", where, allow_empty=True),
+        interfaces=tuple(uses),
+    )
+
+
+def _decode_v2(top: Mapping[str, Any]) -> NodeState:
+    generation = _int(top, "generation", "node state", 0, MAX_GENERATION)
+    updated = _str(top, "updated", "node state")
+    pfs = tuple(_pf_v2(raw, f"pfs[{i}]") for i, raw in enumerate(_list(top, "pfs", "node state", MAX_PFS)))
+    names = [pf.name for pf in pfs]
+    if len(set(names)) != len(names):
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        raise NodeStateError(f"node state lists PF {dupes[0]!r} more than once")
+    networks = tuple(
+        _network_v2(raw, f"networks[{i}]", pfs)
+        for i, raw in enumerate(_list(top, "networks", "node state", MAX_NETWORKS))
+    )
+    allocations = tuple(
+        _allocation_v2(raw, f"allocations[{i}]", pfs)
+        for i, raw in enumerate(_list(top, "allocations", "node state", MAX_ALLOCATIONS))
+    )
+    return NodeState(VERSION_2, generation, updated, pfs, allocations, networks)
+
+
 def same_content(a: NodeState, b: NodeState) -> bool:
     """Equal ignoring ``generation`` and ``updated``: a writer publishes only when this is False."""
-    return a.version == b.version and a.pfs == b.pfs and a.allocations == b.allocations
+    return (
+        a.version == b.version
+        and a.pfs == b.pfs
+        and a.allocations == b.allocations
+        and a.networks == b.networks
+    )
 
 
 def pf_states(

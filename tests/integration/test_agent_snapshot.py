@@ -154,3 +154,16 @@ def test_busy_node_lock_is_try_again(cluster: Cluster, monkeypatch: pytest.Monke
         release.set()
         t.join()
     assert snapshot.snapshot([view]).pfs
+
+
+def test_the_state_lists_each_networks_pfs(cluster: Cluster) -> None:
+    """Version 2: every PF once in pfs, and per network its PFs for the per-network verdict."""
+    only0 = view_of(cluster, name="rail-0", pfs=["simpf0"])
+    both = view_of(cluster, name="all")
+    state = snapshot.snapshot([only0, both])
+    assert state.version == nodestate.VERSION_2
+    assert [(n.name, n.pfs) for n in state.networks] == [
+        ("rail-0", ("simpf0",)),
+        ("all", ("simpf0", "simpf1")),
+    ]
+    assert nodestate.decode(nodestate.encode(_stamped(state))) == _stamped(state)

@@ -33,7 +33,7 @@ def free_port() -> int:
 class Extender:
     """The extender process and kube-scheduler's HTTP side of it."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, *extra: str) -> None:
         self.port = free_port()
         self.log = open(os.path.join(cluster.tmp, "extender.log"), "w+")  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -42,6 +42,7 @@ class Extender:
                 "scheduler-extender",
                 f"--listen=127.0.0.1:{self.port}",
                 f"--kubeconfig={os.path.join(cluster.tmp, 'kubeconfig')}",
+                *extra,
             ],
             env={**os.environ, "PYTHONPATH": REPO},
             stdout=self.log,
@@ -100,7 +101,7 @@ def rdma_pod(
         made["metadata"]["annotations"],
         uid=made["metadata"]["uid"],
         node_name=None,
-        scheduler_name="rdma-scheduler",
+        scheduler_name="rdma-scheduler",  # the name bind serves by default
     )
     return pod, env
 
@@ -152,3 +153,89 @@ def test_agent_extender_bind_add_republish(cluster: Cluster, extender: Extender)
         assert filtered(c)["NodeNames"] == []
         assert cluster.run("DEL", a_env, conf).ok
         wait_for(lambda: filtered(c)["NodeNames"] == [node], 10, "the DEL to reach the extender")
+
+
+# -- two networks: one ADD per attachment, judged on each network's PFs --------
+
+
+def _multi_pod(
+    cluster: Cluster, name: str, attachments: list[tuple[str, list[dict[str, int]]]]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A pod selecting networks with a request per attachment (Multus' JSON form, ``cni-args``)."""
+    env = cluster.pod(None, name=name)
+    made = cluster.api.get_pod("default", name)
+    assert made is not None
+    selection = [{"name": net, "cni-args": {"rdma_interfaces_required": req}} for net, req in attachments]
+    pod = cluster.api.add_pod(
+        "default",
+        name,
+        {"k8s.v1.cni.cncf.io/networks": json.dumps(selection)},
+        uid=made["metadata"]["uid"],
+        node_name=None,
+        scheduler_name="rdma-scheduler",
+    )
+    return pod, env
+
+
+@pytest.mark.parametrize("layout", ["disjoint", "shared"])
+def test_two_networks_agent_extender_bind_one_add_per_network(cluster: Cluster, layout: str) -> None:
+    from rdma_cni.agent import loop
+
+    node = node_name()
+    cluster.api.add_node(node, labels={"kubernetes.io/hostname": node}, images=40)
+    # The simulated node: simpf0 and simpf1, 4 VFs each.
+    pfs = (
+        {"net-a": ["simpf0"], "net-b": ["simpf1"]} if layout == "disjoint" else {"net-a": None, "net-b": None}
+    )
+    confs = {net: cluster.conf(name=net, pfs=p) for net, p in pfs.items()}
+    paths = []
+    for net, conf in confs.items():
+        paths.append(os.path.join(cluster.tmp, f"{net}.conf"))
+        with open(paths[-1], "w") as f:
+            json.dump(conf, f)
+    agent = loop.setup_agent(
+        node_name=node, network_configs=paths, kubeconfig=os.path.join(cluster.tmp, "kubeconfig"), period=30.0
+    )
+    pid = os.getpid()
+    p, p_env = _multi_pod(cluster, f"p{pid}", [("net-a", [{}, {}, {}]), ("net-b", [{}])])
+    # net-b alone: 4 interfaces. Disjoint: simpf1 has 3 free once p holds one (the union has 4).
+    # Shared: 8 VFs, p holds 4, so 4 are left for q.
+    q, _ = _multi_pod(cluster, f"q{pid}", [("net-b", [{}] * 4)])
+    r, _ = _multi_pod(cluster, f"r{pid}", [("net-a", [{}]), ("net-b", [{}] * 4)])  # one more than is left
+    extender = Extender(cluster, "--networks=net-a,net-b")
+    try:
+        with running(agent):
+            wait_for(lambda: published(cluster, node), 10, "the agent's first publish")
+            state = published(cluster, node)
+            assert state is not None and [n.name for n in state.networks] == ["net-a", "net-b"]
+            wait_for(lambda: extender.status("/readyz") == 200, 30, "the extender to be ready")
+
+            def passes(pod: dict[str, Any]) -> bool:
+                out = extender.post("filter", so.args_names(pod, [node]))
+                return bool(out["NodeNames"] == [node])
+
+            wait_for(lambda: passes(p), 10, "p to pass filter")
+            bind = {
+                "PodName": p["metadata"]["name"],
+                "PodNamespace": "default",
+                "PodUID": p["metadata"]["uid"],
+            }
+            assert extender.post("bind", {**bind, "Node": node}) == {"Error": ""}
+            assert passes(q) is (layout == "shared")
+            assert not passes(r)
+            # kubelet via Multus: one ADD per attachment, each with its cni-args as args.cni.
+            for k, (net, req) in enumerate([("net-a", [{}, {}, {}]), ("net-b", [{}])]):
+                conf = {**confs[net], "args": {"cni": {"rdma_interfaces_required": req}}}
+                assert cluster.run("ADD", {**p_env, "CNI_IFNAME": f"net{k + 1}"}, conf).ok
+            got = wait_for(lambda: (s := published(cluster, node)) and s.allocations and s, 5, "p published")
+            assert sum(pf.used_vfs for pf in got.pfs) == 4
+            if layout == "disjoint":
+                assert [(pf.name, pf.used_vfs) for pf in got.pfs] == [("simpf0", 3), ("simpf1", 1)]
+            # Reservation ended, the published state judged per network: the same verdicts.
+            assert passes(q) is (layout == "shared")
+            assert not passes(r)
+            for k, net in enumerate(["net-a", "net-b"]):
+                assert cluster.run("DEL", {**p_env, "CNI_IFNAME": f"net{k + 1}"}, confs[net]).ok
+            wait_for(lambda: passes(r), 10, "the DELs to reach the extender")
+    finally:
+        extender.stop()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -127,3 +128,112 @@ def _forget_netns(cluster: Cluster) -> None:
     for ns in cluster.netns_names:
         del_netns(ns)
     cluster.netns_names.clear()
+
+
+# -- several networks per node and per pod ----------------------------------
+
+# (PFs of net-a, PFs of net-b): disjoint, or the same list (None: every PF).
+NETWORK_PFS = st.sampled_from(
+    [
+        (["simpf0"], ["simpf1", "simpf2"]),
+        (["simpf0", "simpf2"], ["simpf1"]),
+        (None, None),
+        (["simpf0", "simpf1"], ["simpf0", "simpf1"]),
+    ]
+)
+NETWORKS = ("net-a", "net-b")
+# Per attachment: its own request (cni-args), or None for the pod-wide annotation / the default.
+ATTACHMENTS = st.lists(
+    st.tuples(st.sampled_from(NETWORKS), st.none() | REQUEST),
+    min_size=1,
+    max_size=2,
+    unique_by=lambda a: a[0],
+)
+POD = st.tuples(ATTACHMENTS, st.none() | REQUEST)
+
+
+def _multi_pod_verdict(
+    state: nodestate.NodeState, attachments: list[tuple[str, Any]], annotation: Any
+) -> tuple[Verdict, Any]:
+    from rdma_cni.extender.demand import Demands
+    from tests.support import sched_objects as so
+
+    selection = [
+        {"name": net, **({"cni-args": {"rdma_interfaces_required": req}} if req is not None else {})}
+        for net, req in attachments
+    ]
+    annotations = {"k8s.v1.cni.cncf.io/networks": json.dumps(selection)}
+    if annotation is not None:
+        annotations["rdma_interfaces_required"] = json.dumps(annotation)
+    demands = Demands(
+        annotation="rdma_interfaces_required",
+        networks=frozenset(NETWORKS),
+        default_request=parse_request("[{}]", "--default-request"),
+    )
+    demand = demands.of_pod(so.pod("probe", annotations))
+    assert demand is not None
+    text = nodestate.encode(dataclasses.replace(state, generation=1, updated="2026-01-01T00:00:00Z"))
+    return DECIDER.verdict(demand, DECIDER.view(text)), demand
+
+
+@pytest.mark.node(LAYOUT)
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    capacity=CAPACITY,
+    isolation=st.sampled_from(["auto", "off"]),
+    layout=NETWORK_PFS,
+    before=st.lists(POD, max_size=4),
+    probe=POD,
+)
+def test_multi_network_verdict_equals_all_adds_succeeding(
+    cluster: Cluster,
+    capacity: dict[str, int],
+    isolation: str,
+    layout: tuple[Any, Any],
+    before: list[tuple[list[tuple[str, Any]], Any]],
+    probe: tuple[list[tuple[str, Any]], Any],
+) -> None:
+    """One ADD per selected network, each with the request the shared rule gives it."""
+    confs = {
+        net: cluster.conf(ipam=None, name=net, pfs=pfs, capacityMbps=capacity, rdmaIsolation=isolation)
+        for net, pfs in zip(NETWORKS, layout, strict=True)
+    }
+    views = []
+    for net, conf in confs.items():
+        path = os.path.join(cluster.tmp, f"property-{net}.json")
+        with open(path, "w") as f:
+            json.dump(conf, f)
+        views.append(snapshot.load_view(path))
+    added: list[tuple[dict[str, str], dict[str, Any]]] = []
+
+    def attach(attachments: list[tuple[str, Any]], annotation: Any) -> bool:
+        pod = cluster.pod(annotation)
+        ok = True
+        for k, (net, req) in enumerate(attachments):
+            conf = dict(confs[net])
+            if req is not None:
+                conf["args"] = {"cni": {"rdma_interfaces_required": req}}  # what Multus makes of cni-args
+            env = {**pod, "CNI_IFNAME": f"net{k + 1}"}
+            outcome = cluster.run_inproc("ADD", env, conf)
+            assert outcome.ok or (outcome.doc or {}).get("code") == 100, outcome.doc
+            if outcome.ok:
+                added.append((env, conf))
+            ok = ok and outcome.ok
+        return ok
+
+    try:
+        for attachments, annotation in before:
+            attach(attachments, annotation)
+        state = snapshot.snapshot(views)
+        verdict, demand = _multi_pod_verdict(state, *probe)
+        assert not verdict.exhausted
+        assert attach(*probe) == verdict.fits, (verdict, demand, state)
+    finally:
+        for env, conf in reversed(added):
+            assert cluster.run_inproc("DEL", env, conf).ok
+        _forget_netns(cluster)
+    assert_node_pristine(cluster)

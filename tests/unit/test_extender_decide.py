@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -90,6 +91,108 @@ def test_default_request_only_for_pods_selecting_our_networks() -> None:
     assert demands.of_pod(so.pod("d", {"k8s.v1.cni.cncf.io/networks": "macvlan"})) is None
     assert demands.of_pod(so.pod("e")) is None
     assert Demands(annotation="rdma_interfaces_required").of_pod(selecting) is None
+
+
+def test_a_pod_on_two_of_our_networks_is_two_demands() -> None:
+    """The pod-wide annotation applies to each attachment: ADD allocates it once per network."""
+    demands = Demands(annotation="rdma_interfaces_required", networks=frozenset({"rdma-a", "rdma-b"}))
+    annotations = {
+        "rdma_interfaces_required": '[{"min_tx_rate": 10000}]',
+        "k8s.v1.cni.cncf.io/networks": "rdma-a, rdma-b, macvlan",
+    }
+    got = demands.of_pod(so.pod("p", annotations))
+    assert got is not None and got.requests == (placement.Request(10000, 0),) * 2
+    assert got.min_total == 20000 and got.source == "pod team-a/p annotation rdma_interfaces_required"
+    one = demands.of_pod(so.pod("q", {**annotations, "k8s.v1.cni.cncf.io/networks": "rdma-a"}))
+    assert one is not None and one.requests == (placement.Request(10000, 0),)
+
+
+def test_cni_args_are_each_attachments_own_request() -> None:
+    default = parse_request("[{}]", "--default-request")
+    demands = Demands(
+        annotation="rdma_interfaces_required",
+        networks=frozenset({"rail-0", "rail-1", "rail-2"}),
+        default_request=default,
+    )
+    selection = [
+        {
+            "name": "rail-0",
+            "cni-args": {"rdma_interfaces_required": [{"min_tx_rate": 1}, {"min_tx_rate": 2}]},
+        },
+        {"name": "rail-1", "cni-args": {"other": "x"}},
+        {"name": "rail-2"},
+    ]
+    pod = so.pod(
+        "p",
+        {
+            "k8s.v1.cni.cncf.io/networks": json.dumps(selection),
+            "rdma_interfaces_required": '[{"min_tx_rate": 5}]',
+        },
+    )
+    got = demands.of_pod(pod)
+    assert got is not None and sorted(r.min_tx_rate for r in got.requests) == [1, 2, 5, 5]
+    assert "network team-a/rail-0 cni-args.rdma_interfaces_required" in got.source
+    # Without the annotation the attachments without a request take --default-request.
+    del pod["metadata"]["annotations"]["rdma_interfaces_required"]
+    got = demands.of_pod(pod)
+    assert got is not None and sorted(r.min_tx_rate for r in got.requests) == [0, 0, 1, 2]
+    # Without --default-request either, only the attachment with its own request counts.
+    bare = Demands(annotation="rdma_interfaces_required", networks=demands.networks).of_pod(pod)
+    assert bare is not None and sorted(r.min_tx_rate for r in bare.requests) == [1, 2]
+    bad = so.pod(
+        "b",
+        {
+            "k8s.v1.cni.cncf.io/networks": json.dumps(
+                [{"name": "rail-0", "cni-args": {"rdma_interfaces_required": []}}]
+            )
+        },
+    )
+    with pytest.raises(InvalidPodRequest, match=r"network team-a/rail-0 cni-args\.rdma_interfaces_required"):
+        demands.of_pod(bad)
+
+
+def test_add_and_the_extender_decide_with_the_same_function(tmp_path: Any) -> None:
+    """ADD on each attachment allocates exactly the interfaces the extender counts."""
+    from rdma_cni.cni.config import load_netconf
+    from rdma_cni.cni.protocol import parse_env
+    from rdma_cni.node.podmeta import CRI_ANNOTATIONS, resolve_request
+
+    annotations = {"rdma_interfaces_required": '[{"min_tx_rate": 3}, {}]'}
+    selection = [
+        {"name": "rail-0"},
+        {"name": "rail-1", "cni-args": {"rdma_interfaces_required": [{"max_tx_rate": 9}]}},
+    ]
+    pod = so.pod("p", {**annotations, "k8s.v1.cni.cncf.io/networks": json.dumps(selection)})
+    counted = Demands(annotation="rdma_interfaces_required", networks=frozenset({"rail-0", "rail-1"})).of_pod(
+        pod
+    )
+    added: dict[str, list[tuple[int, int]]] = {}
+    for element in selection:
+        doc = {
+            "cniVersion": "1.0.0",
+            "name": element["name"],
+            "type": "rdma-cni",
+            "kubeconfig": str(tmp_path / "none"),
+            "runtimeConfig": {CRI_ANNOTATIONS: annotations},
+            # What Multus makes of the selection element: its cni-args as args.cni.
+            **({"args": {"cni": element["cni-args"]}} if "cni-args" in element else {}),
+        }
+        env = parse_env(
+            {
+                "CNI_COMMAND": "ADD",
+                "CNI_CONTAINERID": "c1",
+                "CNI_NETNS": "/x",
+                "CNI_IFNAME": "net1",
+                "CNI_ARGS": "K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=p",
+                "CNI_PATH": "/opt/cni/bin",
+            }
+        )
+        request, _ = resolve_request(env, load_netconf(doc))
+        added[element["name"]] = [(i.min_tx_rate, i.max_tx_rate) for i in request.interfaces]
+    assert counted is not None
+    assert {
+        n: [(r.min_tx_rate, r.max_tx_rate) for r in rs] for n, rs in counted.by_network().items()
+    } == added
 
 
 # -- verdicts -------------------------------------------------------------
@@ -375,3 +478,75 @@ def test_greedy_fit_is_a_proof_and_verdicts_match_placement(
     assert decider._compute(d, tuple(pfs), sum(p.free_vfs for p in pfs) or 1).fits == fits
     if cannot_fit(d, pfs):
         assert not fits  # a short reason is a proof too
+
+
+def test_v1_and_v2_states_get_the_same_verdicts() -> None:
+    """Agents upgrade node by node: the extender reads both versions (v2 read as the PFs' union here)."""
+    decider = Decider()
+    state = so.state(TWO_PFS, [("u1", [("p0", 20_000, 0), ("p1", 1_000, 0)])])
+    v2 = dataclasses.replace(
+        state,
+        version=nodestate.VERSION_2,
+        networks=(nodestate.Network("rdma-a", ("p0", "p1"), (None, None)),),
+    )
+    v1_view, v2_view = decider.view(nodestate.encode(state)), decider.view(nodestate.encode(v2))
+    assert v2_view.problem == "" and v2_view.state is not None and v2_view.state.version == 2
+    assert v2_view.uids == v1_view.uids == frozenset({"u1"})
+    for rates in ([(5_000, 0)], [(24_000, 0)], [(25_000, 0)], [(0, 0)] * 7, [(0, 0)] * 6):
+        d = demand(*rates)
+        assert decider.verdict(d, v1_view).fits == decider.verdict(d, v2_view).fits
+    assert not decider.verdict(demand((25_000, 0)), v2_view).fits
+    assert decider.verdict(demand((24_000, 0)), v2_view).fits
+
+
+def _rails(state: nodestate.NodeState, **networks: tuple[str, ...]) -> str:
+    listed = tuple(nodestate.Network(n, pfs, (None,) * len(pfs)) for n, pfs in networks.items())
+    return nodestate.encode(dataclasses.replace(state, version=nodestate.VERSION_2, networks=listed))
+
+
+def _on(*parts: tuple[str, list[tuple[int, int]]]) -> Demand:
+    return Demand.joint(
+        [
+            (net, parse_request([{"min_tx_rate": lo, "max_tx_rate": hi} for lo, hi in rates], "t"), "t")
+            for net, rates in parts
+        ]
+    )
+
+
+def test_v2_judges_each_network_on_its_own_pfs() -> None:
+    """p0 (rail-a) is full, p1 (rail-b) empty: a pod on rail-a fits only the union of a v1 state."""
+    decider = Decider()
+    state = so.state(TWO_PFS, [("u1", [("p0", 0, 0)] * 4)])
+    v1 = decider.view(nodestate.encode(state))
+    v2 = decider.view(_rails(state, **{"rail-a": ("p0",), "rail-b": ("p1",)}))
+    on_a = _on(("rail-a", [(0, 0)]))
+    assert decider.verdict(on_a, v1).fits  # a version 1 state: the union, as before
+    got = decider.verdict(on_a, v2)
+    assert not got.fits and got.reason.endswith("(on the PFs of network rail-a)")
+    assert got.unresolvable is False  # the empty node would hold it: preemption can help
+    assert decider.verdict(_on(("rail-b", [(0, 0)] * 4)), v2).fits
+    assert not decider.verdict(_on(("rail-b", [(0, 0)] * 4), ("rail-a", [(0, 0)])), v2).fits
+    # The filter's fast path (fill) agrees.
+    assert not decider.fill(on_a, v2, decider.table(on_a)).fits
+    # A network the state does not list is judged on every PF, as a version 1 state is.
+    assert decider.verdict(_on(("rail-x", [(0, 0)])), v2).fits
+
+
+def test_networks_sharing_pfs_are_judged_together() -> None:
+    decider = Decider()
+    state = so.state(TWO_PFS, [("u1", [("p0", 0, 0)] * 4 + [("p1", 0, 0)] * 3)])  # one VF free, on p1
+    shared = decider.view(_rails(state, **{"a": ("p0", "p1"), "b": ("p1", "p0")}))
+    assert decider.verdict(_on(("a", [(0, 0)])), shared).fits
+    assert not decider.verdict(_on(("a", [(0, 0)]), ("b", [(0, 0)])), shared).fits
+    demand_ab = _on(("a", [(0, 0)]), ("b", [(0, 0)]))
+    assert demand_ab.key != _on(("a", [(0, 0), (0, 0)])).key  # cached apart
+
+
+def test_reservations_go_on_the_networks_pfs() -> None:
+    decider = Decider()
+    state = so.state([("p0", 25_000, 4), ("p1", 25_000, 4), ("p2", 25_000, 4)], [("u1", [("p1", 20_000, 0)])])
+    view_ = decider.view(_rails(state, **{"rail-a": ("p0",), "rail-b": ("p1",)}))
+    use = decider.use(_on(("rail-a", [(1_000, 0)]), ("rail-b", [(5_000, 0)])), view_)
+    assert use == (("p0", 1, 1_000), ("p1", 1, 5_000))
+    with pytest.raises(placement.NoFit):
+        decider.use(_on(("rail-b", [(6_000, 0)])), view_)

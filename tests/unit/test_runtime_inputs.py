@@ -222,3 +222,63 @@ def test_without_cri_annotations_the_api_is_asked(tmp_path: Path, runtime_config
     """Multus passes no annotations: the pod is read from the API server (here its kubeconfig is missing)."""
     with pytest.raises(InvalidConfig, match=r"kubeconfig .*no-such-kubeconfig cannot be read"):
         resolve_request(add_env(), netconf(tmp_path, runtimeConfig=runtime_config))
+
+
+# ---------------------------------------------------------------------------
+# Per-attachment requests: args.cni (Multus: the selection's cni-args) wins
+
+
+def test_args_cni_wins_over_the_cri_annotations(tmp_path: Path) -> None:
+    conf = netconf(
+        tmp_path,
+        args={"cni": {"rdma_interfaces_required": [{"min_tx_rate": 7}]}},
+        runtimeConfig={CRI_ANNOTATIONS: {"rdma_interfaces_required": REQUEST}},
+    )
+    request, source = resolve_request(add_env(), conf)
+    assert [r.min_tx_rate for r in request.interfaces] == [7]
+    assert source == "config args.cni.rdma_interfaces_required"
+
+
+def test_args_cni_wins_over_the_api_without_asking_it(tmp_path: Path) -> None:
+    """Pod args and no CRI annotations would mean an API read (code 102 here): args.cni needs none."""
+    conf = netconf(tmp_path, args={"cni": {"rdma_interfaces_required": [{}, {}, {}]}})
+    request, source = resolve_request(add_env(), conf)
+    assert len(request.interfaces) == 3 and source == "config args.cni.rdma_interfaces_required"
+
+
+def test_args_cni_without_the_request_falls_back_to_the_annotation(tmp_path: Path) -> None:
+    conf = netconf(
+        tmp_path,
+        args={"cni": {"other": 1}},
+        runtimeConfig={CRI_ANNOTATIONS: {"rdma_interfaces_required": REQUEST}},
+    )
+    request, source = resolve_request(add_env(), conf)
+    assert len(request.interfaces) == 2 and "annotation" in source
+
+
+def test_invalid_args_cni_request_is_code_101_naming_args(tmp_path: Path) -> None:
+    conf = netconf(
+        tmp_path,
+        args={"cni": {"rdma_interfaces_required": [{"min_tx_rate": -1}]}},
+        runtimeConfig={CRI_ANNOTATIONS: {"rdma_interfaces_required": REQUEST}},
+    )
+    with pytest.raises(InvalidPodRequest) as info:
+        resolve_request(add_env(), conf)
+    assert info.value.msg.startswith("config args.cni.rdma_interfaces_required: ")
+
+
+def test_api_annotation_unless_the_attachment_has_its_own(tmp_path: Path) -> None:
+    """One pod, two attachments (two rdma-cni networks): the one with args.cni keeps its own request."""
+    from tests.support.apiserver import ApiServer
+
+    with ApiServer() as api:
+        api.add_pod("team-a", "trainer-0", {"rdma_interfaces_required": REQUEST}, uid="u1")
+        kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig", mode="token"))
+        plain = netconf(tmp_path, kubeconfig=kubeconfig)
+        request, source = resolve_request(add_env(), plain)
+        assert len(request.interfaces) == 2 and source.endswith("(from the API server)")
+        asked = api.request_count
+        own = netconf(tmp_path, kubeconfig=kubeconfig, args={"cni": {"rdma_interfaces_required": [{}]}})
+        request, source = resolve_request(add_env(), own)
+        assert len(request.interfaces) == 1 and source == "config args.cni.rdma_interfaces_required"
+        assert api.request_count == asked  # no round trip for an attachment's own request
