@@ -303,11 +303,7 @@ def test_rbac_gets_pods_and_patches_nodes_only() -> None:
 
 
 def _metrics_service(component: str) -> dict[str, Any]:
-    (service,) = [
-        doc
-        for doc in load_docs("metrics.yaml")
-        if component in doc["spec"]["selector"].values()
-    ]
+    (service,) = [doc for doc in load_docs("metrics.yaml") if component in doc["spec"]["selector"].values()]
     return service
 
 
