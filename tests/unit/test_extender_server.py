@@ -490,7 +490,10 @@ def test_connection_cap_keeps_threads_bounded_and_filters_answered(tight: tuple[
         assert (
             threading.active_count() - threads_before <= server.max_connections + server.max_connections // 4
         )
-        assert server.evicted >= server.max_connections
+        # Over the cap each newcomer either pushed out a half-open connection or, while the threads of
+        # those pushed out were still ending (a loaded machine), was closed at once.
+        assert server.evicted >= 1
+        assert server.evicted + server.refused >= server.max_connections * 3 - server.max_connections // 4
         # A new client during the flood is admitted (the oldest half-open connection gives way) ...
         assert _timed_filter(port) < 2
         # ... and the kept-alive one is still served.
