@@ -44,6 +44,20 @@ def run_shell(command: str, cwd: Path, timeout: float = 900) -> subprocess.Compl
     )
 
 
+def missing_requirements(value: str) -> list[str]:
+    """What a ``requires`` marker names that this machine lacks: commands on PATH, or absolute paths."""
+    needs = value.split("(", 1)[0].split()
+    return [n for n in needs if not (os.path.exists(n) if n.startswith("/") else shutil.which(n))]
+
+
+def test_requirements_are_checked() -> None:
+    assert missing_requirements("sh / (reason)") == []
+    assert missing_requirements("no-such-tool-here /no/such/path (reason)") == [
+        "no-such-tool-here",
+        "/no/such/path",
+    ]
+
+
 def test_the_docs_have_shell_blocks() -> None:
     """A parser that found nothing would make every other test here pass for nothing."""
     assert len(SHELL) >= 20 and len(RUNNABLE) >= 5, [b.where for b in SHELL]
@@ -83,10 +97,8 @@ def test_tested_by_names_a_test_that_reads_the_page() -> None:
 def test_block_runs_as_written(block: Block, tmp_path: Path) -> None:
     if not BINARY.exists():
         pytest.skip("needs dist/rdma-cni (make integration builds it)")
-    if block.marker == "requires":
-        tool = block.value.split()[0]
-        if shutil.which(tool) is None:
-            pytest.skip(f"{block.where} needs {tool}, which is not installed here ({block.value})")
+    if block.marker == "requires" and (missing := missing_requirements(block.value)):
+        pytest.skip(f"{block.where} needs {', '.join(missing)}, not here ({block.value})")
     cwd = tmp_path if block.marker == "run" else ROOT
     try:
         if block.lang == "console":

@@ -4,8 +4,8 @@ A marker is an HTML comment on the line just above a block's opening fence (blan
 between are allowed), ``<!-- kind: value -->``:
 
 - ``norun: reason``: cannot run on a development machine (a real cluster, a real NIC, a reboot);
-- ``requires: tool (reason)``: runs only where ``tool`` is installed, and is skipped, visibly,
-  elsewhere;
+- ``requires: tool /path ... (reason)``: runs only where each command is on PATH and each
+  absolute path exists, and is skipped, visibly, elsewhere;
 - ``tested-by: path::test``: another test runs it (it must exist and read the page);
 - ``run: in an empty directory``: runs, in a fresh directory instead of the repository;
 - ``synopsis: command``: a ``text`` block listing a subcommand's options.
