@@ -8,6 +8,7 @@ option tables and synopses list exactly what the subcommands accept.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rdma_cni.cni import errors
 from rdma_cni.cni.config import NetConf, load_netconf
 from rdma_cni.extender.main import parser as extender_parser
 from rdma_cni.install import _parser as install_parser
@@ -118,3 +120,29 @@ def test_node_agent_option_table_names_real_options() -> None:
 def test_synopsis_lists_exactly_the_options(block: Block) -> None:
     assert block.value == "rdma-cni scheduler-extender", f"{block.where}: no parser known for {block.value}"
     assert set(re.findall(r"--[\w-]+", block.text)) == options(extender_parser())
+
+
+def test_error_code_table_matches_the_code() -> None:
+    """docs/protocol.md lists exactly the codes rdma_cni/cni/errors.py raises."""
+    raised = {
+        cls.code
+        for _, cls in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(cls, errors.CniError) and cls is not errors.CniError
+    }
+    documented = {int(cell) for cell in table_rows(DOCS / "protocol.md", "code")}
+    assert documented == raised
+
+
+def test_metrics_table_names_exactly_the_metrics() -> None:
+    """docs/operations.md names every metric the agent and the extender export, as exported."""
+    source = "".join((ROOT / "rdma_cni" / f).read_text() for f in ("agent/metrics.py", "extender/metrics.py"))
+    exported = set()
+    for kind, name in re.findall(r'(\w+)\(\s*"(rdma_cni_\w+)"', source):
+        # prometheus_client exposes every counter as <name>_total, whichever way it was named.
+        exported.add(f"{name.removesuffix('_total')}_total" if kind.startswith("Counter") else name)
+    documented = {
+        name
+        for cell in table_rows(DOCS / "operations.md", "metric")
+        for name in re.findall(r"`(rdma_cni_\w+)`", cell)
+    }
+    assert documented == exported
