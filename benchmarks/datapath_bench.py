@@ -4,7 +4,7 @@ Both move the same kind of device (a veth on the simulated node) into a
 network namespace with the same host-local IPAM. rdma-cni also reads the pod
 from the local HTTPS API stand-in, takes the node lock and writes its
 record, as in production. rdma-cni runs twice: as shipped (the launcher hands
-each invocation to its warm server, see README "Warm start"; the one cold
+each invocation to its warm server, see docs/architecture.md; the one cold
 start that launches the server is not counted) and with RDMA_CNI_WARM=0
 (every invocation a cold start). Reports medians, the ratios, the node
 lock's hold time (from rdma-cni's log), and memory: the peak RSS of a cold

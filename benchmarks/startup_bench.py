@@ -1,7 +1,7 @@
 """Start-up cost of the plugin: median wall time of VERSION and of a config error.
 
 Both run through the built binary (kubelet's view), as shipped (handed to
-the warm server, see README "Warm start") and with RDMA_CNI_WARM=0 (a cold
+the warm server, see docs/architecture.md) and with RDMA_CNI_WARM=0 (a cold
 start every time), and, for comparison, through ``python -m rdma_cni``. A
 script, not a timed test: run it with ``make bench`` or
 ``python benchmarks/startup_bench.py --binary dist/rdma-cni``.

@@ -43,10 +43,10 @@ Operator subcommands:
   rdma-cni nodes [--fits JSON] [--json] [--kubeconfig FILE]
                                                   per node: free bandwidth and VFs, where a request fits
   rdma-cni scheduler-extender --listen ADDR:PORT [options]
-                                                  kube-scheduler extender (see README, "Scheduling")
+                                                  kube-scheduler extender (see docs/scheduling.md)
   rdma-cni --version
 
-The launcher also starts `rdma-cni warm-server` by itself (see README, "Warm start").
+The launcher also starts `rdma-cni warm-server` by itself (see docs/architecture.md).
 """
 
 

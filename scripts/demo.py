@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -78,6 +79,10 @@ def main() -> int:
     netns_name = "rdma-demo-pod"
     del_netns(netns_name)
     node.down()
+    # Records, leases and libcni's cache describe the simulated node just removed: a run
+    # stopped half-way (a failed cnitool CHECK, say) would leave its VFs held in the next one.
+    for leftover in ("state", "ipam", "cnirun-cache"):
+        shutil.rmtree(os.path.join(root, leftover), ignore_errors=True)
     if args.teardown:
         return 0
     node.up()

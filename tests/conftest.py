@@ -24,7 +24,7 @@ def _ours(pid: int, marks: tuple[str, ...]) -> bool:
 
 @pytest.fixture(scope="session", autouse=True)
 def _stop_warm_servers_started_by_the_tests(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    # Running the built binary starts warm servers (README, "Warm start"); they
+    # Running the built binary starts warm servers (docs/architecture.md, "Warm start"); they
     # would idle for minutes after the run. Servers that were already there,
     # or that belong to another test session's binary running beside this
     # one, are not ours to stop.

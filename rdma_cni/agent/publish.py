@@ -35,7 +35,7 @@ log = logging.getLogger("rdma_cni.agent")
 
 # The API server limits the total size of a Node's annotations to 256 KiB;
 # others (CNI plugins, kubeadm, volume controllers) need room too. The
-# largest state a 16 x 128-VF node can produce is about 153 KiB (README, "Node state").
+# largest state a 16 x 128-VF node can produce is about 153 KiB (docs/node-state.md).
 MAX_STATE_BYTES = 192 * 1024
 
 MIN_BACKOFF = 0.5

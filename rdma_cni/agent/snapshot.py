@@ -21,7 +21,7 @@ networks is published once, with the most cautious of their views (smallest
 capacity and pool, largest use), so the extender never sees room that one of
 them lacks. The state (version 2) also lists each network's PFs, so the
 extender can judge each of a pod's attachments on its own network's PFs; see
-the README ("Node state").
+docs/node-state.md.
 """
 
 from __future__ import annotations

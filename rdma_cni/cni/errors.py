@@ -66,7 +66,7 @@ class PluginUnavailable(CniError):
     code = 50
 
 
-# Plugin-specific codes (100 and up). Documented in the README; keep in sync.
+# Plugin-specific codes (100 and up). Documented in docs/protocol.md; keep in sync.
 
 
 class NoCapacity(CniError):

@@ -60,7 +60,7 @@ _NEUTRAL: dict[str, Any] = {
 # What a pod can reach (VLAN) and do (trust: MAC changes, promiscuous mode).
 # A network that leaves them unset gets the kernel's defaults, never what the
 # VF kept from an earlier pod: one whose record was lost could not restore
-# them (README "Lost, corrupt and foreign records"). Not spoofchk: its
+# them (docs/protocol.md). Not spoofchk: its
 # default is the driver's (mlx5 starts with it off).
 _RESET_WHEN_UNSET = ("vlan", "trust")
 

@@ -18,7 +18,7 @@ from tests.support.hostview import host_links
 from tests.support.invariants import pending_releases, violations
 from tests.support.simnode import del_netns
 
-# Every code the README documents; anything else (199 above all) is a bug.
+# Every code docs/protocol.md documents; anything else (199 above all) is a bug.
 DOCUMENTED = {1, 2, 3, 4, 5, 6, 7, 11, 50, 100, 101, 102, 103, 104, 105, 106, 107, 108}
 
 
@@ -112,7 +112,7 @@ class Bench:
         if pending_releases(self.cluster.state_dir):
             # IPAM refused the release with the pod's own arguments (a CNI_IFNAME and
             # CNI_ARGS the runtime's every DEL repeats): the runtime's periodic GC,
-            # which carries no pod arguments, is what finishes it (README, "Lost,
+            # which carries no pod arguments, is what finishes it (docs/protocol.md, "Lost,
             # corrupt and foreign records; IPAM cleanup that failed").
             valid = [
                 dict(zip(("containerID", "ifname"), r[: -len(".json")].split("@"), strict=True))

@@ -171,7 +171,7 @@ def test_del_without_record_succeeds(cluster: Cluster) -> None:
 
 
 def _kill_add_midway(cluster: Cluster, pod: dict[str, str], conf: dict[str, object], marker: str) -> None:
-    """Kill -9 the plugin's process group while its IPAM ADD runs; IPAM is left to finish (README, "IPAM")."""
+    """Kill -9 the plugin's process group while its IPAM ADD runs; IPAM finishes (docs/protocol.md)."""
     proc = start_add_until_ipam_runs(cluster, pod, conf, marker, new_session=True)
     os.killpg(proc.pid, 9)  # the plugin's whole group, as a runtime's timeout would
     proc.wait()

@@ -57,20 +57,20 @@ def test_bad_fits_exits_2_naming_the_option(api: ApiServer, tmp_path: Path) -> N
     assert "argument --fits: --fits: expected a JSON list of interface objects" in got.stderr
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
-def readme_example() -> tuple[str, str]:
-    """The command and the output shown in README's "Cluster view"."""
-    section = README.read_text().split("### Cluster view", 1)[1].split("\n#", 1)[0]
+def docs_example() -> tuple[str, str]:
+    """The command and the output shown in docs/operations.md, "The cluster: nodes"."""
+    section = PAGE.read_text().split("## The cluster: nodes", 1)[1].split("\n## ", 1)[0]
     block = section.split("```console\n", 1)[1].split("```", 1)[0]
     command, _, output = block.partition("\n")
     assert command.startswith("$ ")
     return command[2:], output
 
 
-def test_readme_example_runs_as_written(tmp_path: Path) -> None:
-    """README's command, run by a shell as written, prints README's table for the states it shows."""
+def test_docs_example_runs_as_written(tmp_path: Path) -> None:
+    """The docs' command, run by a shell as written, prints the docs' table for the states it shows."""
     with ApiServer() as api:
         rdma1 = so.state(
             [("ens1f0", 100_000, 8), ("ens1f1", 100_000, 8)],
@@ -89,7 +89,7 @@ def test_readme_example_runs_as_written(tmp_path: Path) -> None:
         wrapper = bin_dir / "rdma-cni"
         wrapper.write_text("#!/bin/sh\nexec " + " ".join(f"'{p}'" for p in plugin_command()) + ' "$@"\n')
         wrapper.chmod(0o755)
-        command, shown = readme_example()
+        command, shown = docs_example()
         got = subprocess.run(
             ["bash", "-c", command],
             capture_output=True,

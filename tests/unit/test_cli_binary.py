@@ -201,7 +201,7 @@ def test_many_unknown_keys_under_the_limit_cost_little(binary: str, sysfs: Path,
 
 
 # ---------------------------------------------------------------------------
-# What a cold start of the built binary loads (README "Start-up"), seen from
+# What a cold start of the built binary loads (docs/architecture.md), seen from
 # outside: every compiled module the process opens, through strace. The tree
 # keeps plain .pyc files (build.spec: noarchive), so each import is one open.
 
