@@ -19,7 +19,7 @@ from rdma_cni import install
 from rdma_cni.agent.nri import plugin as nri_plugin
 from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, load_netconf
 from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
-from rdma_cni.kube import podget as k8s
+from rdma_cni.kube import credentials
 from rdma_cni.shared.nodestate import ANNOTATION
 from rdma_cni.shared.podrequest import parse_request
 
@@ -377,7 +377,7 @@ def _substituted_template(server: str, token: str) -> str:
 def test_kubeconfig_template_loads(tmp_path: Path) -> None:
     path = tmp_path / "rdma-cni.kubeconfig"
     path.write_text(_substituted_template("https://10.96.0.1:443", "abc.def-ghi"), encoding="utf-8")
-    creds = k8s.load_credentials(str(path))
+    creds = credentials.load_credentials(str(path))
     assert creds.server == "https://10.96.0.1:443"
     assert creds.token == "abc.def-ghi"
     assert creds.ca_data == FAKE_CA

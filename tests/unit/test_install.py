@@ -21,7 +21,7 @@ import pytest
 
 from rdma_cni import install
 from rdma_cni.cni.config import load_netconf
-from rdma_cni.kube import podget as k8s
+from rdma_cni.kube import credentials, podget
 
 _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
@@ -285,7 +285,7 @@ def test_missing_source(node: Node) -> None:
 def test_kubeconfig_mode_and_content(node: Node) -> None:
     assert run(node.args(node.script("v1")))[0] == 0
     assert stat.S_IMODE(node.kubeconfig.stat().st_mode) == 0o600
-    creds = k8s.load_credentials(str(node.kubeconfig))
+    creds = credentials.load_credentials(str(node.kubeconfig))
     assert creds.server == "https://10.96.0.1:443"
     assert creds.token == "token-one"
     assert creds.ca_data == FAKE_CA
@@ -296,7 +296,7 @@ def test_kubeconfig_mode_and_content(node: Node) -> None:
 def test_kubeconfig_ipv6_server(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00:10:96::1")
     assert run(node.args(node.script("v1")))[0] == 0
-    assert k8s.load_credentials(str(node.kubeconfig)).server == "https://[fd00:10:96::1]:443"
+    assert credentials.load_credentials(str(node.kubeconfig)).server == "https://[fd00:10:96::1]:443"
 
 
 def test_kubeconfig_reaches_api_server(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -308,9 +308,9 @@ def test_kubeconfig_reaches_api_server(node: Node, monkeypatch: pytest.MonkeyPat
         monkeypatch.setenv("KUBERNETES_SERVICE_HOST", api.host)
         monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(api.port))
         assert run(node.args(node.script("v1")))[0] == 0
-        creds = k8s.load_credentials(str(node.kubeconfig))
-        pod = k8s.get_pod(creds, "default", "rdma-test-pod", retries=0)
-        assert k8s.pod_annotation(pod, "rdma_interfaces_required") == "[{}]"
+        creds = credentials.load_credentials(str(node.kubeconfig))
+        pod = podget.get_pod(creds, "default", "rdma-test-pod", retries=0)
+        assert podget.pod_annotation(pod, "rdma_interfaces_required") == "[{}]"
 
 
 @pytest.mark.parametrize(
@@ -383,7 +383,7 @@ def test_watch_refreshes_rotated_token(node: Node, watcher: Callable) -> None:
     node.set_token("token-two")
     wait_for(lambda: kubeconfig_token(node.kubeconfig) == "token-two")
     assert stat.S_IMODE(node.kubeconfig.stat().st_mode) == 0o600
-    assert k8s.load_credentials(str(node.kubeconfig)).token == "token-two"
+    assert credentials.load_credentials(str(node.kubeconfig)).token == "token-two"
 
     # Caught mid-rotation: the last good kubeconfig stays, readiness drops, then recovers.
     wait_for(node.ready.exists)
