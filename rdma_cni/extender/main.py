@@ -24,14 +24,10 @@ from rdma_cni.extender.bind import DEFAULT_SCHEDULER_NAMES
 from rdma_cni.extender.cache import NodeCache
 from rdma_cni.extender.decide import Decider, Policy
 from rdma_cni.extender.demand import Demand, Demands
+from rdma_cni.extender.listener import UnauthenticatedListener, check_listener
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.server import (
-    MAX_CONNECTIONS,
-    Extender,
-    ExtenderServer,
-    UnauthenticatedListener,
-    check_listener,
-)
+from rdma_cni.extender.server import MAX_CONNECTIONS, ExtenderServer
+from rdma_cni.extender.verbs import Extender
 from rdma_cni.shared import placement
 from rdma_cni.shared.podrequest import PodRequest, parse_request
 

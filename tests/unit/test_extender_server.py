@@ -15,7 +15,8 @@ import pytest
 from rdma_cni.extender.decide import Decider
 from rdma_cni.extender.demand import Demands
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.server import Extender, ExtenderServer
+from rdma_cni.extender.server import ExtenderServer
+from rdma_cni.extender.verbs import Extender
 from rdma_cni.shared import nodestate
 from tests.support import sched_objects as so
 

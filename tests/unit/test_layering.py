@@ -156,6 +156,12 @@ RULES = [
         ("kube.podget",),
         ("kube.client", "kube.pool", "kube.events"),
     ),
+    # The verbs decide on decoded documents; reading HTTP and admitting callers is the server's.
+    Rule(
+        "the extender's verbs know nothing of HTTP",
+        ("extender.verbs",),
+        ("extender.server", "extender.listener", "extender.main"),
+    ),
 ]
 
 
@@ -243,6 +249,8 @@ BASE = {
     "agent/loop.py": "from rdma_cni.kernel import sysfs\n",
     "extender/__init__.py": "",
     "extender/decide.py": "from rdma_cni.shared import placement, nodestate\n",
+    "extender/verbs.py": "from rdma_cni.extender import decide\n",
+    "extender/server.py": "from rdma_cni.extender import verbs\n",
     "kube/__init__.py": "",
     "kube/credentials.py": "from rdma_cni.cni import errors\n",
     "kube/podget.py": "from rdma_cni.kube import credentials\n",
@@ -308,6 +316,13 @@ def test_clean_fake_package_passes(tmp_path: object) -> None:
             5,
             "rdma_cni.kube.podget reaches rdma_cni.kube.client via rdma_cni.kube.podget -> "
             "rdma_cni.kube.credentials -> rdma_cni.kube.client",
+        ),
+        # a verb reaching back into the HTTP server
+        (
+            {"extender/decide.py": "def f():\n    from rdma_cni.extender.server import MAX_BODY\n"},
+            6,
+            "rdma_cni.extender.verbs reaches rdma_cni.extender.server via rdma_cni.extender.verbs -> "
+            "rdma_cni.extender.decide -> rdma_cni.extender.server",
         ),
     ],
 )
