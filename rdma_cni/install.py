@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO, TextIO
 
-from rdma_cni import __version__
+from rdma_cni import __version__, exporter
 from rdma_cni.shared.atomicfile import write_atomic
 
 DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"
@@ -574,17 +574,10 @@ def _parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--metrics-listen",
         metavar="ADDR:PORT",
-        type=_metrics_listen,
+        type=exporter.address_option("--metrics-listen", "0.0.0.0:9101"),
         help="serve the agent's Prometheus /metrics here, plain HTTP (default: off)",
     )
     return parser
-
-
-def _metrics_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"--metrics-listen {value!r}: expected ADDR:PORT, e.g. 0.0.0.0:9101")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def main(argv: list[str], out: TextIO, err: TextIO | None = None) -> int:

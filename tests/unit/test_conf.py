@@ -318,7 +318,7 @@ def _metrics_service(component: str) -> dict[str, Any]:
 def test_metrics_service_reaches_the_port_the_component_serves(
     component: str, manifest: str, kind: str
 ) -> None:
-    from rdma_cni.extender.main import parser as extender_parser
+    from rdma_cni.extender.options import parser as extender_parser
 
     template = one(manifest, kind)["spec"]["template"]
     # The sidecar's pod holds kube-scheduler too: the container that runs rdma-cni.

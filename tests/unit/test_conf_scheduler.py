@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from rdma_cni.extender.listener import is_loopback
-from rdma_cni.extender.main import parser as extender_parser
+from rdma_cni.extender.options import parser as extender_parser
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
@@ -521,7 +521,7 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
     root = str(Path(__file__).resolve().parents[2])
     if root not in sys.path:
         sys.path.insert(0, root)
-    from rdma_cni.extender.main import Service
+    from rdma_cni.extender.service import Service
     from rdma_cni.kube import client as kubeapi
     from rdma_cni.kube.events import EventSink
     from rdma_cni.shared import nodestate

@@ -559,7 +559,7 @@ def test_request_ends_and_answers_are_bounded(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_max_connections_flag() -> None:
-    from rdma_cni.extender.main import parser
+    from rdma_cni.extender.options import parser
 
     assert parser().parse_args(["--listen", ":0", "--max-connections", "7"]).max_connections == 7
     assert parser().parse_args(["--listen", ":0"]).max_connections == 256

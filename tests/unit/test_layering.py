@@ -160,7 +160,7 @@ RULES = [
     Rule(
         "the extender's verbs know nothing of HTTP",
         ("extender.verbs",),
-        ("extender.server", "extender.listener", "extender.main"),
+        ("extender.server", "extender.listener", "extender.main", "extender.service", "extender.options"),
     ),
 ]
 
