@@ -32,6 +32,14 @@ __all__ = ["MetricsListenError", "Service", "rebuild_reservations"]
 log = logging.getLogger("rdma_cni.extender")
 
 
+def _bound(server: Any) -> tuple[str, int] | None:
+    """The (host, port) ``server`` is bound to; None without a server."""
+    if server is None:
+        return None
+    host, port = server.server_address[:2]
+    return str(host), int(port)
+
+
 class MetricsListenError(OSError):
     """The metrics port cannot be served (the message names it)."""
 
@@ -166,24 +174,19 @@ class Service:
     @property
     def address(self) -> tuple[str, int]:
         """The address served (the port is the real one when 0 was asked)."""
-        host, port = self.server.server_address[:2]
-        return str(host), int(port)
+        bound = _bound(self.server)
+        assert bound is not None
+        return bound
 
     @property
     def probe_address(self) -> tuple[str, int] | None:
         """The address of the probes' listener, if any."""
-        if self.probe_server is None:
-            return None
-        host, port = self.probe_server.server_address[:2]
-        return str(host), int(port)
+        return _bound(self.probe_server)
 
     @property
     def metrics_address(self) -> tuple[str, int] | None:
         """Where /metrics is served (None: not served)."""
-        if self.metrics_server is None:
-            return None
-        host, port = self.metrics_server.server_address[:2]
-        return str(host), int(port)
+        return _bound(self.metrics_server)
 
     def _tell_refused(self, args: Any, reason: str, error: str) -> None:
         """A Warning Event on the pod whose bind was refused: queued, never waited for."""

@@ -10,13 +10,10 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 from collections.abc import Mapping
 
 from rdma_cni.install.common import InstallError, write_bytes_atomic
-
-# Same grammar the plugin's kubeconfig reader enforces (printable, no spaces).
-_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")
+from rdma_cni.kube.credentials import token_is_valid
 
 
 def api_server_url(environ: Mapping[str, str]) -> str:
@@ -43,7 +40,7 @@ def render_kubeconfig(serviceaccount_dir: str, environ: Mapping[str, str]) -> by
     token = _read_piece(token_path, "token").decode("utf-8", "replace").strip()
     if not token:
         raise InstallError(f"service account token {token_path} is empty")
-    if not _TOKEN_CHARS.fullmatch(token):
+    if not token_is_valid(token):  # the grammar the plugin's kubeconfig reader enforces
         # The value is a secret: say what is wrong with it, never what it is.
         raise InstallError(f"service account token {token_path} contains whitespace or non-printable bytes")
     ca = _read_piece(ca_path, "CA certificate")

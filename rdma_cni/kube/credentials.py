@@ -369,8 +369,13 @@ def _read_token_file(path: str, what: str) -> str:
     return token
 
 
+def token_is_valid(token: str) -> bool:
+    """Whether ``token`` can be sent as a bearer token: printable ASCII, no whitespace."""
+    return _TOKEN_CHARS.fullmatch(token) is not None
+
+
 def _check_token(token: str, what: str) -> None:
-    if not _TOKEN_CHARS.fullmatch(token):
+    if not token_is_valid(token):
         # Deliberately not quoting the value: it is a secret.
         raise InvalidConfig(f"{what} contains whitespace or non-printable characters")
 
