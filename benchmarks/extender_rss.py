@@ -41,7 +41,8 @@ sys.path.insert(0, {root!r})
 from rdma_cni.extender.decide import Decider
 from rdma_cni.extender.demand import Demands
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.server import Extender, ExtenderServer
+from rdma_cni.extender.server import ExtenderServer
+from rdma_cni.extender.verbs import Extender
 ext = Extender(decider=Decider(max_state_age=600), demands=Demands(annotation="rdma_interfaces_required"),
                reservations=Reservations(60))
 ext.ready.set()

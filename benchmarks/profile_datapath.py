@@ -39,14 +39,14 @@ HINT_R, HINT_W = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
 def keep_hinted_contexts() -> None:
     """What rdma_cni.warm.Server does with its children's hints."""
-    from rdma_cni.kube import podget as k8s
+    from rdma_cni.kube import credentials, tls
 
     try:
         data = os.read(HINT_R, 65536)
     except BlockingIOError:
         return
     for path in set(filter(None, data.split(b"\n"))):
-        k8s.keep_context(k8s.load_credentials(os.fsdecode(path)))
+        tls.keep_context(credentials.load_credentials(os.fsdecode(path)))
     gc.freeze()
 
 
@@ -65,10 +65,10 @@ def run_child(
             os.environ["CNI_COMMAND"] = verb
             from rdma_cni import log
             from rdma_cni.cli import run_cni
-            from rdma_cni.kube import podget as k8s
+            from rdma_cni.kube import tls
 
             log.start_kind = "warm"
-            k8s.context_hint_fd = HINT_W
+            tls.context_hint_fd = HINT_W
             if profile_to:
                 # CPU time of this process (not wall): what a loaded node pays.
                 prof = cProfile.Profile(time.process_time) if cpu_timer else cProfile.Profile()

@@ -156,7 +156,7 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
     if name == "inventory":
         from rdma_cni.inventory_cli import main as run_subcommand
     elif name == "install":
-        from rdma_cni.install import main as run_subcommand
+        from rdma_cni.install.command import main as run_subcommand
     elif name == "nodes":
         from rdma_cni.nodes_cli import main as run_subcommand
     elif name == "scheduler-extender":

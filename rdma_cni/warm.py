@@ -67,7 +67,7 @@ PRELOAD = (
     # rdma_cni.cni.config imports it for configs with unknown keys (GC's always
     # carry cni.dev/valid-attachments).
     "difflib",
-    # rdma_cni.kube.podget imports it for kubeconfigs with inline client keys.
+    # rdma_cni.kube.tls imports it for kubeconfigs with inline client keys.
     "tempfile",
     "rdma_cni.commands.add",
     "rdma_cni.commands.delete",
@@ -75,8 +75,8 @@ PRELOAD = (
     "rdma_cni.commands.status",
     "rdma_cni.commands.gc",
     "rdma_cni.node.isolation",
-    "rdma_cni.kube.podget",
-    # rdma_cni.kube.podget hashes kubeconfigs' certificates to keep TLS contexts
+    "rdma_cni.kube.podget",  # and what it imports: kube.credentials, kube.tls, kube.status
+    # rdma_cni.kube.tls hashes kubeconfigs' certificates to keep TLS contexts
     # (only in a warm server and its children).
     "hashlib",
     # The pod GET resolves the API server's name, which loads the idna codec
@@ -220,7 +220,7 @@ class Server:
         self.last_activity = time.monotonic()
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # Children name the kubeconfigs whose TLS context they had to build
-        # (rdma_cni.kube.podget.note_context_miss); the server builds and keeps them.
+        # (rdma_cni.kube.tls.note_context_miss); the server builds and keeps them.
         self.hint_r, self.hint_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.dirfd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -338,14 +338,14 @@ class Server:
             data = os.read(self.hint_r, 65536)
         except BlockingIOError:
             return
-        from rdma_cni.kube import podget as k8s
+        from rdma_cni.kube import credentials, tls
 
         kept = False
         for path in set(data.split(b"\n")):
             if not path:
                 continue
             try:
-                kept |= k8s.keep_context(k8s.load_credentials(os.fsdecode(path)))
+                kept |= tls.keep_context(credentials.load_credentials(os.fsdecode(path)))
             except Exception:  # the child that read it reported any problem; the server keeps serving
                 continue
         if kept:
@@ -377,9 +377,9 @@ class Server:
             self.selector.close()
             for fd in (self.wake_r, self.wake_w, self.dirfd, self.hint_r):
                 os.close(fd)
-            from rdma_cni.kube import podget as k8s
+            from rdma_cni.kube import tls
 
-            k8s.context_hint_fd = self.hint_w
+            tls.context_hint_fd = self.hint_w
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
             for fd in fds:

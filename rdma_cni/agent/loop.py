@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rdma_cni.agent.publish import Publisher
 from rdma_cni.agent.snapshot import NetworkView, snapshot, unusable
@@ -173,26 +173,25 @@ def start_nri(
         state_file=state_path(views[0].lock_file) if views else None,
     )
 
-    def run() -> None:
-        # Like run_agent: a bug is logged and the plugin resumes; container creation never waits on it.
-        while not stop.is_set():
-            try:
-                plugin.run(stop)
-            except Exception:
-                log.exception("NRI plugin failed unexpectedly; restarting it in %.0f s", RESCAN_DELAY * 5)
-                stop.wait(RESCAN_DELAY * 5)
-
-    thread = threading.Thread(target=run, name="nri-plugin", daemon=True)
+    # Like run_agent: a bug is logged and the plugin resumes; container creation never waits on it.
+    thread = threading.Thread(
+        target=_resuming, args=("NRI plugin", plugin.run, stop), name="nri-plugin", daemon=True
+    )
     thread.start()
     return thread
 
 
 def run_agent(agent: Agent, stop: threading.Event) -> None:
     """:meth:`Agent.run` that survives its own bugs: logged, then resumed after a pause."""
+    _resuming("node agent", agent.run, stop)
+    agent.publisher.close()
+
+
+def _resuming(what: str, run: Callable[[threading.Event], None], stop: threading.Event) -> None:
+    """``run(stop)`` until ``stop`` is set, resumed after a pause whenever it fails with a bug (logged)."""
     while not stop.is_set():
         try:
-            agent.run(stop)
+            run(stop)
         except Exception:
-            log.exception("node agent failed unexpectedly; restarting it in %.0f s", RESCAN_DELAY * 5)
+            log.exception("%s failed unexpectedly; restarting it in %.0f s", what, RESCAN_DELAY * 5)
             stop.wait(RESCAN_DELAY * 5)
-    agent.publisher.close()

@@ -13,9 +13,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from rdma_cni import exporter
 
 __all__ = ["REGISTRY", "api_error", "publish_done", "serve", "watch"]
 
@@ -101,19 +103,14 @@ class _PublisherCollector(Collector):
         yield from families.values()
 
 
-_collector: _PublisherCollector | None = None
+_SLOT = exporter.CollectorSlot(REGISTRY)
 
 
 def watch(publisher: Any) -> None:
     """Report the PFs of what ``publisher`` wrote (replacing a publisher watched before)."""
-    global _collector
-    if _collector is not None:
-        REGISTRY.unregister(_collector)
-    _collector = _PublisherCollector(publisher)
-    REGISTRY.register(_collector)
+    _SLOT.watch(_PublisherCollector(publisher))
 
 
 def serve(address: tuple[str, int]) -> Any:
     """Serve ``/metrics`` on ``address`` in a daemon thread; returns the server (``shutdown()`` stops it)."""
-    server, _thread = start_http_server(address[1], address[0], registry=REGISTRY)
-    return server
+    return exporter.serve(REGISTRY, address)

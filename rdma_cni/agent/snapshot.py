@@ -26,6 +26,7 @@ docs/node-state.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -120,34 +121,30 @@ def _plugin_entry(doc: Any, path: str) -> dict[str, Any]:
     return {"cniVersion": doc.get("cniVersion"), "name": doc.get("name"), **entries[0]}
 
 
-@dataclass
-class _PfView:
-    name: str
-    capacity_tx_rate: int | None
-    used_tx_rate: int
-    capacity_vfs: int
-    used_vfs: int
-    numa_node: int | None
-
-    def merge(self, other: _PfView) -> None:
-        """Keep the most cautious of two networks' views of one PF."""
-        if self.capacity_tx_rate is None or other.capacity_tx_rate is None:
-            self.capacity_tx_rate = None
-        else:
-            self.capacity_tx_rate = min(self.capacity_tx_rate, other.capacity_tx_rate)
-        self.used_tx_rate = max(self.used_tx_rate, other.used_tx_rate)
-        self.used_vfs = max(self.used_vfs, other.used_vfs)
-        self.capacity_vfs = max(self.used_vfs, min(self.capacity_vfs, other.capacity_vfs))
+def cautious(a: nodestate.PfSummary, b: nodestate.PfSummary) -> nodestate.PfSummary:
+    """The most cautious of two networks' views of one PF."""
+    if a.capacity_tx_rate is None or b.capacity_tx_rate is None:
+        capacity_tx_rate = None
+    else:
+        capacity_tx_rate = min(a.capacity_tx_rate, b.capacity_tx_rate)
+    used_vfs = max(a.used_vfs, b.used_vfs)
+    return dataclasses.replace(
+        a,
+        capacity_tx_rate=capacity_tx_rate,
+        used_tx_rate=max(a.used_tx_rate, b.used_tx_rate),
+        used_vfs=used_vfs,
+        capacity_vfs=max(used_vfs, min(a.capacity_vfs, b.capacity_vfs)),
+    )
 
 
-def pf_views(node: Node, isolation: str) -> list[_PfView]:
+def pf_views(node: Node, isolation: str) -> list[nodestate.PfSummary]:
     """Per PF of a scanned node: capacity and use as ADD under ``isolation`` would count them."""
     out = []
     for pf in node.pfs:
         used = sum(1 for v in pf.vfs if v.owner is not None)
         pool = sum(1 for v in pf.vfs if v.available(isolation))
         out.append(
-            _PfView(
+            nodestate.PfSummary(
                 name=pf.name,
                 capacity_tx_rate=pf.capacity_mbps,
                 used_tx_rate=pf.reserved_mbps,
@@ -191,7 +188,7 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
     from rdma_cni.node.inventory import scan
     from rdma_cni.node.record import RecordStore, node_lock
 
-    pfs: dict[str, _PfView] = {}
+    pfs: dict[str, nodestate.PfSummary] = {}
     # Per network (by name), its PFs as ADD scans them: the extender judges each selected
     # network's interfaces on these (version 2). Dicts keep the order and drop repeats.
     networks: dict[str, dict[str, None]] = {}
@@ -219,10 +216,7 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
             members = networks.setdefault(view.name, {})
             for pv in pf_views(node, view.isolation):
                 members[pv.name] = None
-                if pv.name in pfs:
-                    pfs[pv.name].merge(pv)
-                else:
-                    pfs[pv.name] = pv
+                pfs[pv.name] = cautious(pfs[pv.name], pv) if pv.name in pfs else pv
             for att in records:
                 seen[(os.path.realpath(view.state_dir), att.container_id, att.ifname)] = att
     return nodestate.NodeState(
@@ -233,17 +227,7 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
             nodestate.Network(name, tuple(members), (None,) * len(members))
             for name, members in networks.items()
         ),
-        pfs=tuple(
-            nodestate.PfSummary(
-                name=p.name,
-                capacity_tx_rate=p.capacity_tx_rate,
-                used_tx_rate=p.used_tx_rate,
-                capacity_vfs=p.capacity_vfs,
-                used_vfs=p.used_vfs,
-                numa_node=p.numa_node,
-            )
-            for p in sorted(pfs.values(), key=lambda p: p.name)
-        ),
+        pfs=tuple(sorted(pfs.values(), key=lambda p: p.name)),
         allocations=tuple(allocations([seen[k] for k in sorted(seen)])),
     )
 

@@ -12,11 +12,12 @@ from rdma_cni.kernel import sysfs
 from rdma_cni.kernel.identity import VfFinder
 from rdma_cni.kernel.netlink import Rtnl
 from rdma_cni.kernel.vfcontrol import VfControl
-from rdma_cni.node.attach import Progress, Released, fallback_name, release
+from rdma_cni.node.attach import Progress, Released, release
 from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.ipam_pending import PendingStore, ipam_acting_for, remember
 from rdma_cni.node.isolation import RdmaIsolation
 from rdma_cni.node.record import Attachment, RecordStore, VfRecord
+from rdma_cni.node.vfnetdev import fallback_name
 
 log = logging.getLogger("rdma_cni.commands")
 

@@ -14,9 +14,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from rdma_cni import exporter
 
 __all__ = ["REGISTRY", "bind_refused", "decided", "preempted", "request", "serve", "watch"]
 
@@ -105,7 +107,7 @@ def preempted(proposed: int, kept: int, outcome: str | None = None) -> None:
 
 
 class _ServiceCollector(Collector):
-    """The states of a running :class:`rdma_cni.extender.main.Service`, read at scrape time."""
+    """The states of a running :class:`rdma_cni.extender.service.Service`, read at scrape time."""
 
     def __init__(self, service: Any) -> None:
         self.service = service
@@ -151,19 +153,14 @@ class _ServiceCollector(Collector):
         )
 
 
-_collector: _ServiceCollector | None = None
+_SLOT = exporter.CollectorSlot(REGISTRY)
 
 
 def watch(service: Any) -> None:
     """Report the states of ``service`` (replacing a service watched before)."""
-    global _collector
-    if _collector is not None:
-        REGISTRY.unregister(_collector)
-    _collector = _ServiceCollector(service)
-    REGISTRY.register(_collector)
+    _SLOT.watch(_ServiceCollector(service))
 
 
 def serve(address: tuple[str, int]) -> Any:
     """Serve ``/metrics`` on ``address`` in a daemon thread; returns the server (``shutdown()`` stops it)."""
-    server, _thread = start_http_server(address[1], address[0], registry=REGISTRY)
-    return server
+    return exporter.serve(REGISTRY, address)

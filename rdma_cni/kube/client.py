@@ -3,8 +3,10 @@
 The plugin itself reads one pod per run (:mod:`rdma_cni.kube.podget`); the node agent
 and the extender instead keep one client for their lifetime: GET, LIST (full
 or metadata only), WATCH, merge PATCH and POST over one keep-alive session.
-Credentials, TLS file handling and secret redaction are :mod:`rdma_cni.kube.podget`'s,
-so both clients accept the same kubeconfigs and leak nothing either.
+Credentials and secret redaction are :mod:`rdma_cni.kube.credentials`', TLS files and
+contexts :mod:`rdma_cni.kube.tls`', what a status means :mod:`rdma_cni.kube.status`':
+the plugin's pod GET uses the same three, so both clients accept the same kubeconfigs,
+classify answers alike and leak nothing either.
 
 Failures are typed by what the caller can do about them: :class:`NotFound`
 (404), :class:`Conflict` (409: re-read and retry), :class:`Gone` (410: relist),
@@ -31,15 +33,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from rdma_cni import __version__
-from rdma_cni.kube import podget as k8s
+from rdma_cni.kube import credentials, tls
+from rdma_cni.kube.pool import POOL_SIZE, Pool
+from rdma_cni.kube.status import Status, classify, describe, snippet
 
 log = logging.getLogger("rdma_cni.kubeapi")
 
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 METADATA_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
-# Connections one client keeps alive for concurrent requests.
-_POOL_SIZE = 16
 # Longest watch event accepted: a Node with 256 KiB of annotations fits easily.
 _MAX_EVENT_BYTES = 16 * 1024 * 1024
 
@@ -89,72 +91,18 @@ def _text(body: bytes) -> str:
     return body.decode("utf-8", errors="replace")
 
 
-class _Pool:
-    """Idle keep-alive connections to one API server (at most _POOL_SIZE kept). Thread-safe."""
-
-    def __init__(self, host: str, port: int, prefix: str, context: Any, timeout: float) -> None:
-        self.host = host
-        self.port = port
-        self.prefix = prefix
-        self.context = context
-        self.timeout = timeout
-        self._lock = threading.Lock()
-        self._idle: list[Any] = []
-
-    def take(self) -> tuple[Any, bool]:
-        """A connection, and whether it was used before (new ones connect on first request)."""
-        import http.client
-
-        while True:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            if conn is None:
-                break
-            if not _dropped(conn.sock):
-                return conn, True
-            conn.close()
-        # The timeout bounds connecting and each read, as requests' (connect, read) pair does.
-        if self.context is None:
-            return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout), False
-        return (
-            http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self.context),
-            False,
-        )
-
-    def give(self, conn: Any) -> None:
-        """Return a connection whose answer was read in full."""
-        with self._lock:
-            if len(self._idle) < _POOL_SIZE:
-                self._idle.append(conn)
-                return
-        conn.close()
-
-    def close(self) -> None:
-        """Close every idle connection."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-
-
-def _dropped(sock: Any) -> bool:
-    # An idle connection with something to read (EOF, a TLS close, stray bytes) cannot be reused.
-    import select
-
-    if sock is None:
-        return True
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(0))
+# The status classifier's kinds that have an exception class of their own; the rest are ApiError.
+_ERROR_CLASSES: dict[Status, type[ApiError]] = {
+    Status.NOT_FOUND: NotFound,
+    Status.CONFLICT: Conflict,
+    Status.GONE: Gone,
+    Status.INVALID: Invalid,
+    Status.RETRY: Unavailable,
+}
 
 
 def _error_class(status: int) -> type[ApiError]:
-    known: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
-    if status in known:
-        return known[status]
-    if status == 429 or status >= 500:
-        return Unavailable
-    return ApiError
+    return _ERROR_CLASSES.get(classify(status), ApiError)
 
 
 class ApiClient:
@@ -169,7 +117,7 @@ class ApiClient:
 
     def __init__(
         self,
-        creds: k8s.ClusterCredentials,
+        creds: credentials.ClusterCredentials,
         *,
         timeout: float = 10.0,
         user_agent: str = f"rdma-cni/{__version__}",
@@ -184,7 +132,7 @@ class ApiClient:
         self.server = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
         self._lock = threading.Lock()
         self._session: Any = None
-        self._pool: _Pool | None = None
+        self._pool: Pool | None = None
         # TLS material as files (inline kubeconfig data written out), shared by both transports.
         self._files: contextlib.ExitStack | None = None
         self._tls: tuple[str | bool, tuple[str, str] | None] = (True, None)
@@ -194,9 +142,9 @@ class ApiClient:
         """A client for the kubeconfig at ``path``, or the in-cluster service account when None.
 
         Raises :class:`rdma_cni.cni.errors.InvalidConfig` naming what is wrong with
-        the credentials (see :func:`rdma_cni.kube.podget.load_credentials`).
+        the credentials (see :func:`rdma_cni.kube.credentials.load_credentials`).
         """
-        return cls(k8s.load_credentials(path), **kwargs)
+        return cls(credentials.load_credentials(path), **kwargs)
 
     def __enter__(self) -> ApiClient:
         return self
@@ -292,7 +240,7 @@ class ApiClient:
             # Broken chunked stream, reset connection or read timeout: the
             # watch is gone and must be resumed from the last version seen.
             raise Unavailable(
-                0, "WatchInterrupted", self._clean(f"watch {path} interrupted: {k8s.describe(exc)}")
+                0, "WatchInterrupted", self._clean(f"watch {path} interrupted: {describe(exc)}")
             ) from None
         finally:
             resp.close()
@@ -317,9 +265,7 @@ class ApiClient:
         code = code if isinstance(code, int) else 500
         reason = status.get("reason") if isinstance(status.get("reason"), str) else ""
         message = status.get("message") if isinstance(status.get("message"), str) else ""
-        text = f"{verb} {path}: HTTP {code} {reason}".rstrip() + (
-            f": {k8s.snippet(message)}" if message else ""
-        )
+        text = f"{verb} {path}: HTTP {code} {reason}".rstrip() + (f": {snippet(message)}" if message else "")
         return _error_class(code)(code, reason or "Unknown", self._clean(text))
 
     def _json(
@@ -342,7 +288,7 @@ class ApiClient:
             raise ApiError(
                 status,
                 "InvalidResponse",
-                self._clean(f"{method} {path}: an answer that is not JSON: {k8s.snippet(_text(raw))}"),
+                self._clean(f"{method} {path}: an answer that is not JSON: {snippet(_text(raw))}"),
             ) from None
         if not isinstance(doc, dict):
             raise ApiError(status, "InvalidResponse", f"{method} {path}: an answer that is not an object")
@@ -388,9 +334,7 @@ class ApiClient:
                 raise self._tls_error(method, path, exc) from None
             except http.client.InvalidURL as exc:
                 conn.close()
-                raise ApiError(
-                    0, "RequestFailed", self._clean(f"{method} {path}: {k8s.describe(exc)}")
-                ) from None
+                raise ApiError(0, "RequestFailed", self._clean(f"{method} {path}: {describe(exc)}")) from None
             except ValueError:
                 # http.client refuses a header value with a line break: its text quotes the value
                 # escaped, which redaction would not recognise, so it is not shown.
@@ -409,7 +353,7 @@ class ApiClient:
                 raise Unavailable(
                     0,
                     "NoAnswer",
-                    self._clean(f"{method} {path}: no answer from {self.server}: {k8s.describe(exc)}"),
+                    self._clean(f"{method} {path}: no answer from {self.server}: {describe(exc)}"),
                 ) from None
             if resp.will_close:
                 conn.close()
@@ -422,7 +366,7 @@ class ApiClient:
             0,
             "TLSError",
             self._clean(
-                f"{method} {path}: TLS connection to {self.server} failed: {k8s.describe(exc)}; "
+                f"{method} {path}: TLS connection to {self.server} failed: {describe(exc)}; "
                 f"check the certificate authority in {self._creds.source}"
             ),
         )
@@ -467,10 +411,10 @@ class ApiClient:
             raise Unavailable(
                 0,
                 "NoAnswer",
-                self._clean(f"{method} {path}: no answer from {self.server}: {k8s.describe(exc)}"),
+                self._clean(f"{method} {path}: no answer from {self.server}: {describe(exc)}"),
             ) from None
         except requests.exceptions.RequestException as exc:
-            raise ApiError(0, "RequestFailed", self._clean(f"{method} {path}: {k8s.describe(exc)}")) from None
+            raise ApiError(0, "RequestFailed", self._clean(f"{method} {path}: {describe(exc)}")) from None
         if resp.status_code >= 400:
             try:
                 raise self._answer_error(method, path, resp.status_code, resp.content)
@@ -486,7 +430,7 @@ class ApiClient:
         if isinstance(doc, dict) and doc.get("kind") == "Status":
             # The HTTP status is authoritative over the body's code.
             return self._status_error(method, path, {**doc, "code": status})
-        text = f"{method} {path}: HTTP {status}: {k8s.snippet(_text(body))}"
+        text = f"{method} {path}: HTTP {status}: {snippet(_text(body))}"
         return _error_class(status)(status, "Unknown", self._clean(text))
 
     def _open(self) -> Any:
@@ -495,7 +439,7 @@ class ApiClient:
                 self._session = self._new_session()
             return self._session
 
-    def _connections(self) -> _Pool:
+    def _connections(self) -> Pool:
         with self._lock:
             if self._pool is None:
                 self._pool = self._new_pool()
@@ -505,25 +449,25 @@ class ApiClient:
         # Called under self._lock; the files live until close().
         if self._files is None:
             files = contextlib.ExitStack()
-            self._tls = files.enter_context(k8s.tls_files(self._creds))
+            self._tls = files.enter_context(tls.tls_files(self._creds))
             self._files = files
             if self._tls[0] is False:
                 log.warning("TLS verification of %s is disabled by %s", self.server, self._creds.source)
         return self._tls
 
-    def _new_pool(self) -> _Pool:
+    def _new_pool(self) -> Pool:
         from rdma_cni.cni.errors import CniError
 
         verify, cert = self._materialise()
         try:
-            target = k8s.target(self._creds)
+            target = credentials.api_target(self._creds)
         except CniError as exc:  # not an http(s)://host:port URL
             raise ApiError(0, "RequestFailed", self._clean(exc.msg)) from None
         try:
-            context = k8s.ssl_context(verify, cert) if target.tls else None
+            context = tls.ssl_context(verify, cert) if target.tls else None
         except CniError as exc:  # the certificate authority, client certificate or key cannot be loaded
             raise ApiError(0, "TLSError", self._clean(f"{exc.msg}: {exc.details}")) from None
-        return _Pool(target.host, target.port, target.prefix, context, self._timeout)
+        return Pool(target.host, target.port, target.prefix, context, self._timeout)
 
     def _new_session(self) -> Any:
         import requests  # deferred: see the module docstring
@@ -531,7 +475,7 @@ class ApiClient:
 
         verify, cert = self._materialise()
         session = requests.Session()
-        # As in k8s.get_pod: proxy variables, .netrc and REQUESTS_CA_BUNDLE
+        # As in the plugin's pod GET (rdma_cni.kube.podget): proxy variables, .netrc and REQUESTS_CA_BUNDLE
         # from the environment must not change where or how we connect.
         session.trust_env = False
         session.verify = verify
@@ -539,10 +483,10 @@ class ApiClient:
             session.cert = cert
         if verify is False:
             urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-        adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=_POOL_SIZE)
+        adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=POOL_SIZE)
         session.mount("https://", adapter)
         session.mount("http://", adapter)
         return session
 
     def _clean(self, text: str) -> str:
-        return k8s.redact(text, self._creds)
+        return credentials.redact(text, self._creds)

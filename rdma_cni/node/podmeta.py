@@ -70,17 +70,17 @@ def _pod_wide(env: CniEnv, conf: NetConf) -> tuple[Any, str]:
             return None, f"defaultRequest ({who} has no {conf.annotation}, per the runtime's annotations)"
         return raw, f"{who} annotation {conf.annotation} (from the runtime's annotations)"
     if pod is not None:
-        from rdma_cni.kube import podget as k8s
+        from rdma_cni.kube import credentials, podget, tls
 
-        creds = k8s.load_credentials(conf.kubeconfig)
-        obj = k8s.get_pod(creds, pod.namespace, pod.name)
-        k8s.note_context_miss(conf.kubeconfig)
+        creds = credentials.load_credentials(conf.kubeconfig)
+        obj = podget.get_pod(creds, pod.namespace, pod.name)
+        tls.note_context_miss(conf.kubeconfig)
         uid = (obj.get("metadata") or {}).get("uid", "")
         if pod.uid and uid and uid != pod.uid:
             log.warning(
                 "pod %s has uid %s, CNI_ARGS says %s: using the live pod's annotation", pod, uid, pod.uid
             )
-        raw = k8s.pod_annotation(obj, conf.annotation)
+        raw = podget.pod_annotation(obj, conf.annotation)
         if raw is None:
             return None, f"defaultRequest (pod {pod} has no {conf.annotation})"
         return raw, f"pod {pod} annotation {conf.annotation} (from the API server)"

@@ -16,7 +16,7 @@ extender and ADD cannot disagree about how many VFs a PF offers.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -325,18 +325,12 @@ def decode(text: str) -> NodeState:
         raise NodeStateError(
             f"node state version {version} is not supported (this reader knows {VERSION} and {VERSION_2})"
         )
-    generation = _int(top, "generation", "node state", 0, MAX_GENERATION)
-    updated = _str(top, "updated", "node state")
-    pfs = tuple(_pf(raw, f"pfs[{i}]") for i, raw in enumerate(_list(top, "pfs", "node state", MAX_PFS)))
-    names = [pf.name for pf in pfs]
-    if len(set(names)) != len(names):
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        raise NodeStateError(f"node state lists PF {dupes[0]!r} more than once")
+    generation, updated, pfs = _common(top, _pf)
     allocations = tuple(
         _allocation(raw, f"allocations[{i}]")
         for i, raw in enumerate(_list(top, "allocations", "node state", MAX_ALLOCATIONS))
     )
-    known = set(names)
+    known = {pf.name for pf in pfs}
     for i, alloc in enumerate(allocations):
         for j, use in enumerate(alloc.interfaces):
             if use.pf not in known:
@@ -412,14 +406,22 @@ def _allocation_v2(raw: Any, where: str, pfs: tuple[PfSummary, ...]) -> Allocati
     )
 
 
-def _decode_v2(top: Mapping[str, Any]) -> NodeState:
+def _common(
+    top: Mapping[str, Any], pf: Callable[[Any, str], PfSummary]
+) -> tuple[int, str, tuple[PfSummary, ...]]:
+    """What every version has: the generation, the updated stamp, and the PFs (each name once)."""
     generation = _int(top, "generation", "node state", 0, MAX_GENERATION)
     updated = _str(top, "updated", "node state")
-    pfs = tuple(_pf_v2(raw, f"pfs[{i}]") for i, raw in enumerate(_list(top, "pfs", "node state", MAX_PFS)))
-    names = [pf.name for pf in pfs]
+    pfs = tuple(pf(raw, f"pfs[{i}]") for i, raw in enumerate(_list(top, "pfs", "node state", MAX_PFS)))
+    names = [p.name for p in pfs]
     if len(set(names)) != len(names):
         dupes = sorted({n for n in names if names.count(n) > 1})
         raise NodeStateError(f"node state lists PF {dupes[0]!r} more than once")
+    return generation, updated, pfs
+
+
+def _decode_v2(top: Mapping[str, Any]) -> NodeState:
+    generation, updated, pfs = _common(top, _pf_v2)
     networks = tuple(
         _network_v2(raw, f"networks[{i}]", pfs)
         for i, raw in enumerate(_list(top, "networks", "node state", MAX_NETWORKS))

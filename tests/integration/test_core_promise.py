@@ -397,7 +397,7 @@ def test_del_names_the_vf_spare_when_its_host_name_was_taken(
     in the pod names nothing (or whatever the pod put there). DEL finds it
     again by identity. With both names taken the kernel refuses the move.
     """
-    from rdma_cni.node.attach import fallback_name
+    from rdma_cni.node.vfnetdev import fallback_name
 
     conf = cluster.conf()
     pod = cluster.pod([{}])

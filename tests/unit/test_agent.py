@@ -13,6 +13,7 @@ from rdma_cni.cni.errors import InvalidConfig
 from rdma_cni.node.inventory import Node, Owner, Pf, Vf
 from rdma_cni.node.record import Attachment, PodInfo, VfRecord
 from rdma_cni.shared import nodestate
+from rdma_cni.shared.nodestate import PfSummary
 
 
 def vf(
@@ -71,11 +72,9 @@ def test_capacity_counts_what_add_could_hand_out_plus_what_records_hold() -> Non
 
 
 def test_a_pf_in_two_networks_gets_the_most_cautious_view() -> None:
-    a = snapshot._PfView("pf0", 25000, 1000, 8, 2, 0)
-    a.merge(snapshot._PfView("pf0", 10000, 3000, 6, 3, 0))
+    a = snapshot.cautious(PfSummary("pf0", 25000, 1000, 8, 2, 0), PfSummary("pf0", 10000, 3000, 6, 3, 0))
     assert (a.capacity_tx_rate, a.used_tx_rate, a.capacity_vfs, a.used_vfs) == (10000, 3000, 6, 3)
-    b = snapshot._PfView("pf0", 25000, 0, 2, 2, 0)
-    b.merge(snapshot._PfView("pf0", None, 0, 1, 1, 0))
+    b = snapshot.cautious(PfSummary("pf0", 25000, 0, 2, 2, 0), PfSummary("pf0", None, 0, 1, 1, 0))
     # Unknown capacity wins (only rate-less interfaces fit); capacity never below use.
     assert (b.capacity_tx_rate, b.capacity_vfs, b.used_vfs) == (None, 2, 2)
 

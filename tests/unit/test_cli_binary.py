@@ -224,6 +224,9 @@ NOT_IN_CONFIG_VERBS = (
     # The agent's and the extender's /metrics only: in the tree, never on a verb's path.
     "prometheus_client",
     "rdma_cni.kube.events",
+    # The long-running components' client: the plugin's pod GET is rdma_cni.kube.podget.
+    "rdma_cni.kube.client",
+    "rdma_cni.kube.pool",
 )
 
 

@@ -15,11 +15,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rdma_cni import install
 from rdma_cni.agent.nri import plugin as nri_plugin
 from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, load_netconf
 from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
-from rdma_cni.kube import podget as k8s
+from rdma_cni.install import command as install_command
+from rdma_cni.install import common, kubeconfig, netconf
+from rdma_cni.kube import credentials
 from rdma_cni.shared.nodestate import ANNOTATION
 from rdma_cni.shared.podrequest import parse_request
 
@@ -148,7 +149,7 @@ def test_nad_structure_and_config() -> None:
     conf = load_netconf(config)
     assert conf.type == "rdma-cni"
     assert conf.name == nad["metadata"]["name"]
-    assert conf.kubeconfig == install.DEFAULT_KUBECONFIG_PATH
+    assert conf.kubeconfig == common.DEFAULT_KUBECONFIG_PATH
     assert conf.annotation == "rdma_interfaces_required"
     assert conf.ipam is not None and conf.ipam.type == "host-local"
 
@@ -181,7 +182,7 @@ def test_conflist_plugin_entry_loads() -> None:
     assert entry["type"] == "rdma-cni"
     # A runtime hands each plugin its entry with the list's version and name inserted.
     conf = load_netconf({**entry, "cniVersion": conflist["cniVersion"], "name": conflist["name"]})
-    assert conf.kubeconfig == install.DEFAULT_KUBECONFIG_PATH
+    assert conf.kubeconfig == common.DEFAULT_KUBECONFIG_PATH
     assert conf.ipam is not None and conf.ipam.type == "host-local"
     # containerd passes the pod's annotations only to entries that declare this.
     assert entry["capabilities"] == {"io.kubernetes.cri.pod-annotations": True}
@@ -189,7 +190,7 @@ def test_conflist_plugin_entry_loads() -> None:
 
 def test_builtin_default_conf_matches_conflist_file() -> None:
     with open(CONF / "rdma-cni.conflist", encoding="utf-8") as f:
-        assert json.load(f) == install.default_conflist()
+        assert json.load(f) == netconf.default_conflist()
 
 
 def test_nad_and_conflist_agree() -> None:
@@ -254,8 +255,8 @@ def test_daemonset_installs_with_least_privilege() -> None:
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert sorted(host_paths.values()) == sorted(
         [
-            install.DEFAULT_CNI_BIN_DIR,
-            install.DEFAULT_CNI_CONF_DIR,
+            common.DEFAULT_CNI_BIN_DIR,
+            common.DEFAULT_CNI_CONF_DIR,
             DEFAULT_STATE_DIR,
             os.path.dirname(DEFAULT_LOCK_FILE),
             # The NRI plugin: the runtime's socket, and the pods' namespaces to prove their VFs.
@@ -275,7 +276,7 @@ def test_daemonset_installs_with_least_privilege() -> None:
     assert "--node-state" in container["command"]
     (node_name,) = [e for e in container["env"] if e["name"] == "NODE_NAME"]
     assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    assert install.DEFAULT_KUBECONFIG_PATH.startswith(install.DEFAULT_CNI_CONF_DIR + "/")
+    assert common.DEFAULT_KUBECONFIG_PATH.startswith(common.DEFAULT_CNI_CONF_DIR + "/")
 
     # The ready file the probe looks for is the one the installer is told to write.
     ready = [a.split("=", 1)[1] for a in container["command"] if a.startswith("--ready-file=")]
@@ -318,7 +319,7 @@ def _metrics_service(component: str) -> dict[str, Any]:
 def test_metrics_service_reaches_the_port_the_component_serves(
     component: str, manifest: str, kind: str
 ) -> None:
-    from rdma_cni.extender.main import parser as extender_parser
+    from rdma_cni.extender.options import parser as extender_parser
 
     template = one(manifest, kind)["spec"]["template"]
     # The sidecar's pod holds kube-scheduler too: the container that runs rdma-cni.
@@ -326,7 +327,7 @@ def test_metrics_service_reaches_the_port_the_component_serves(
     command = container["command"]
     # The port each component's own parser reads from its command line.
     if command[1] == "install":
-        listen = install._parser().parse_args(command[2:]).metrics_listen
+        listen = install_command._parser().parse_args(command[2:]).metrics_listen
     else:
         listen = extender_parser().parse_args(command[2:]).metrics_listen
     assert listen is not None and listen[0] == "0.0.0.0"
@@ -377,7 +378,7 @@ def _substituted_template(server: str, token: str) -> str:
 def test_kubeconfig_template_loads(tmp_path: Path) -> None:
     path = tmp_path / "rdma-cni.kubeconfig"
     path.write_text(_substituted_template("https://10.96.0.1:443", "abc.def-ghi"), encoding="utf-8")
-    creds = k8s.load_credentials(str(path))
+    creds = credentials.load_credentials(str(path))
     assert creds.server == "https://10.96.0.1:443"
     assert creds.token == "abc.def-ghi"
     assert creds.ca_data == FAKE_CA
@@ -389,7 +390,7 @@ def test_kubeconfig_template_matches_installer_output(tmp_path: Path) -> None:
     (sa / "token").write_text("abc.def-ghi\n")
     (sa / "ca.crt").write_bytes(FAKE_CA)
     env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
-    rendered = json.loads(install.render_kubeconfig(str(sa), env))
+    rendered = json.loads(kubeconfig.render_kubeconfig(str(sa), env))
     assert json.loads(_substituted_template("https://10.96.0.1:443", "abc.def-ghi")) == rendered
 
 

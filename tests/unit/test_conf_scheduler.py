@@ -25,8 +25,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rdma_cni.extender.main import parser as extender_parser
-from rdma_cni.extender.server import is_loopback
+from rdma_cni.extender.listener import is_loopback
+from rdma_cni.extender.options import parser as extender_parser
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
@@ -39,7 +39,7 @@ SCHEDULER_CONFIGS = ("sidecar", "kube-scheduler-default.yaml")
 # Which extender deployment each configuration calls.
 CALLS = {"sidecar": SIDECAR, "kube-scheduler-default.yaml": MTLS}
 
-# The paths the extender serves (rdma_cni/extender/server.py); kube-scheduler
+# The paths the extender serves (rdma_cni/extender/verbs.py, Extender.routes); kube-scheduler
 # appends "/" + verb to urlPrefix.
 SERVED_VERBS = {
     "filterVerb": "filter",
@@ -521,7 +521,7 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
     root = str(Path(__file__).resolve().parents[2])
     if root not in sys.path:
         sys.path.insert(0, root)
-    from rdma_cni.extender.main import Service
+    from rdma_cni.extender.service import Service
     from rdma_cni.kube import client as kubeapi
     from rdma_cni.kube.events import EventSink
     from rdma_cni.shared import nodestate

@@ -12,7 +12,7 @@ from rdma_cni.extender import wire
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demands
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.server import Extender
+from rdma_cni.extender.verbs import Extender
 from rdma_cni.shared import nodestate
 from tests.support import sched_objects as so
 

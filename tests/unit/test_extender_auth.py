@@ -20,14 +20,10 @@ import pytest
 
 from rdma_cni.extender.decide import Decider
 from rdma_cni.extender.demand import Demands
+from rdma_cni.extender.listener import UnauthenticatedListener, check_listener, is_loopback
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.server import (
-    Extender,
-    ExtenderServer,
-    UnauthenticatedListener,
-    check_listener,
-    is_loopback,
-)
+from rdma_cni.extender.server import ExtenderServer
+from rdma_cni.extender.verbs import Extender
 from tests.support.apiserver import make_ca, make_cert
 
 

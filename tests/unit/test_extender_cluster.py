@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from rdma_cni.extender.main import Service
+from rdma_cni.extender.service import Service
 from rdma_cni.kube import client as kubeapi
 from rdma_cni.shared import nodestate, placement
 from rdma_cni.shared.nodestate import NodeState

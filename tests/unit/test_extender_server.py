@@ -15,7 +15,8 @@ import pytest
 from rdma_cni.extender.decide import Decider
 from rdma_cni.extender.demand import Demands
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.server import Extender, ExtenderServer
+from rdma_cni.extender.server import ExtenderServer
+from rdma_cni.extender.verbs import Extender
 from rdma_cni.shared import nodestate
 from tests.support import sched_objects as so
 
@@ -558,7 +559,7 @@ def test_request_ends_and_answers_are_bounded(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_max_connections_flag() -> None:
-    from rdma_cni.extender.main import parser
+    from rdma_cni.extender.options import parser
 
     assert parser().parse_args(["--listen", ":0", "--max-connections", "7"]).max_connections == 7
     assert parser().parse_args(["--listen", ":0"]).max_connections == 256

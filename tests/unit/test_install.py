@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni import install
 from rdma_cni.cni.config import load_netconf
-from rdma_cni.kube import podget as k8s
+from rdma_cni.install import binary, command, common
+from rdma_cni.kube import credentials, podget
 
 _ROOT = Path(__file__).resolve().parents[2]
 if str(_ROOT) not in sys.path:
@@ -85,8 +85,8 @@ class Node:
             *extra,
         ]
 
-    def options(self, source: Path, **kw: object) -> install.Options:
-        return install.Options(
+    def options(self, source: Path, **kw: object) -> common.Options:
+        return common.Options(
             source=str(source),
             cni_bin_dir=str(self.bin_dir),
             kubeconfig_path=str(self.kubeconfig),
@@ -106,7 +106,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Node:
 
 def run(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = install.main(argv, out, err)
+    code = command.main(argv, out, err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -137,7 +137,7 @@ def test_installs_binary_marker_and_kubeconfig(node: Node) -> None:
     assert node.target.read_bytes() == src.read_bytes()
     assert stat.S_IMODE(node.target.stat().st_mode) == 0o755
     marker = json.loads((node.bin_dir / ".rdma-cni.installed").read_text())
-    assert marker["sha256"] == install.sha256_file(str(src))
+    assert marker["sha256"] == binary.sha256_file(str(src))
     assert subprocess.run([node.target], capture_output=True, text=True, check=True).stdout == "v1\n"
     assert "installed" in out and str(node.target) in out
     assert leftovers(node.bin_dir) == [] and leftovers(node.kubeconfig.parent) == []
@@ -154,8 +154,8 @@ def test_reinstall_same_and_upgrade(node: Node) -> None:
     assert code == 0 and "replaced" in out
     assert node.target.read_bytes() == v2.read_bytes()
     marker = json.loads((node.bin_dir / ".rdma-cni.installed").read_text())
-    assert marker["sha256"] == install.sha256_file(str(v2))
-    assert install.sha256_file(str(v1)) in marker["previous"]
+    assert marker["sha256"] == binary.sha256_file(str(v2))
+    assert binary.sha256_file(str(v1)) in marker["previous"]
 
 
 def test_atomic_replace_while_executing(node: Node, tmp_path: Path) -> None:
@@ -244,7 +244,7 @@ def test_previous_hash_in_marker_is_still_ours(node: Node) -> None:
     marker = node.bin_dir / ".rdma-cni.installed"
     doc = json.loads(marker.read_text())
     doc["previous"] = [doc["sha256"]]
-    doc["sha256"] = install.sha256_file(str(v2))
+    doc["sha256"] = binary.sha256_file(str(v2))
     marker.write_text(json.dumps(doc))
     assert run(node.args(v3))[0] == 0
     assert node.target.read_bytes() == v3.read_bytes()
@@ -285,7 +285,7 @@ def test_missing_source(node: Node) -> None:
 def test_kubeconfig_mode_and_content(node: Node) -> None:
     assert run(node.args(node.script("v1")))[0] == 0
     assert stat.S_IMODE(node.kubeconfig.stat().st_mode) == 0o600
-    creds = k8s.load_credentials(str(node.kubeconfig))
+    creds = credentials.load_credentials(str(node.kubeconfig))
     assert creds.server == "https://10.96.0.1:443"
     assert creds.token == "token-one"
     assert creds.ca_data == FAKE_CA
@@ -296,7 +296,7 @@ def test_kubeconfig_mode_and_content(node: Node) -> None:
 def test_kubeconfig_ipv6_server(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00:10:96::1")
     assert run(node.args(node.script("v1")))[0] == 0
-    assert k8s.load_credentials(str(node.kubeconfig)).server == "https://[fd00:10:96::1]:443"
+    assert credentials.load_credentials(str(node.kubeconfig)).server == "https://[fd00:10:96::1]:443"
 
 
 def test_kubeconfig_reaches_api_server(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -308,9 +308,9 @@ def test_kubeconfig_reaches_api_server(node: Node, monkeypatch: pytest.MonkeyPat
         monkeypatch.setenv("KUBERNETES_SERVICE_HOST", api.host)
         monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(api.port))
         assert run(node.args(node.script("v1")))[0] == 0
-        creds = k8s.load_credentials(str(node.kubeconfig))
-        pod = k8s.get_pod(creds, "default", "rdma-test-pod", retries=0)
-        assert k8s.pod_annotation(pod, "rdma_interfaces_required") == "[{}]"
+        creds = credentials.load_credentials(str(node.kubeconfig))
+        pod = podget.get_pod(creds, "default", "rdma-test-pod", retries=0)
+        assert podget.pod_annotation(pod, "rdma_interfaces_required") == "[{}]"
 
 
 @pytest.mark.parametrize(
@@ -356,13 +356,13 @@ def test_token_never_printed(node: Node) -> None:
 
 
 @pytest.fixture
-def watcher(node: Node) -> Iterator[Callable[[install.Options], tuple[threading.Event, io.StringIO]]]:
+def watcher(node: Node) -> Iterator[Callable[[common.Options], tuple[threading.Event, io.StringIO]]]:
     threads: list[tuple[threading.Thread, threading.Event]] = []
 
-    def start(opts: install.Options) -> tuple[threading.Event, io.StringIO]:
+    def start(opts: common.Options) -> tuple[threading.Event, io.StringIO]:
         stop = threading.Event()
         out = io.StringIO()
-        t = threading.Thread(target=install.watch, args=(opts, stop, out), daemon=True)
+        t = threading.Thread(target=command.watch, args=(opts, stop, out), daemon=True)
         t.start()
         threads.append((t, stop))
         return stop, out
@@ -376,14 +376,14 @@ def watcher(node: Node) -> Iterator[Callable[[install.Options], tuple[threading.
 
 def test_watch_refreshes_rotated_token(node: Node, watcher: Callable) -> None:
     opts = node.options(node.script("v1"), interval=0.02, ready_file=str(node.ready))
-    install.run_once(opts, io.StringIO())
+    command.run_once(opts, io.StringIO())
     assert kubeconfig_token(node.kubeconfig) == "token-one"
     _, out = watcher(opts)
 
     node.set_token("token-two")
     wait_for(lambda: kubeconfig_token(node.kubeconfig) == "token-two")
     assert stat.S_IMODE(node.kubeconfig.stat().st_mode) == 0o600
-    assert k8s.load_credentials(str(node.kubeconfig)).token == "token-two"
+    assert credentials.load_credentials(str(node.kubeconfig)).token == "token-two"
 
     # Caught mid-rotation: the last good kubeconfig stays, readiness drops, then recovers.
     wait_for(node.ready.exists)
@@ -399,7 +399,7 @@ def test_watch_refreshes_rotated_token(node: Node, watcher: Callable) -> None:
 
 def test_watch_restores_deleted_kubeconfig(node: Node, watcher: Callable) -> None:
     opts = node.options(node.script("v1"), interval=0.02)
-    install.run_once(opts, io.StringIO())
+    command.run_once(opts, io.StringIO())
     watcher(opts)
     node.kubeconfig.unlink()
     wait_for(node.kubeconfig.exists)
@@ -409,7 +409,7 @@ def test_watch_restores_deleted_kubeconfig(node: Node, watcher: Callable) -> Non
 def test_watch_stops_on_event(node: Node) -> None:
     opts = node.options(node.script("v1"), interval=30)
     stop = threading.Event()
-    t = threading.Thread(target=install.watch, args=(opts, stop, io.StringIO()))
+    t = threading.Thread(target=command.watch, args=(opts, stop, io.StringIO()))
     t.start()
     stop.set()
     t.join(timeout=5)

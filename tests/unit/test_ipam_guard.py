@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rdma_cni.cni.errors import IpamError, TryAgainLater
-from rdma_cni.node.ipam import run_guarded
+from rdma_cni.node.ipam_guard import run_guarded
 from rdma_cni.node.record import node_lock
 from tests.support.processes import pids_mentioning, wait_gone
 
@@ -31,15 +31,15 @@ def _built_launcher() -> str:
 @pytest.fixture(autouse=True, params=["forked", "exec'd"])
 def guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Every test runs against both guards: a fork of the plugin, and the launcher's guard mode."""
-    from rdma_cni.node import ipam
+    from rdma_cni.node import ipam_guard
 
     if request.param == "forked":
-        monkeypatch.setattr(ipam, "_launcher", None)
+        monkeypatch.setattr(ipam_guard, "_launcher", None)
         yield ""
         return
     path = _built_launcher()
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    monkeypatch.setattr(ipam, "_launcher", (fd, path))
+    monkeypatch.setattr(ipam_guard, "_launcher", (fd, path))
     try:
         yield path
     finally:
@@ -87,7 +87,7 @@ def test_ipam_that_closes_its_output_but_keeps_running_is_still_cut_at_the_deadl
 
 
 def test_a_grandchild_that_left_the_group_holding_the_pipes_does_not_hold_the_guard(tmp_path: Path) -> None:
-    from rdma_cni.node import ipam
+    from rdma_cni.node import ipam_guard
 
     tagged = tmp_path / f"guardescape{os.getpid()}"
     tagged.symlink_to("/bin/sleep")
@@ -96,7 +96,9 @@ def test_a_grandchild_that_left_the_group_holding_the_pipes_does_not_hold_the_gu
     done = run_guarded(["/bin/sh", "-c", f"setsid {tagged} 30 & exec {tagged} 60"], ENV, b"", 0.5)
     elapsed = time.monotonic() - started
     assert done.timed_out and done.signal == signal.SIGKILL
-    assert elapsed < 0.5 + ipam.GUARD_GRACE_SECONDS, elapsed  # the guard's own grace, not the parent's kill
+    assert elapsed < 0.5 + ipam_guard.GUARD_GRACE_SECONDS, (
+        elapsed
+    )  # the guard's own grace, not the parent's kill
     for pid in pids_mentioning(str(tagged)):
         os.kill(pid, signal.SIGKILL)
 
@@ -116,13 +118,13 @@ def test_ipam_that_exits_without_reading_a_large_stdin_is_reported() -> None:
 CALLER = textwrap.dedent(
     """
     import sys
-    from rdma_cni.node.ipam import run_guarded
+    from rdma_cni.node.ipam_guard import run_guarded
     from rdma_cni.node.record import node_lock
     lock, out = sys.argv[1], sys.argv[2]
     if sys.argv[3]:  # the launcher to guard with (else a fork)
         import os
-        from rdma_cni.node import ipam
-        ipam._launcher = (os.open(sys.argv[3], os.O_RDONLY), sys.argv[3])
+        from rdma_cni.node import ipam_guard
+        ipam_guard._launcher = (os.open(sys.argv[3], os.O_RDONLY), sys.argv[3])
     with node_lock(lock, 5):
         print("locked", flush=True)
         run_guarded(["/bin/sh", "-c", f"sleep 1.5; echo done > {out}"], {"PATH": "/usr/bin:/bin"}, b"", 30)
@@ -172,7 +174,7 @@ def test_a_spent_budget_runs_nothing_until_the_next_verb(
 
 
 def test_a_started_guard_runs_while_the_caller_works_and_collect_is_idempotent(tmp_path: Path) -> None:
-    from rdma_cni.node.ipam import start_guarded
+    from rdma_cni.node.ipam_guard import start_guarded
 
     go = tmp_path / "go"
     # The program waits for a file the caller creates only after start_guarded returned:
@@ -213,7 +215,7 @@ def test_only_a_launcher_carrying_this_very_build_is_run_as_the_guard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from rdma_cni import payload
-    from rdma_cni.node import ipam
+    from rdma_cni.node import ipam_guard
 
     launcher = _built_launcher()
     own = payload.payload_id(launcher)
@@ -225,8 +227,8 @@ def test_only_a_launcher_carrying_this_very_build_is_run_as_the_guard(
     monkeypatch.setenv("RDMA_CNI_LAUNCHER", launcher)
 
     def looked_up() -> tuple[int, str] | None:
-        monkeypatch.setattr(ipam, "_launcher", False)
-        found = ipam._guard_launcher()
+        monkeypatch.setattr(ipam_guard, "_launcher", False)
+        found = ipam_guard._guard_launcher()
         if found is not None:
             os.close(found[0])
         return found

@@ -1,4 +1,4 @@
-"""rdma_cni.kube.podget against a real HTTPS API server stand-in (no mocked HTTP)."""
+"""rdma_cni.kube.podget, .credentials and .tls against a real HTTPS API server stand-in (no mocked HTTP)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 
 from rdma_cni import __version__
 from rdma_cni.cni.errors import CniError, InvalidConfig, KubernetesError, TryAgainLater
-from rdma_cni.kube import podget as k8s
+from rdma_cni.kube import credentials, podget, tls
 
 # tests/ is not a package on sys.path when pytest runs from the venv's script.
 _ROOT = Path(__file__).resolve().parents[2]
@@ -54,8 +54,8 @@ def _clean_server(api: ApiServer) -> Iterator[None]:
 
 
 @pytest.fixture
-def token_creds(api: ApiServer, tmp_path: Path) -> k8s.ClusterCredentials:
-    return k8s.load_credentials(api.write_kubeconfig(tmp_path / "kubeconfig", mode="token"))
+def token_creds(api: ApiServer, tmp_path: Path) -> credentials.ClusterCredentials:
+    return credentials.load_credentials(api.write_kubeconfig(tmp_path / "kubeconfig", mode="token"))
 
 
 def _closed_port() -> int:
@@ -92,12 +92,12 @@ def _full_text(exc: BaseException) -> str:
 )
 def test_kubeconfig_credential_styles(api: ApiServer, tmp_path: Path, mode: str, ca: str) -> None:
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", mode=mode, ca=ca)
-    creds = k8s.load_credentials(kubeconfig)
-    pod = k8s.get_pod(creds, "default", "web-0")
+    creds = credentials.load_credentials(kubeconfig)
+    pod = podget.get_pod(creds, "default", "web-0")
 
     assert pod["kind"] == "Pod"
     assert pod["metadata"]["uid"] == "1111-2222"
-    assert k8s.pod_annotation(pod, ANNOTATION) == '{"vfs": 1}'
+    assert podget.pod_annotation(pod, ANNOTATION) == '{"vfs": 1}'
     seen = api.requests_seen
     assert len(seen) == 1
     assert seen[0].path == "/api/v1/namespaces/default/pods/web-0"
@@ -121,10 +121,10 @@ def test_relative_paths_resolve_against_kubeconfig_dir(
     assert doc["users"][0]["user"]["client-key"] == "client.key"
     monkeypatch.chdir(tmp_path)
 
-    creds = k8s.load_credentials(kubeconfig)
+    creds = credentials.load_credentials(kubeconfig)
 
     assert creds.ca_file == os.path.join(api.directory, "ca.crt")
-    assert k8s.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
+    assert podget.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
 
 
 def test_token_file_is_read_relative_and_stripped(
@@ -134,7 +134,7 @@ def test_token_file_is_read_relative_and_stripped(
     assert json.loads(Path(kubeconfig).read_text())["users"][0]["user"]["tokenFile"] == "kc.token"
     monkeypatch.chdir("/")
 
-    assert k8s.load_credentials(kubeconfig).token == api.token
+    assert credentials.load_credentials(kubeconfig).token == api.token
 
 
 def test_token_file_wins_over_token_and_token_is_the_fallback(api: ApiServer, tmp_path: Path) -> None:
@@ -142,10 +142,10 @@ def test_token_file_wins_over_token_and_token_is_the_fallback(api: ApiServer, tm
     doc = json.loads(kubeconfig.read_text())
     doc["users"][0]["user"]["token"] = "stale-inline-token"
     kubeconfig.write_text(json.dumps(doc))
-    assert k8s.load_credentials(str(kubeconfig)).token == api.token
+    assert credentials.load_credentials(str(kubeconfig)).token == api.token
 
     (tmp_path / "kc.token").unlink()
-    assert k8s.load_credentials(str(kubeconfig)).token == "stale-inline-token"
+    assert credentials.load_credentials(str(kubeconfig)).token == "stale-inline-token"
 
 
 def test_yaml_kubeconfig_when_pyyaml_is_available(api: ApiServer, tmp_path: Path) -> None:
@@ -154,9 +154,9 @@ def test_yaml_kubeconfig_when_pyyaml_is_available(api: ApiServer, tmp_path: Path
     kubeconfig = tmp_path / "kc.yaml"
     kubeconfig.write_text(yaml.safe_dump(doc))
 
-    creds = k8s.load_credentials(str(kubeconfig))
+    creds = credentials.load_credentials(str(kubeconfig))
 
-    assert k8s.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
+    assert podget.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
 
 
 def test_yaml_kubeconfig_without_pyyaml_says_use_json(
@@ -167,7 +167,7 @@ def test_yaml_kubeconfig_without_pyyaml_says_use_json(
     monkeypatch.setitem(sys.modules, "yaml", None)  # makes `import yaml` fail
 
     with pytest.raises(InvalidConfig) as info:
-        k8s.load_credentials(str(kubeconfig))
+        credentials.load_credentials(str(kubeconfig))
 
     assert str(kubeconfig) in info.value.msg
     assert "JSON" in info.value.msg
@@ -177,12 +177,14 @@ def test_yaml_kubeconfig_without_pyyaml_says_use_json(
 def test_inline_key_material_lives_in_private_files_only_during_the_request(
     api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="client-cert-data", ca="data"))
+    creds = credentials.load_credentials(
+        api.write_kubeconfig(tmp_path / "kc", mode="client-cert-data", ca="data")
+    )
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
 
-    with k8s._tls_files(creds) as (verify, cert):
+    with tls.tls_files(creds) as (verify, cert):
         assert isinstance(verify, str)
         assert cert is not None
         key_dir = os.path.dirname(cert[1])
@@ -193,25 +195,27 @@ def test_inline_key_material_lives_in_private_files_only_during_the_request(
         assert Path(cert[1]).read_bytes() == creds.client_key_data
     assert not os.path.exists(key_dir)
 
-    k8s.get_pod(creds, "default", "web-0")
+    podget.get_pod(creds, "default", "web-0")
     assert list(scratch.iterdir()) == []
 
 
 def test_credentials_repr_hides_secrets(api: ApiServer, tmp_path: Path) -> None:
-    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="client-cert-data"))
+    creds = credentials.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="client-cert-data"))
     creds = dataclasses.replace(creds, token="repr-canary-token")
     text = repr(creds)
     assert "repr-canary-token" not in text
     assert "PRIVATE KEY" not in text
 
 
-def test_server_by_hostname_matches_certificate(api: ApiServer, token_creds: k8s.ClusterCredentials) -> None:
+def test_server_by_hostname_matches_certificate(
+    api: ApiServer, token_creds: credentials.ClusterCredentials
+) -> None:
     creds = dataclasses.replace(token_creds, server=f"https://localhost:{api.port}")
-    assert k8s.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
+    assert podget.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
 
 
 def test_proxy_environment_is_ignored(
-    api: ApiServer, token_creds: k8s.ClusterCredentials, monkeypatch: pytest.MonkeyPatch
+    api: ApiServer, token_creds: credentials.ClusterCredentials, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A runtime's proxy settings (meant for image pulls) must not capture API traffic.
     for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
@@ -219,7 +223,7 @@ def test_proxy_environment_is_ignored(
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
 
-    assert k8s.get_pod(token_creds, "default", "web-0")["metadata"]["name"] == "web-0"
+    assert podget.get_pod(token_creds, "default", "web-0")["metadata"]["name"] == "web-0"
 
 
 # --------------------------------------------------------------------------
@@ -241,12 +245,12 @@ def service_account(api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.parametrize("kubeconfig", [None, ""])
 def test_in_cluster_service_account(api: ApiServer, service_account: Path, kubeconfig: str | None) -> None:
-    creds = k8s.load_credentials(kubeconfig)
+    creds = credentials.load_credentials(kubeconfig)
 
     assert creds.server == f"https://127.0.0.1:{api.port}"
     assert creds.ca_file == str(service_account / "ca.crt")
-    pod = k8s.get_pod(creds, "team-a", "db-0.shard-1")
-    assert k8s.pod_annotation(pod, ANNOTATION) == "x"
+    pod = podget.get_pod(creds, "team-a", "db-0.shard-1")
+    assert podget.pod_annotation(pod, ANNOTATION) == "x"
     assert api.auth_headers == [f"Bearer {api.token}"]
 
 
@@ -256,72 +260,72 @@ def test_in_cluster_without_service_env(
 ) -> None:
     monkeypatch.delenv(var)
     with pytest.raises(InvalidConfig, match=var):
-        k8s.load_credentials(None)
+        credentials.load_credentials(None)
 
 
 @pytest.mark.parametrize("missing", ["token", "ca.crt"])
 def test_in_cluster_without_service_account_files(service_account: Path, missing: str) -> None:
     (service_account / missing).unlink()
     with pytest.raises(InvalidConfig) as info:
-        k8s.load_credentials(None)
+        credentials.load_credentials(None)
     assert str(service_account / missing) in info.value.msg
 
 
 def test_in_cluster_ipv6_host_is_bracketed(service_account: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    assert k8s.load_credentials(None).server == "https://[fd00::1]:443"
+    assert credentials.load_credentials(None).server == "https://[fd00::1]:443"
 
 
 # --------------------------------------------------------------------------
 # API answers
 
 
-def test_pod_not_found(api: ApiServer, token_creds: k8s.ClusterCredentials) -> None:
+def test_pod_not_found(api: ApiServer, token_creds: credentials.ClusterCredentials) -> None:
     with pytest.raises(KubernetesError) as info:
-        k8s.get_pod(token_creds, "default", "ghost", **FAST)
+        podget.get_pod(token_creds, "default", "ghost", **FAST)
     assert info.value.code == 102
     assert info.value.msg == "pod default/ghost not found"
     assert api.request_count == 1  # a 404 is an answer, not a reason to retry
 
 
-def test_removed_pod_is_not_found(api: ApiServer, token_creds: k8s.ClusterCredentials) -> None:
+def test_removed_pod_is_not_found(api: ApiServer, token_creds: credentials.ClusterCredentials) -> None:
     api.add_pod("default", "short-lived", {})
-    k8s.get_pod(token_creds, "default", "short-lived")
+    podget.get_pod(token_creds, "default", "short-lived")
     api.remove_pod("default", "short-lived")
     with pytest.raises(KubernetesError, match="not found"):
-        k8s.get_pod(token_creds, "default", "short-lived")
+        podget.get_pod(token_creds, "default", "short-lived")
 
 
-def test_wrong_token_is_refused(api: ApiServer, token_creds: k8s.ClusterCredentials) -> None:
+def test_wrong_token_is_refused(api: ApiServer, token_creds: credentials.ClusterCredentials) -> None:
     creds = dataclasses.replace(token_creds, token="wrong-token-0123456789")
     with pytest.raises(KubernetesError) as info:
-        k8s.get_pod(creds, "default", "web-0", **FAST)
+        podget.get_pod(creds, "default", "web-0", **FAST)
     assert "refused the credentials" in info.value.msg
     assert "401" in info.value.msg
     assert "wrong-token-0123456789" not in _full_text(info.value)
     assert api.request_count == 1
 
 
-def test_forbidden_namespace(api: ApiServer, token_creds: k8s.ClusterCredentials) -> None:
+def test_forbidden_namespace(api: ApiServer, token_creds: credentials.ClusterCredentials) -> None:
     api.forbid_namespace("default")
     with pytest.raises(KubernetesError) as info:
-        k8s.get_pod(token_creds, "default", "web-0", **FAST)
+        podget.get_pod(token_creds, "default", "web-0", **FAST)
     assert "403" in info.value.msg
     assert "forbidden" in info.value.details
     assert api.request_count == 1
 
 
-def test_response_that_is_not_json(api: ApiServer, token_creds: k8s.ClusterCredentials) -> None:
+def test_response_that_is_not_json(api: ApiServer, token_creds: credentials.ClusterCredentials) -> None:
     api.malform_next(1)
     with pytest.raises(KubernetesError, match="not JSON"):
-        k8s.get_pod(token_creds, "default", "web-0", **FAST)
+        podget.get_pod(token_creds, "default", "web-0", **FAST)
 
 
-def test_pod_without_annotations(token_creds: k8s.ClusterCredentials) -> None:
-    pod = k8s.get_pod(token_creds, "default", "plain")
+def test_pod_without_annotations(token_creds: credentials.ClusterCredentials) -> None:
+    pod = podget.get_pod(token_creds, "default", "plain")
     assert "annotations" not in pod["metadata"]
-    assert k8s.pod_annotation(pod, ANNOTATION) is None
+    assert podget.pod_annotation(pod, ANNOTATION) is None
 
 
 @pytest.mark.parametrize(
@@ -337,7 +341,7 @@ def test_pod_without_annotations(token_creds: k8s.ClusterCredentials) -> None:
     ],
 )
 def test_pod_annotation(pod: dict[str, Any], expected: str | None) -> None:
-    assert k8s.pod_annotation(pod, "k") == expected
+    assert podget.pod_annotation(pod, "k") == expected
 
 
 # --------------------------------------------------------------------------
@@ -346,37 +350,41 @@ def test_pod_annotation(pod: dict[str, Any], expected: str | None) -> None:
 
 @pytest.mark.parametrize("status", [500, 503, 429])
 def test_transient_failures_are_retried(
-    api: ApiServer, token_creds: k8s.ClusterCredentials, status: int
+    api: ApiServer, token_creds: credentials.ClusterCredentials, status: int
 ) -> None:
     api.fail_next(2, status=status)
-    pod = k8s.get_pod(token_creds, "default", "web-0", retries=3, backoff=0.01)
+    pod = podget.get_pod(token_creds, "default", "web-0", retries=3, backoff=0.01)
     assert pod["metadata"]["name"] == "web-0"
     assert api.request_count == 3
 
 
-def test_persistent_503_is_try_again_later(api: ApiServer, token_creds: k8s.ClusterCredentials) -> None:
+def test_persistent_503_is_try_again_later(
+    api: ApiServer, token_creds: credentials.ClusterCredentials
+) -> None:
     api.fail_next(100)
     with pytest.raises(TryAgainLater) as info:
-        k8s.get_pod(token_creds, "default", "web-0", **FAST)
+        podget.get_pod(token_creds, "default", "web-0", **FAST)
     assert info.value.code == 11
     assert token_creds.server in info.value.msg
     assert "503" in info.value.details
     assert api.request_count == 3  # the first try and two retries
 
 
-def test_connection_refused_is_try_again_later(token_creds: k8s.ClusterCredentials) -> None:
+def test_connection_refused_is_try_again_later(token_creds: credentials.ClusterCredentials) -> None:
     creds = dataclasses.replace(token_creds, server=f"https://127.0.0.1:{_closed_port()}")
     with pytest.raises(TryAgainLater) as info:
-        k8s.get_pod(creds, "default", "web-0", **FAST)
+        podget.get_pod(creds, "default", "web-0", **FAST)
     assert creds.server in info.value.msg
     assert "ConnectionError" in info.value.details
 
 
-def test_hanging_server_times_out_within_budget(api: ApiServer, token_creds: k8s.ClusterCredentials) -> None:
+def test_hanging_server_times_out_within_budget(
+    api: ApiServer, token_creds: credentials.ClusterCredentials
+) -> None:
     api.hang(30)
     start = time.monotonic()
     with pytest.raises(TryAgainLater) as info:
-        k8s.get_pod(token_creds, "default", "web-0", timeout=(1.0, 0.3), retries=1, backoff=0.01)
+        podget.get_pod(token_creds, "default", "web-0", timeout=(1.0, 0.3), retries=1, backoff=0.01)
     elapsed = time.monotonic() - start
     assert elapsed < 3.0
     assert "Timeout" in info.value.details
@@ -384,12 +392,12 @@ def test_hanging_server_times_out_within_budget(api: ApiServer, token_creds: k8s
 
 
 def test_wrong_ca_is_a_clear_permanent_error(
-    api: ApiServer, token_creds: k8s.ClusterCredentials, tmp_path: Path
+    api: ApiServer, token_creds: credentials.ClusterCredentials, tmp_path: Path
 ) -> None:
     other_ca, _ = make_ca(str(tmp_path), "other-ca", "some other CA")
     creds = dataclasses.replace(token_creds, ca_file=other_ca)
     with pytest.raises(KubernetesError) as info:
-        k8s.get_pod(creds, "default", "web-0", **FAST)
+        podget.get_pod(creds, "default", "web-0", **FAST)
     assert "TLS" in info.value.msg
     assert creds.server in info.value.msg
     assert "certificate" in info.value.details.lower()
@@ -401,33 +409,33 @@ def test_inline_ca_stays_in_memory_for_the_pod_get(
     api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The usual kubeconfig (a token and inline CA data, as the installer writes it) needs no files."""
-    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="data"))
+    creds = credentials.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="data"))
     assert creds.ca_data is not None and creds.ca_file is None
 
     def no_files(*args: object, **kwargs: object) -> str:
         raise AssertionError("a temporary directory was made for inline CA data")
 
     monkeypatch.setattr(tempfile, "mkdtemp", no_files)
-    assert k8s.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
+    assert podget.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
 
 
 def test_wrong_inline_ca_is_a_clear_permanent_error(api: ApiServer, tmp_path: Path) -> None:
     """Inline CA data is still what the server's certificate is verified against."""
-    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="data"))
+    creds = credentials.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="data"))
     other_ca, _ = make_ca(str(tmp_path), "other-ca", "some other CA")
     creds = dataclasses.replace(creds, ca_data=Path(other_ca).read_bytes())
     with pytest.raises(KubernetesError) as info:
-        k8s.get_pod(creds, "default", "web-0", **FAST)
+        podget.get_pod(creds, "default", "web-0", **FAST)
     assert "TLS" in info.value.msg and "certificate" in info.value.details.lower()
     assert api.request_count == 0
 
 
 def test_inline_ca_that_holds_no_certificate_is_a_clear_error(api: ApiServer, tmp_path: Path) -> None:
-    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="data"))
+    creds = credentials.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="data"))
     garbage = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
     creds = dataclasses.replace(creds, ca_data=garbage)
     with pytest.raises(KubernetesError) as info:
-        k8s.get_pod(creds, "default", "web-0", **FAST)
+        podget.get_pod(creds, "default", "web-0", **FAST)
     assert info.value.msg == "cannot load the API server's certificate authority"
     assert "certificate" in info.value.details
     assert api.request_count == 0
@@ -459,19 +467,21 @@ def test_inline_ca_that_holds_no_certificate_is_a_clear_error(api: ApiServer, tm
     ],
 )
 def test_hostile_names_never_reach_the_server(
-    api: ApiServer, token_creds: k8s.ClusterCredentials, namespace: str, name: str, field: str
+    api: ApiServer, token_creds: credentials.ClusterCredentials, namespace: str, name: str, field: str
 ) -> None:
     with pytest.raises(KubernetesError) as info:
-        k8s.get_pod(token_creds, namespace, name, **FAST)
+        podget.get_pod(token_creds, namespace, name, **FAST)
     assert info.value.msg.startswith(f"invalid {field} ")
     assert api.request_count == 0
 
 
-def test_longest_valid_names_are_accepted(api: ApiServer, token_creds: k8s.ClusterCredentials) -> None:
+def test_longest_valid_names_are_accepted(
+    api: ApiServer, token_creds: credentials.ClusterCredentials
+) -> None:
     namespace, name = "n" * 63, ".".join(["p" * 63] * 3) + "." + "q" * 61
     assert len(name) == 253
     api.add_pod(namespace, name, {})
-    assert k8s.get_pod(token_creds, namespace, name)["metadata"]["name"] == name
+    assert podget.get_pod(token_creds, namespace, name)["metadata"]["name"] == name
 
 
 # --------------------------------------------------------------------------
@@ -566,7 +576,7 @@ def test_malformed_kubeconfig(
     kubeconfig.write_text(json.dumps(doc))
 
     with pytest.raises(InvalidConfig) as info:
-        k8s.load_credentials(str(kubeconfig))
+        credentials.load_credentials(str(kubeconfig))
 
     assert info.value.code == 7
     assert str(kubeconfig) in info.value.msg
@@ -577,7 +587,7 @@ def test_malformed_kubeconfig(
 def test_kubeconfig_missing_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(InvalidConfig) as info:
-        k8s.load_credentials(str(missing))
+        credentials.load_credentials(str(missing))
     assert str(missing) in info.value.msg
 
 
@@ -586,7 +596,7 @@ def test_kubeconfig_neither_json_nor_yaml(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kc"
     kubeconfig.write_text("clusters: [unterminated\n  token: s3cr3t-value\n")
     with pytest.raises(InvalidConfig) as info:
-        k8s.load_credentials(str(kubeconfig))
+        credentials.load_credentials(str(kubeconfig))
     assert str(kubeconfig) in info.value.msg
     assert "neither valid JSON nor valid YAML" in info.value.msg
     assert "s3cr3t-value" not in _full_text(info.value)
@@ -614,16 +624,16 @@ def test_token_never_appears_in_logs_or_errors(
     rdma_logger.addHandler(capture)
     old_level = rdma_logger.level
     rdma_logger.setLevel(logging.DEBUG)
-    good = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token"))
+    good = credentials.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token"))
     wrong = dataclasses.replace(good, token="wrong-canary-" + "z" * 24)
     other_ca, _ = make_ca(str(tmp_path), "other-ca")
     errors: list[BaseException] = []
 
     def attempt(
-        creds: k8s.ClusterCredentials, namespace: str = "default", name: str = "web-0", **kw: Any
+        creds: credentials.ClusterCredentials, namespace: str = "default", name: str = "web-0", **kw: Any
     ) -> None:
         try:
-            k8s.get_pod(creds, namespace, name, **{**FAST, **kw})
+            podget.get_pod(creds, namespace, name, **{**FAST, **kw})
         except CniError as exc:
             errors.append(exc)
 
@@ -684,41 +694,43 @@ def test_import_does_not_load_requests() -> None:
 
 
 def test_answer_larger_than_the_bound_is_refused(
-    api: ApiServer, token_creds: k8s.ClusterCredentials, monkeypatch: pytest.MonkeyPatch
+    api: ApiServer, token_creds: credentials.ClusterCredentials, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(k8s, "_MAX_BODY", 2000)
+    monkeypatch.setattr(podget, "_MAX_BODY", 2000)
     api.add_pod("default", "big", {"rdma_interfaces_required": "x" * 4000})
     with pytest.raises(KubernetesError) as info:
-        k8s.get_pod(token_creds, "default", "big", **FAST)
+        podget.get_pod(token_creds, "default", "big", **FAST)
     assert "larger than 2000 bytes" in info.value.msg
     assert api.request_count == 1  # a bound is not retried
 
 
 @pytest.mark.parametrize("server", ["ftp://127.0.0.1:1", "https://127.0.0.1:99999", "https:///nohost"])
-def test_server_address_that_is_not_an_http_url(token_creds: k8s.ClusterCredentials, server: str) -> None:
+def test_server_address_that_is_not_an_http_url(
+    token_creds: credentials.ClusterCredentials, server: str
+) -> None:
     creds = dataclasses.replace(token_creds, server=server)
     with pytest.raises(KubernetesError) as info:
-        k8s.get_pod(creds, "default", "web-0", **FAST)
+        podget.get_pod(creds, "default", "web-0", **FAST)
     assert "is not an http(s)://host[:port] URL" in info.value.msg
     assert token_creds.source in info.value.msg
 
 
-def test_plain_http_server_is_spoken_to_without_tls(token_creds: k8s.ClusterCredentials) -> None:
+def test_plain_http_server_is_spoken_to_without_tls(token_creds: credentials.ClusterCredentials) -> None:
     # kubeconfigs may name http:// servers; nothing listens here, so the answer is "try again".
     creds = dataclasses.replace(token_creds, server=f"http://127.0.0.1:{_closed_port()}")
     with pytest.raises(TryAgainLater) as info:
-        k8s.get_pod(creds, "default", "web-0", **FAST)
+        podget.get_pod(creds, "default", "web-0", **FAST)
     assert "ConnectionError" in info.value.details
 
 
 def test_unloadable_client_certificate_is_a_clear_error(
-    api: ApiServer, token_creds: k8s.ClusterCredentials, tmp_path: Path
+    api: ApiServer, token_creds: credentials.ClusterCredentials, tmp_path: Path
 ) -> None:
     garbage = tmp_path / "client.crt"
     garbage.write_text("not a certificate")
     creds = dataclasses.replace(token_creds, client_cert_file=str(garbage), client_key_file=str(garbage))
     with pytest.raises(KubernetesError) as info:
-        k8s.get_pod(creds, "default", "web-0", **FAST)
+        podget.get_pod(creds, "default", "web-0", **FAST)
     assert "client certificate" in info.value.msg
     assert api.request_count == 0
 
@@ -749,9 +761,9 @@ def test_server_url_password_is_never_printed(
         api.fail_next(100)
     caplog.set_level(logging.DEBUG)
     with pytest.raises(CniError) as info:
-        creds = k8s.load_credentials(path)
+        creds = credentials.load_credentials(path)
         assert creds.server == f"https://{host}" and "alice" not in repr(creds)
-        k8s.get_pod(creds, "default", "web-0", **FAST)
+        podget.get_pod(creds, "default", "web-0", **FAST)
     seen = _full_text(info.value) + caplog.text
     assert host in info.value.msg
     for secret in ("Pa55w0rd", "alice:"):
@@ -760,9 +772,9 @@ def test_server_url_password_is_never_printed(
 
 def test_server_url_userinfo_does_not_replace_the_token(api: ApiServer, tmp_path: Path) -> None:
     server = f"https://bob:pw@127.0.0.1:{api.port}"
-    creds = k8s.load_credentials(_kubeconfig_with_server(api, tmp_path, server))
+    creds = credentials.load_credentials(_kubeconfig_with_server(api, tmp_path, server))
     assert creds.server == f"https://127.0.0.1:{api.port}"
-    assert k8s.get_pod(creds, "default", "web-0", **FAST)["metadata"]["name"] == "web-0"
+    assert podget.get_pod(creds, "default", "web-0", **FAST)["metadata"]["name"] == "web-0"
 
 
 @pytest.mark.parametrize(
@@ -775,7 +787,7 @@ def test_server_url_userinfo_does_not_replace_the_token(api: ApiServer, tmp_path
     ],
 )
 def test_split_userinfo(url: str, expected: tuple[str, str | None]) -> None:
-    assert k8s.split_userinfo(url) == expected
+    assert credentials.split_userinfo(url) == expected
 
 
 # --------------------------------------------------------------------------
@@ -785,9 +797,9 @@ def test_split_userinfo(url: str, expected: tuple[str, str | None]) -> None:
 @pytest.fixture
 def no_contexts(monkeypatch: pytest.MonkeyPatch) -> dict[bytes, Any]:
     kept: dict[bytes, Any] = {}
-    monkeypatch.setattr(k8s, "_CONTEXTS", kept)
-    monkeypatch.setattr(k8s, "_missed", None)
-    monkeypatch.setattr(k8s, "context_hint_fd", -1)
+    monkeypatch.setattr(tls, "_CONTEXTS", kept)
+    monkeypatch.setattr(tls, "_missed", None)
+    monkeypatch.setattr(tls, "context_hint_fd", -1)
     return kept
 
 
@@ -806,11 +818,11 @@ def test_a_kept_context_serves_later_requests(
     mode: str,
     ca: str,
 ) -> None:
-    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode=mode, ca=ca))
-    assert k8s.keep_context(creds)
-    assert not k8s.keep_context(creds)  # already kept
-    monkeypatch.setattr(k8s, "_ssl_context", _no_building)
-    assert k8s.get_pod(creds, "default", "web-0")["metadata"]["uid"] == "1111-2222"
+    creds = credentials.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode=mode, ca=ca))
+    assert tls.keep_context(creds)
+    assert not tls.keep_context(creds)  # already kept
+    monkeypatch.setattr(tls, "ssl_context", _no_building)
+    assert podget.get_pod(creds, "default", "web-0")["metadata"]["uid"] == "1111-2222"
 
 
 def test_a_ca_file_with_text_around_its_pem_block_is_kept(
@@ -818,67 +830,67 @@ def test_a_ca_file_with_text_around_its_pem_block_is_kept(
 ) -> None:
     """Kept contexts load the CA from its bytes: non-ASCII text outside the PEM block, which
     OpenSSL skips in a file, is skipped there too."""
-    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="file"))
+    creds = credentials.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="file"))
     assert creds.ca_file is not None
     own_ca = tmp_path / "ca.crt"
     own_ca.write_bytes("Zertifikat für die Tests ✓\n".encode() + Path(creds.ca_file).read_bytes())
     creds = dataclasses.replace(creds, ca_file=str(own_ca))
-    assert k8s.keep_context(creds)
-    monkeypatch.setattr(k8s, "_ssl_context", _no_building)
-    assert k8s.get_pod(creds, "default", "web-0")["metadata"]["uid"] == "1111-2222"
+    assert tls.keep_context(creds)
+    monkeypatch.setattr(tls, "ssl_context", _no_building)
+    assert podget.get_pod(creds, "default", "web-0")["metadata"]["uid"] == "1111-2222"
 
 
 def test_a_changed_ca_file_is_never_served_a_kept_context(
     api: ApiServer, tmp_path: Path, no_contexts: dict[bytes, Any]
 ) -> None:
-    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="file"))
+    creds = credentials.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="file"))
     assert creds.ca_file is not None
     own_ca = tmp_path / "ca.crt"
     own_ca.write_bytes(Path(creds.ca_file).read_bytes())  # a copy: the server's own file stays
     creds = dataclasses.replace(creds, ca_file=str(own_ca))
-    assert k8s.keep_context(creds)
+    assert tls.keep_context(creds)
     other, _ = make_ca(str(tmp_path), stem="other", common_name="another CA")
     os.replace(other, own_ca)  # the kubeconfig's CA file now trusts someone else
     with pytest.raises(KubernetesError, match="TLS connection"):
-        k8s.get_pod(creds, "default", "web-0", **FAST)
+        podget.get_pod(creds, "default", "web-0", **FAST)
 
 
 def test_the_system_trust_store_and_unreadable_files_are_never_kept(
     api: ApiServer, tmp_path: Path, no_contexts: dict[bytes, Any]
 ) -> None:
-    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="client-cert-files"))
-    assert not k8s.keep_context(dataclasses.replace(creds, ca_file=None, ca_data=None))
+    creds = credentials.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="client-cert-files"))
+    assert not tls.keep_context(dataclasses.replace(creds, ca_file=None, ca_data=None))
     assert creds.client_key_file is not None
-    assert not k8s.keep_context(dataclasses.replace(creds, client_key_file=str(tmp_path / "gone.key")))
+    assert not tls.keep_context(dataclasses.replace(creds, client_key_file=str(tmp_path / "gone.key")))
     assert no_contexts == {}
 
 
 def test_the_oldest_kept_context_makes_room(
     api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_contexts: dict[bytes, Any]
 ) -> None:
-    monkeypatch.setattr(k8s, "_MAX_CONTEXTS", 1)
-    first = k8s.load_credentials(api.write_kubeconfig(tmp_path / "a", mode="token", ca="file"))
-    second = k8s.load_credentials(api.write_kubeconfig(tmp_path / "b", mode="insecure"))
-    assert k8s.keep_context(first) and k8s.keep_context(second)
+    monkeypatch.setattr(tls, "_MAX_CONTEXTS", 1)
+    first = credentials.load_credentials(api.write_kubeconfig(tmp_path / "a", mode="token", ca="file"))
+    second = credentials.load_credentials(api.write_kubeconfig(tmp_path / "b", mode="insecure"))
+    assert tls.keep_context(first) and tls.keep_context(second)
     assert len(no_contexts) == 1
-    assert k8s.keep_context(first)  # it was dropped, so it is built again
+    assert tls.keep_context(first)  # it was dropped, so it is built again
 
 
 def test_a_context_built_by_a_child_is_named_to_the_server_once(
     api: ApiServer, tmp_path: Path, no_contexts: dict[bytes, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = api.write_kubeconfig(tmp_path / "kc", mode="token", ca="file")
-    creds = k8s.load_credentials(path)
+    creds = credentials.load_credentials(path)
     r, w = os.pipe2(os.O_NONBLOCK)
-    monkeypatch.setattr(k8s, "context_hint_fd", w)
+    monkeypatch.setattr(tls, "context_hint_fd", w)
     try:
-        k8s.get_pod(creds, "default", "web-0")
-        k8s.note_context_miss(path)
-        k8s.note_context_miss(path)
+        podget.get_pod(creds, "default", "web-0")
+        tls.note_context_miss(path)
+        tls.note_context_miss(path)
         assert os.read(r, 4096) == path.encode() + b"\n"
-        k8s.keep_context(creds)  # what the server does with it
-        k8s.get_pod(creds, "default", "web-0")
-        k8s.note_context_miss(path)
+        tls.keep_context(creds)  # what the server does with it
+        podget.get_pod(creds, "default", "web-0")
+        tls.note_context_miss(path)
         with pytest.raises(BlockingIOError):
             os.read(r, 4096)
     finally:
@@ -896,19 +908,19 @@ def test_a_cold_start_neither_hashes_certificates_nor_imports_hashlib(api: ApiSe
         import json, sys
         from rdma_cni.startup import defer_unused
         defer_unused()  # as the built binary's entry point does
-        from rdma_cni.kube import podget as k8s
-        k8s.client_context(k8s.load_credentials({str(path)!r}))
-        print(json.dumps({{"hashlib": "hashlib" in sys.modules, "kept": len(k8s._CONTEXTS)}}))
+        from rdma_cni.kube import credentials, podget, tls
+        tls.client_context(credentials.load_credentials({str(path)!r}))
+        print(json.dumps({{"hashlib": "hashlib" in sys.modules, "kept": len(tls._CONTEXTS)}}))
         """
     )
     assert out == {"hashlib": False, "kept": 0}
 
 
 def test_a_ca_file_that_holds_no_certificate_is_a_clear_error(api: ApiServer, tmp_path: Path) -> None:
-    creds = k8s.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token"))
+    creds = credentials.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token"))
     (tmp_path / "ca.crt").write_text("no certificate here\n")
     creds = dataclasses.replace(creds, ca_file=str(tmp_path / "ca.crt"), ca_data=None)
     with pytest.raises(KubernetesError) as info:
-        k8s.get_pod(creds, "default", "web-0", **FAST)
+        podget.get_pod(creds, "default", "web-0", **FAST)
     assert info.value.msg == "cannot load the API server's certificate authority"
     assert api.request_count == 0

@@ -21,7 +21,7 @@ import pytest
 from rdma_cni import __version__
 from rdma_cni.cni.errors import InvalidConfig
 from rdma_cni.kube import client as kubeapi
-from rdma_cni.kube import podget as k8s
+from rdma_cni.kube import credentials, pool
 from rdma_cni.kube.client import ApiClient, ApiError, Conflict, Gone, Invalid, NotFound, Unavailable
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -150,7 +150,7 @@ def test_in_cluster_service_account(api: ApiServer, tmp_path: Path, monkeypatch:
     sa.mkdir()
     (sa / "token").write_text(api.token + "\n")
     (sa / "ca.crt").write_bytes(Path(api.ca_path).read_bytes())
-    monkeypatch.setenv(k8s.SERVICEACCOUNT_DIR_ENV, str(sa))
+    monkeypatch.setenv(credentials.SERVICEACCOUNT_DIR_ENV, str(sa))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(api.port))
     api.add_node("node-a")
@@ -239,7 +239,9 @@ def test_overload_and_server_errors_are_unavailable(api: ApiServer, client: ApiC
 
 
 def test_connection_refused_is_unavailable_with_status_0(tmp_path: Path) -> None:
-    creds = k8s.ClusterCredentials(server=f"https://127.0.0.1:{_closed_port()}", source="test", token="t")
+    creds = credentials.ClusterCredentials(
+        server=f"https://127.0.0.1:{_closed_port()}", source="test", token="t"
+    )
     with ApiClient(creds, timeout=1.0) as c, pytest.raises(Unavailable) as info:
         c.get("/api/v1/nodes")
     assert info.value.status == 0 and info.value.reason == "NoAnswer"
@@ -287,7 +289,9 @@ def test_other_refusals_are_plain_api_errors(
 
 def test_tls_failure_is_not_unavailable(api: ApiServer, tmp_path: Path) -> None:
     other_ca, _ = make_ca(str(tmp_path / "other"))
-    creds = k8s.ClusterCredentials(server=api.url, source="test creds", ca_file=other_ca, token=api.token)
+    creds = credentials.ClusterCredentials(
+        server=api.url, source="test creds", ca_file=other_ca, token=api.token
+    )
     with ApiClient(creds) as c, pytest.raises(ApiError) as info:
         c.get("/api/v1/nodes")
     assert type(info.value) is ApiError and info.value.reason == "TLSError" and info.value.status == 0
@@ -312,7 +316,7 @@ def test_secrets_are_redacted_from_messages(api: ApiServer, client: ApiClient) -
 def test_url_userinfo_is_never_sent_nor_shown(api: ApiServer, tmp_path: Path) -> None:
     api.add_node("node-a")
     server = api.url.replace("https://", "https://admin:hunter2pass@")
-    creds = k8s.ClusterCredentials(server=server, source="test", ca_file=api.ca_path, token=api.token)
+    creds = credentials.ClusterCredentials(server=server, source="test", ca_file=api.ca_path, token=api.token)
     with ApiClient(creds) as c:
         assert c.server == api.url
         c.get("/api/v1/nodes/node-a")
@@ -430,7 +434,7 @@ def scripted(body: bytes, status: int = 200) -> Iterator[ApiClient]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        creds = k8s.ClusterCredentials(
+        creds = credentials.ClusterCredentials(
             server=f"http://127.0.0.1:{server.server_address[1]}", source="t", token="scripted-token-0123"
         )
         with ApiClient(creds) as c:
@@ -483,7 +487,9 @@ def test_error_answer_without_a_status_body() -> None:
 
 
 def test_request_that_cannot_be_made() -> None:
-    creds = k8s.ClusterCredentials(server="https://127.0.0.1:99999", source="t", token="scripted-token-0123")
+    creds = credentials.ClusterCredentials(
+        server="https://127.0.0.1:99999", source="t", token="scripted-token-0123"
+    )
     with ApiClient(creds) as c, pytest.raises(ApiError) as info:
         c.get("/api/v1/nodes")
     assert type(info.value) is ApiError and info.value.reason == "RequestFailed"
@@ -550,7 +556,7 @@ def connections(mode: str) -> Iterator[tuple[_Connections, ApiClient]]:
     server = _Connections(mode)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    creds = k8s.ClusterCredentials(
+    creds = credentials.ClusterCredentials(
         server=f"http://127.0.0.1:{server.server_address[1]}", source="t", token="t0"
     )
     try:
@@ -595,17 +601,17 @@ def test_at_most_the_pool_size_of_idle_connections_is_kept() -> None:
         def close(self) -> None:
             closed.append(self.i)
 
-    pool = kubeapi._Pool("127.0.0.1", 1, "", None, 1.0)
-    for i in range(kubeapi._POOL_SIZE + 2):
-        pool.give(Conn(i))
-    assert closed == [kubeapi._POOL_SIZE, kubeapi._POOL_SIZE + 1]
-    pool.close()
-    assert sorted(closed) == list(range(kubeapi._POOL_SIZE + 2))
+    idle = pool.Pool("127.0.0.1", 1, "", None, 1.0)
+    for i in range(pool.POOL_SIZE + 2):
+        idle.give(Conn(i))
+    assert closed == [pool.POOL_SIZE, pool.POOL_SIZE + 1]
+    idle.close()
+    assert sorted(closed) == list(range(pool.POOL_SIZE + 2))
 
 
 def test_a_client_certificate_that_cannot_be_loaded_is_a_tls_error(api: ApiServer, tmp_path: Path) -> None:
     (tmp_path / "bad.crt").write_text("not a certificate\n")
-    creds = k8s.ClusterCredentials(
+    creds = credentials.ClusterCredentials(
         server=api.url,
         source="test creds",
         ca_file=api.ca_path,
@@ -620,7 +626,7 @@ def test_a_client_certificate_that_cannot_be_loaded_is_a_tls_error(api: ApiServe
 
 def test_a_request_http_cannot_carry_is_refused_before_sending(api: ApiServer, tmp_path: Path) -> None:
     api.reset()
-    creds = k8s.ClusterCredentials(
+    creds = credentials.ClusterCredentials(
         server=api.url, source="t", ca_file=api.ca_path, token="secret\r\nX-Evil: 1"
     )
     with ApiClient(creds) as c, pytest.raises(ApiError) as info:
@@ -638,7 +644,9 @@ def test_paths_and_parameters_are_quoted_as_requests_quotes_them(api: ApiServer,
 
 def test_a_server_path_http_cannot_carry_is_refused(api: ApiServer) -> None:
     api.reset()
-    creds = k8s.ClusterCredentials(server=api.url + "/a b", source="t", ca_file=api.ca_path, token="t")
+    creds = credentials.ClusterCredentials(
+        server=api.url + "/a b", source="t", ca_file=api.ca_path, token="t"
+    )
     with ApiClient(creds) as c, pytest.raises(ApiError) as info:
         c.get("/api/v1/nodes")
     assert type(info.value) is ApiError and info.value.reason == "RequestFailed"
@@ -650,7 +658,7 @@ def test_a_ca_file_that_holds_no_certificate_is_a_tls_error(
     api: ApiServer, tmp_path: Path, content: str
 ) -> None:
     (tmp_path / "ca.crt").write_text(content)
-    creds = k8s.ClusterCredentials(
+    creds = credentials.ClusterCredentials(
         server=api.url, source="test creds", ca_file=str(tmp_path / "ca.crt"), token="secret-token-0123"
     )
     with ApiClient(creds) as c, pytest.raises(ApiError) as info:

@@ -148,6 +148,20 @@ RULES = [
         ("",),
         allowed=("shared",),
     ),
+    # Both halves use the Kubernetes clients: they must not pull either half in.
+    Rule("the Kubernetes clients import no other layer", ("kube",), (*KERNEL_LAYER, "agent", "extender")),
+    # A cold ADD loads the pod GET: never the long-running client (nor requests behind it).
+    Rule(
+        "the plugin's pod GET never loads the long-running client",
+        ("kube.podget",),
+        ("kube.client", "kube.pool", "kube.events"),
+    ),
+    # The verbs decide on decoded documents; reading HTTP and admitting callers is the server's.
+    Rule(
+        "the extender's verbs know nothing of HTTP",
+        ("extender.verbs",),
+        ("extender.server", "extender.listener", "extender.main", "extender.service", "extender.options"),
+    ),
 ]
 
 
@@ -235,6 +249,12 @@ BASE = {
     "agent/loop.py": "from rdma_cni.kernel import sysfs\n",
     "extender/__init__.py": "",
     "extender/decide.py": "from rdma_cni.shared import placement, nodestate\n",
+    "extender/verbs.py": "from rdma_cni.extender import decide\n",
+    "extender/server.py": "from rdma_cni.extender import verbs\n",
+    "kube/__init__.py": "",
+    "kube/credentials.py": "from rdma_cni.cni import errors\n",
+    "kube/podget.py": "from rdma_cni.kube import credentials\n",
+    "kube/client.py": "from rdma_cni.kube import credentials\n",
 }
 
 
@@ -283,6 +303,26 @@ def test_clean_fake_package_passes(tmp_path: object) -> None:
             },
             3,
             "rdma_cni.shared.nodestate reaches rdma_cni.cni",
+        ),
+        # a credentials helper that would read the node's state
+        (
+            {"kube/credentials.py": "def f():\n    from rdma_cni.kernel import sysfs\n"},
+            4,
+            "rdma_cni.kube.credentials reaches rdma_cni.kernel.sysfs",
+        ),
+        # the pod GET borrowing from the long-running client, even one module away
+        (
+            {"kube/credentials.py": "from rdma_cni.kube import client\n"},
+            5,
+            "rdma_cni.kube.podget reaches rdma_cni.kube.client via rdma_cni.kube.podget -> "
+            "rdma_cni.kube.credentials -> rdma_cni.kube.client",
+        ),
+        # a verb reaching back into the HTTP server
+        (
+            {"extender/decide.py": "def f():\n    from rdma_cni.extender.server import MAX_BODY\n"},
+            6,
+            "rdma_cni.extender.verbs reaches rdma_cni.extender.server via rdma_cni.extender.verbs -> "
+            "rdma_cni.extender.decide -> rdma_cni.extender.server",
         ),
     ],
 )

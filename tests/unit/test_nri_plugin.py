@@ -352,10 +352,10 @@ def test_parse_memlock_refuses(text: str) -> None:
 def test_installer_refuses_a_bad_memlock(capsys: pytest.CaptureFixture[str]) -> None:
     import io
 
-    from rdma_cni import install
+    from rdma_cni.install import command
 
     with pytest.raises(SystemExit) as exc:
-        install.main(["--watch", "--node-state", "--memlock", "lots"], io.StringIO())
+        command.main(["--watch", "--node-state", "--memlock", "lots"], io.StringIO())
     assert exc.value.code == 2
     assert "--memlock 'lots'" in capsys.readouterr().err
 

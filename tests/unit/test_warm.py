@@ -523,15 +523,15 @@ def test_preload_imports_what_a_verb_would_import(tmp_path: Path) -> None:
 GET_AFTER_PRELOAD = """
 import json, sys
 sys.path.insert(0, sys.argv[2])
-from rdma_cni.kube import podget as k8s
+from rdma_cni.kube import credentials, podget, tls
 from rdma_cni import warm
 from tests.support.apiserver import ApiServer
 warm.preload()
 with ApiServer() as api:
     api.add_pod("default", "web-0", {})
-    creds = k8s.load_credentials(api.write_kubeconfig(sys.argv[1] + "/kc", mode="token"))
+    creds = credentials.load_credentials(api.write_kubeconfig(sys.argv[1] + "/kc", mode="token"))
     before = set(sys.modules)
-    pod = k8s.get_pod(creds, "default", "web-0")
+    pod = podget.get_pod(creds, "default", "web-0")
 print(json.dumps({"name": pod["metadata"]["name"], "new": sorted(set(sys.modules) - before)}))
 """
 
@@ -554,11 +554,11 @@ def test_preload_covers_the_pod_get(tmp_path: Path) -> None:
 def test_server_keeps_the_tls_contexts_its_children_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rdma_cni.kube import podget as k8s
+    from rdma_cni.kube import credentials, podget, tls
     from tests.support.apiserver import ApiServer
 
     kept: dict[bytes, object] = {}
-    monkeypatch.setattr(k8s, "_CONTEXTS", kept)
+    monkeypatch.setattr(tls, "_CONTEXTS", kept)
     tree = tmp_path / "tree"
     tree.mkdir()
     server = warm.Server(str(tree), None)
@@ -571,9 +571,9 @@ def test_server_keeps_the_tls_contexts_its_children_name(
             os.write(server.hint_w, f"{good}\n{tmp_path}/missing\n{good}\n".encode())
             server._keep_contexts()
             assert len(kept) == 1
-            creds = k8s.load_credentials(good)
-            monkeypatch.setattr(k8s, "_ssl_context", lambda *_: pytest.fail("the kept context was not used"))
-            assert k8s.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
+            creds = credentials.load_credentials(good)
+            monkeypatch.setattr(tls, "ssl_context", lambda *_: pytest.fail("the kept context was not used"))
+            assert podget.get_pod(creds, "default", "web-0")["metadata"]["name"] == "web-0"
     finally:
         for fd in (server.hint_r, server.hint_w, server.wake_r, server.wake_w, server.dirfd):
             os.close(fd)
