@@ -18,8 +18,8 @@ import yaml
 
 from rdma_cni.cni import errors
 from rdma_cni.cni.config import NetConf, load_netconf
-from rdma_cni.extender.main import parser as extender_parser
-from rdma_cni.install import _parser as install_parser
+from rdma_cni.extender.options import parser as extender_parser
+from rdma_cni.install.command import _parser as install_parser
 from rdma_cni.shared import nodestate
 from rdma_cni.shared.podrequest import DEFAULT_ANNOTATION, parse_request
 from tests.support.docblocks import ROOT, Block, all_blocks
