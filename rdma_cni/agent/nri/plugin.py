@@ -310,7 +310,12 @@ class NriPlugin:
             # Devices cannot be added to running containers; only later ones get theirs.
             return ttrpc.Response(ttrpc.OK, "", pb.f_varint(2, pb.integer(f, 3)))
         if req.method == "CreateContainer":
-            return self._create_container(f)
+            try:
+                return self._create_container(f)
+            except pb.DecodeError as exc:
+                # The pod and container are embedded messages, decoded only here: a broken one
+                # is the runtime's error to hear about, not a reason to drop the connection.
+                return ttrpc.Response(ttrpc.INVALID_ARGUMENT, f"{req.method}: {exc}", b"")
         if req.method == "Shutdown":
             self.state = "shut down by the runtime"
             return ttrpc.Response(ttrpc.OK, "", b"")
