@@ -307,7 +307,14 @@ class NriPlugin:
             )
             return ttrpc.Response(ttrpc.OK, "", pb.f_varint(2, 1 << (EVENT_CREATE_CONTAINER - 1)))
         if req.method == "Synchronize":
-            # Devices cannot be added to running containers; only later ones get theirs.
+            # Devices cannot be added to running containers; only later ones get theirs. The
+            # runtime sends events only once this is answered: the moment injection starts.
+            log.info(
+                "NRI: synchronized with the runtime (%d pods, %d containers); injecting into "
+                "containers created from now on",
+                len(f.get(1, [])),
+                len(f.get(2, [])),
+            )
             return ttrpc.Response(ttrpc.OK, "", pb.f_varint(2, pb.integer(f, 3)))
         if req.method == "CreateContainer":
             try:

@@ -95,7 +95,7 @@ cp "$RC_API/ca.crt" /run/agent/sa/ca.crt
 python3 "$scenarios/nri_cri.py" --out "$NRI_OUT" --cri-socket "$CRI_SOCKET" --nri-socket "$NRI_SOCKET" \
     --record-socket "$NRI_RECORD_SOCKET" --plugin "$RC_BIN/rdma-cni" --state-dir "$RC_STATE" \
     --network-config "$RC_CONF/nri.conflist" --api-kubeconfig "$RC_API/kubeconfig" --api-port "$api_port" \
-    --sa-dir /run/agent/sa 2>&1 | tee "$NRI_OUT/driver.log"
+    --sa-dir /run/agent/sa --containerd-log "$NRI_OUT/containerd.log" 2>&1 | tee "$NRI_OUT/driver.log"
 
 rc_dump "$NRI_OUT" after
 cp "$RC_LOGS"/nri.log "$NRI_OUT/plugin.log" 2>/dev/null || true

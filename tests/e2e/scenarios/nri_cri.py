@@ -160,6 +160,15 @@ class Cri:
         return result
 
 
+def count(path: str, text: str) -> int:
+    """Occurrences of ``text`` in the file at ``path`` (0 when it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().count(text)
+    except OSError:
+        return 0
+
+
 def read_cri_log(path: str) -> str:
     """The text of a CRI container log (lines of ``<time> <stream> <F|P> <text>``)."""
     try:
@@ -252,19 +261,24 @@ class Agent:
             log.flush()
             self.proc = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
 
-    def registrations(self) -> int:
-        """How many times the agent logged a registration with the runtime."""
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                return f.read().count("NRI: registered with the runtime")
-        except OSError:
-            return 0
+    def registrations(self) -> tuple[int, int]:
+        """(times the agent synchronized, times containerd put a plugin in its list), from the logs.
 
-    def wait_registered(self, before: int, timeout: float) -> float | None:
-        """Seconds until the registration count exceeds ``before``; None on timeout."""
+        containerd answers RegisterPlugin before it configures and synchronizes the
+        plugin, and sends events only once the plugin is in its list (logged as its
+        "plugin invocation order"): a container created before that gets nothing.
+        """
+        return (
+            count(self.log_path, "NRI: synchronized with the runtime"),
+            count(self.args.containerd_log, "plugin invocation order"),
+        )
+
+    def wait_registered(self, before: tuple[int, int], timeout: float) -> float | None:
+        """Seconds until both counts exceed ``before``'s; None on timeout."""
         start = now()
         while now() - start < timeout:
-            if self.registrations() > before:
+            synced, listed = self.registrations()
+            if synced > before[0] and listed > before[1]:
                 return round(now() - start, 2)
             time.sleep(0.2)
         return None
@@ -297,6 +311,7 @@ def main() -> int:
     parser.add_argument("--api-kubeconfig", required=True)
     parser.add_argument("--api-port", required=True)
     parser.add_argument("--sa-dir", required=True)
+    parser.add_argument("--containerd-log", required=True)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results: dict[str, Any] = {"steps": []}
@@ -311,7 +326,7 @@ def main() -> int:
         results["version"] = cri.version()
         step("agent via the recording relay")
         agent.start(args.record_socket)
-        results["first_registration_seconds"] = agent.wait_registered(0, 120)
+        results["first_registration_seconds"] = agent.wait_registered(agent.registrations(), 120)
 
         step("pods")
         pods = {name: cri.run_pod(name) for name in ("nri-a", "nri-b")}
