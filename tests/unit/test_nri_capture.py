@@ -17,6 +17,7 @@ import json
 import random
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -303,3 +304,50 @@ def test_unknown_connections_streams_and_types_are_ignored_and_service_goes_on()
         stop.set()  # the plugin stops on its own, before the runtime hangs up
         t.join(5)
     assert not t.is_alive() and not errors
+
+
+def test_the_plugin_loop_outlives_a_hostile_runtime_and_registers_with_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plugin, "RECONNECT_DELAY", 0.05)
+    path = str(tmp_path / "nri.sock")
+    p = plugin.NriPlugin(path, lambda _s: [])
+    stop = threading.Event()
+    t = threading.Thread(target=p.run, args=(stop,), daemon=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen()
+    server.settimeout(5)
+    t.start()
+    try:
+        hostile = [
+            mux.HEADER.pack(mux.PLUGIN_CONN, 0xFFFFFFFF),  # a 4 GiB frame
+            mux.HEADER.pack(mux.PLUGIN_CONN, 50) + b"cut",  # then a hang-up inside a frame
+            mux.encode_frame(1, ttrpc.encode_message(1, ttrpc.TYPE_REQUEST, b"\x0a\xff")),  # garbage
+        ]
+        for data in hostile:
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(data)
+                conn.shutdown(socket.SHUT_WR)
+                with contextlib.suppress(OSError):
+                    while conn.recv(1 << 16):
+                        pass
+        conn, _ = server.accept()  # the loop is still alive: it connects again and registers
+        with conn:
+            conn.settimeout(5)
+            _conn_id, payload = mux.read_frame(conn)
+            (msg,) = ttrpc.Reader().feed(payload)
+            assert ttrpc.decode_request(msg.payload).method == "RegisterPlugin"
+            ok = ttrpc.encode_response(ttrpc.Response(0, "", b""))
+            conn.sendall(mux.encode_frame(mux.RUNTIME_CONN, ttrpc.encode_message(msg.stream, 2, ok)))
+            deadline = time.monotonic() + 5
+            while p.state != "registered" and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert p.state == "registered"
+            stop.set()
+            t.join(5)
+        assert not t.is_alive()
+    finally:
+        stop.set()
+        server.close()
