@@ -348,6 +348,20 @@ def main() -> int:
             pod["rxe"] = rxe
             pod["rxe_add"] = {"rc": made.returncode, "err": made.stderr.strip()}
             pod["uverbs"] = uverbs_of(rxe)
+        # A decoy in pod A: a veth of its own with an rxe on it, inside its namespace. Not a VF:
+        # its device must never be injected, whatever the pod names things.
+        netns_a = (pods["nri-a"]["record"] or {}).get("netns", "/nonexistent")
+        decoy = []
+        for command in (
+            ["ip", "link", "add", "eth0-1", "type", "veth", "peer", "name", "decoy1"],
+            ["ip", "link", "set", "eth0-1", "up"],
+            ["rdma", "link", "add", "rxe_decoy", "type", "rxe", "netdev", "eth0-1"],
+        ):
+            done = subprocess.run(
+                ["nsenter", f"--net={netns_a}", *command], capture_output=True, text=True, check=False
+            )
+            decoy.append({"command": " ".join(command), "rc": done.returncode, "err": done.stderr.strip()})
+        results["decoy"] = {"steps": decoy, "uverbs": uverbs_of("rxe_decoy")}
         results["rdma_cm"] = read_sysfs("/sys/class/misc/rdma_cm/dev")
         results["pods"] = {n: {k: v for k, v in p.items() if k != "config"} for n, p in pods.items()}
 
@@ -376,7 +390,7 @@ def main() -> int:
         containers["a2_frozen"] = cri.run_container(pods["nri-a"], "a2-frozen", other_own("nri-a"))
         agent.signal(signal.SIGCONT)
         # If the runtime dropped the frozen plugin, the agent reconnects; either way it must serve again.
-        results["thawed_reregistration_seconds"] = agent.wait_registered(before, 15)
+        results["thawed_reregistration_seconds"] = agent.wait_registered(before, 60)
         containers["a3_thawed"] = cri.run_container(pods["nri-a"], "a3-thawed", other_own("nri-a"))
 
         step("agent stopped")
