@@ -256,9 +256,14 @@ def encode_get_devices(seq: int) -> bytes:
     return _encode(RDMA_NLDEV_CMD_GET, NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP, seq)
 
 
-def encode_port_get_dump(seq: int) -> bytes:
-    """The port dump request (RDMA_NLDEV_CMD_PORT_GET, flags 0x305): 16 bytes."""
-    return _encode(RDMA_NLDEV_CMD_PORT_GET, NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP, seq)
+def encode_port_get_dump(seq: int, dev_index: int | None = None) -> bytes:
+    """The port dump request (RDMA_NLDEV_CMD_PORT_GET, flags 0x305) for device ``dev_index``.
+
+    The kernel answers EINVAL to a port dump without DEV_INDEX
+    (``nldev_port_get_dumpit``): 24 bytes with it, 16 without.
+    """
+    attrs = [] if dev_index is None else [(RDMA_NLDEV_ATTR_DEV_INDEX, dev_index)]
+    return _encode(RDMA_NLDEV_CMD_PORT_GET, NLM_F_REQUEST | NLM_F_ACK | NLM_F_DUMP, seq, attrs)
 
 
 def encode_sys_get(seq: int) -> bytes:
@@ -431,9 +436,27 @@ class RdmaClient:
         return devices
 
     def list_ports(self) -> list[RdmaPort]:
-        """All ports of the visible RDMA devices, with their netdevs where visible."""
+        """All ports of the visible RDMA devices, with their netdevs where visible.
+
+        One port dump per device (the kernel dumps the ports of one device
+        only); a device gone between the two requests is skipped.
+        """
         ports = []
-        for msg in self._dump("list RDMA ports", encode_port_get_dump):
+        for dev in self.list_devices():
+            try:
+                ports.extend(self.ports_of(dev.index))
+            except NetlinkError as exc:
+                # EINVAL/ENODEV: unregistered or moved out of this namespace in between.
+                if exc.errno not in (errno.EINVAL, errno.ENODEV):
+                    raise
+        return ports
+
+    def ports_of(self, dev_index: int) -> list[RdmaPort]:
+        """The ports of device ``dev_index``; each port's netdev only when it is in the socket's netns."""
+        ports = []
+        for msg in self._dump(
+            f"list the ports of RDMA device {dev_index}", lambda seq: encode_port_get_dump(seq, dev_index)
+        ):
             attrs = msg.attrs
             index, name = attrs.get(RDMA_NLDEV_ATTR_DEV_INDEX), attrs.get(RDMA_NLDEV_ATTR_DEV_NAME)
             port = attrs.get(RDMA_NLDEV_ATTR_PORT_INDEX)

@@ -24,7 +24,10 @@ cache=$(cd "$1" && pwd)
 root="$cache/root"
 suite=trixie
 # openssl: the API stand-in serves TLS in the guest; procps: pgrep/pkill in scenarios.
-packages=qemu-system-x86,qemu-system-common,linux-image-amd64,python3,iproute2,rdma-core,kmod,containernetworking-plugins,openssl,procps
+# containerd (1.7, with NRI) and runc: the NRI scenarios run pods through the CRI;
+# python3-grpcio: their CRI client (messages encoded by hand, no generated code);
+# libre2-11 named because debootstrap cannot resolve the virtual package grpcio needs.
+packages=qemu-system-x86,qemu-system-common,linux-image-amd64,python3,iproute2,rdma-core,kmod,containernetworking-plugins,openssl,procps,containerd,runc,python3-grpcio,libre2-11
 
 if [[ $EUID -ne 0 ]]; then
     echo "prepare.sh: debootstrap and chroot need root" >&2

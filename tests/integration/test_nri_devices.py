@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+
+import pytest
 
 from rdma_cni.agent.nri import plugin
 from tests.integration.conftest import Cluster
@@ -67,3 +70,65 @@ def test_each_pod_gets_exactly_the_devices_of_the_vfs_the_kernel_shows_in_it(clu
 
     assert cluster.run("DEL", alpha, conf).ok
     assert devices(alpha["CNI_CONTAINERID"]) == []
+
+
+def pod_ifindex(netns: str, name: str = "net1") -> int:
+    """The ifindex the kernel gives the pod's ``name`` link in its namespace."""
+    from rdma_cni.kernel.netns import Netns
+
+    ns = Netns(netns)
+    try:
+        return next(link.index for link in ns.rtnl.links() if link.name == name)
+    finally:
+        ns.close()
+
+
+def test_soft_rdma_devices_follow_the_kernels_port_to_netdev_tie_in_the_pod(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This host has no RDMA netlink; the fake kernel answers at the socket boundary, keyed by the
+    # real namespace each socket was opened in (the QEMU tier shows rxe on a real kernel).
+    from rdma_cni.kernel import rdma
+    from tests.support.fake_rdma import FakeDevice, FakeRdmaKernel
+
+    conf = cluster.conf()
+    alpha = cluster.pod([{}], name="alpha")
+    beta = cluster.pod([{}], name="beta")
+    assert cluster.run("ADD", alpha, conf).ok
+    assert cluster.run("ADD", beta, conf).ok
+    idx_alpha = pod_ifindex(alpha["CNI_NETNS"])
+    # A decoy the pod made itself (CAP_NET_ADMIN in its namespace is enough): not a VF.
+    subprocess.run(
+        ["ip", "-n", os.path.basename(alpha["CNI_NETNS"]), "link", "add", "fake0", "type", "veth",
+         "peer", "name", "fake1"],
+        check=True,
+    )  # fmt: skip
+    idx_decoy = pod_ifindex(alpha["CNI_NETNS"], "fake0")
+    kernel = FakeRdmaKernel(
+        [
+            FakeDevice(1, "rxe_alpha", netdev_index=idx_alpha, netdev_netns=alpha["CNI_NETNS"]),
+            FakeDevice(
+                2, "rxe_beta", netdev_index=pod_ifindex(beta["CNI_NETNS"]), netdev_netns=beta["CNI_NETNS"]
+            ),
+            FakeDevice(3, "rxe_decoy", netdev_index=idx_decoy, netdev_netns=alpha["CNI_NETNS"]),
+        ],
+        mode="shared",
+    )
+    for pod in (alpha, beta):
+        kernel.netns_label(pod["CNI_NETNS"])
+    monkeypatch.setattr(rdma, "open_rdma_socket", kernel.open_socket)
+    sysfs = cluster.node.sysfs
+    for n, dev in enumerate(("rxe_alpha", "rxe_beta", "rxe_decoy")):
+        # Soft devices: no PCI parent, so no device link; only ibdev names them.
+        verbs = os.path.join(sysfs, "class", "infiniband_verbs", f"uverbs{n}")
+        os.makedirs(verbs)
+        with open(os.path.join(verbs, "ibdev"), "w") as f:
+            f.write(dev + "\n")
+        with open(os.path.join(verbs, "dev"), "w") as f:
+            f.write(f"231:{192 + n}\n")
+    devices = plugin.PodDevices([cluster.state_dir])
+
+    assert [d.path for d in devices(alpha["CNI_CONTAINERID"])] == ["/dev/infiniband/uverbs0"]
+    assert [d.path for d in devices(beta["CNI_CONTAINERID"])] == ["/dev/infiniband/uverbs1"]
+    # Every question was asked inside a pod's own namespace.
+    assert {s.netns for s in kernel.sockets} == {alpha["CNI_NETNS"], beta["CNI_NETNS"]}

@@ -165,6 +165,8 @@ class FakeDevice:
     netdev_name: str | None = None
     netns: str = HOST
     movable: bool = True  # False: a driver without netns support (EOPNOTSUPP)
+    # Where the port's netdev lives when not with the device (a soft device in shared mode).
+    netdev_netns: str | None = None
 
 
 @dataclass(frozen=True)
@@ -298,7 +300,14 @@ class FakeRdmaKernel:
             if msg_type == CMD_GET:
                 return self._dump(seq, [self._device_record(dev) for dev in self.visible(netns)])
             if msg_type == CMD_PORT_GET:
-                return self._dump(seq, [self._port_record(dev) for dev in self.visible(netns)])
+                # As nldev_port_get_dumpit: the ports of one visible device, EINVAL otherwise.
+                if ATTR_DEV_INDEX not in attrs:
+                    return [nlmsg_error(request, errno.EINVAL)]
+                dev_index = struct.unpack("=I", attrs[ATTR_DEV_INDEX][:4])[0]
+                devs = [dev for dev in self.visible(netns) if dev.index == dev_index]
+                if not devs:
+                    return [nlmsg_error(request, errno.EINVAL)]
+                return self._dump(seq, [self._port_record(dev, netns) for dev in devs])
             return [nlmsg_error(request, errno.EINVAL)]
         if msg_type == CMD_SYS_GET:
             body = nla_u8(ATTR_NETNS_MODE, _MODES[self.mode]) + nla_u8(ATTR_COPY_ON_FORK, 1)
@@ -360,14 +369,16 @@ class FakeRdmaKernel:
         return CMD_GET, body
 
     @staticmethod
-    def _port_record(dev: FakeDevice) -> tuple[int, bytes]:
+    def _port_record(dev: FakeDevice, netns: str) -> tuple[int, bytes]:
         body = nla_u32(ATTR_DEV_INDEX, dev.index) + nla_str(ATTR_DEV_NAME, dev.name)
         body += nla_u32(ATTR_PORT_INDEX, dev.port_index)
         body += nla_u8(ATTR_PORT_STATE, 4)
-        if dev.netdev_index is not None:
-            body += nla_u32(ATTR_NDEV_INDEX, dev.netdev_index)
-        if dev.netdev_name is not None:
-            body += nla_str(ATTR_NDEV_NAME, dev.netdev_name)
+        # As fill_port_info: the netdev only when it lives in the socket's namespace.
+        if (dev.netdev_netns or dev.netns) == netns:
+            if dev.netdev_index is not None:
+                body += nla_u32(ATTR_NDEV_INDEX, dev.netdev_index)
+            if dev.netdev_name is not None:
+                body += nla_str(ATTR_NDEV_NAME, dev.netdev_name)
         return CMD_PORT_GET, body
 
 

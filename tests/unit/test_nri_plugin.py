@@ -136,8 +136,8 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RecordStore:
     return RecordStore(str(tmp_path / "state"))
 
 
-def proven(_att: Attachment, pcis: list[str]) -> set[str]:
-    return set(pcis)
+def proven(_att: Attachment, pcis: list[str]) -> dict[str, list[str]]:
+    return {pci: [] for pci in pcis}
 
 
 def serve(p: plugin.NriPlugin) -> tuple[Runtime, threading.Thread, threading.Event, list[BaseException]]:
@@ -218,9 +218,9 @@ def test_only_vfs_proven_in_the_pod_and_ready_records_count(node: RecordStore) -
     record(node, "adding", VF_B.replace("3", "4", 1), state="adding")
     seen: list[list[str]] = []
 
-    def only_b(_att: Attachment, pcis: list[str]) -> set[str]:
+    def only_b(_att: Attachment, pcis: list[str]) -> dict[str, list[str]]:
         seen.append(pcis)
-        return {VF_B, "0000:99:00.0"}  # a prover can only narrow, never add
+        return {VF_B: [], "0000:99:00.0": ["mlx5_0"]}  # a prover can only narrow, never add
 
     devices = plugin.PodDevices([os.path.dirname(node.dir)], prove=only_b)
     assert [d.path for d in devices("pod")] == [
@@ -452,3 +452,101 @@ def test_a_char_device_parented_elsewhere_is_refused_even_with_a_matching_name(
     devices = plugin.PodDevices([os.path.dirname(node.dir)], prove=proven)
     assert "/dev/infiniband/uverbs0" not in [d.path for d in devices("pod")]
     assert "/dev/infiniband/umad0" in [d.path for d in devices("pod")]
+
+
+def test_a_soft_device_on_the_pods_vf_is_injected_by_the_name_the_kernel_gave(node: RecordStore) -> None:
+    # rxe0's uverbs9 has no device link (a soft device has no PCI parent): only the kernel's
+    # port-to-netdev tie, found in the pod's namespace, makes it the pod's.
+    record(node, "pod", VF_A)
+    record(node, "other", VF_B)
+
+    def soft_on_a(_att: Attachment, pcis: list[str]) -> dict[str, list[str]]:
+        return {pci: (["rxe0"] if pci == VF_A else []) for pci in pcis}
+
+    devices = plugin.PodDevices([os.path.dirname(node.dir)], prove=soft_on_a)
+    paths = [d.path for d in devices("pod")]
+    assert "/dev/infiniband/uverbs9" in paths and "/dev/infiniband/uverbs0" in paths
+    assert next(d for d in devices("pod") if d.path.endswith("uverbs9")).minor == 201
+    assert "/dev/infiniband/uverbs9" not in [d.path for d in devices("other")]
+    # Without the tie (the device's netdev is not the pod's VF) it is nobody's.
+    plain = plugin.PodDevices([os.path.dirname(node.dir)], prove=proven)
+    assert "/dev/infiniband/uverbs9" not in [d.path for d in plain("pod")]
+
+
+def test_a_soft_name_cannot_pull_in_a_pci_device_of_another_vf(node: RecordStore) -> None:
+    # Even if the netlink answer named mlx5_1 (VF_B's, parented on VF_B), VF_A's pod does not get it.
+    record(node, "pod", VF_A)
+
+    def names_b(_att: Attachment, pcis: list[str]) -> dict[str, list[str]]:
+        return {pci: ["mlx5_1"] for pci in pcis}
+
+    devices = plugin.PodDevices([os.path.dirname(node.dir)], prove=names_b)
+    sys_root = Path(os.environ["RDMA_CNI_SYSFS_ROOT"])
+    for cls, name in (
+        ("infiniband_verbs", "uverbs1"),
+        ("infiniband_mad", "umad1"),
+        ("infiniband_mad", "issm1"),
+    ):
+        os.symlink(sys_root / "devices" / "pci0000:3a" / VF_B, sys_root / "class" / cls / name / "device")
+    assert [d.path for d in devices("pod")] == [
+        "/dev/infiniband/issm0",
+        "/dev/infiniband/rdma_cm",
+        "/dev/infiniband/umad0",
+        "/dev/infiniband/uverbs0",
+    ]
+
+
+def test_netdev_rdma_devices_asks_the_kernel_inside_the_pods_namespace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rdma_cni.kernel import rdma
+    from tests.support.fake_rdma import FakeDevice, FakeRdmaKernel
+
+    pod, other = tmp_path / "pod-netns", tmp_path / "other-netns"
+    pod.write_text("")
+    other.write_text("")
+    kernel = FakeRdmaKernel(
+        [
+            FakeDevice(1, "mlx5_0", netdev_index=4, netdev_name="ens1f0"),  # the host's
+            # Shared mode: every device is visible everywhere; ports name their netdev only to a
+            # socket in the netdev's namespace, where the index is that namespace's own.
+            FakeDevice(2, "rxe_pod", netdev_index=7, netdev_name="net1", netdev_netns=str(pod)),
+            FakeDevice(3, "rxe_other", netdev_index=7, netdev_name="net1", netdev_netns=str(other)),
+            FakeDevice(4, "siw_pod", netdev_index=9, netdev_name="net2", netdev_netns=str(pod)),
+        ],
+        mode="shared",
+    )
+    kernel.netns_label(str(pod))
+    kernel.netns_label(str(other))
+    monkeypatch.setattr(rdma, "open_rdma_socket", kernel.open_socket)
+    fd = os.open(pod, os.O_RDONLY)
+    try:
+        assert plugin.netdev_rdma_devices(fd) == {7: ["rxe_pod"], 9: ["siw_pod"]}
+    finally:
+        os.close(fd)
+    assert kernel.sockets[0].netns == str(pod) and kernel.sockets[0].closed
+
+
+def test_netdev_rdma_devices_without_rdma_or_with_a_failing_kernel_is_empty(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import errno
+
+    from rdma_cni.kernel import rdma
+    from rdma_cni.kernel.nlsock import NetlinkError
+
+    def unsupported(*_a: object, **_k: object) -> None:
+        raise rdma.RdmaUnsupported(errno.EPROTONOSUPPORT, "open RDMA netlink socket")
+
+    monkeypatch.setattr(rdma, "open_rdma_socket", unsupported)
+    with caplog.at_level(logging.WARNING, logger="rdma_cni.agent.nri"):
+        assert plugin.netdev_rdma_devices(0) == {}
+    assert not caplog.records  # a node without RDMA is normal, not worth a warning
+
+    def gone(*_a: object, **_k: object) -> None:
+        raise NetlinkError(errno.ENOENT, "enter network namespace 5")
+
+    monkeypatch.setattr(rdma, "open_rdma_socket", gone)
+    with caplog.at_level(logging.WARNING, logger="rdma_cni.agent.nri"):
+        assert plugin.netdev_rdma_devices(5) == {}
+    assert "soft devices left out" in caplog.text

@@ -235,9 +235,10 @@ def test_port_dump_with_and_without_netdev() -> None:
         message(0x1405, DUMP_MULTI, 1, with_netdev),
         message(0x1405, DUMP_MULTI, 1, without) + done(1),
     )
-    ports = RdmaClient(sock=sock).list_ports()
+    ports = RdmaClient(sock=sock).ports_of(3)
     assert ports == [RdmaPort(3, "mlx5_3", 1, 12, "ens1f0v1"), RdmaPort(4, "ib_0", 2, None, None)]
-    assert sock.sent == [struct.pack("=IHHII", 16, 0x1405, 0x305, 1, 0)]
+    # The kernel dumps one device's ports: DEV_INDEX is required.
+    assert sock.sent == [struct.pack("=IHHII", 24, 0x1405, 0x305, 1, 0) + struct.pack("=HHI", 8, 1, 3)]
 
 
 @pytest.mark.parametrize(("value", "mode"), [(0, "exclusive"), (1, "shared")])
@@ -639,3 +640,24 @@ def test_fake_kernel_missing_netns_path(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(NetlinkError) as info:
         RdmaClient(netns_path=str(tmp_path / "gone"))
     assert info.value.errno == errno.ENOENT
+
+
+def test_fake_kernel_port_dump_needs_a_device_and_skips_a_vanished_one() -> None:
+    kernel = FakeRdmaKernel([FakeDevice(1, "mlx5_0", netdev_index=4, netdev_name="ens1f0")])
+    sock = kernel.socket()
+    with pytest.raises(NetlinkError) as err:
+        RdmaClient(sock=sock).ports_of(9)
+    assert err.value.errno == errno.EINVAL
+    sock.send(encode_port_get_dump(77))  # as nldev_port_get_dumpit: no DEV_INDEX, EINVAL
+    assert struct.unpack_from("=i", sock.recv(4096), 16)[0] == -errno.EINVAL
+
+    class Vanishing(FakeRdmaKernel):
+        def handle(self, request: bytes, netns: str) -> list[bytes]:
+            replies = super().handle(request, netns)
+            if struct.unpack_from("=H", request, 4)[0] == 0x1401:
+                self.devices = self.devices[1:]  # unregistered right after the device list
+            return replies
+
+    vanishing = Vanishing([FakeDevice(1, "rxe0"), FakeDevice(2, "rxe1", netdev_index=5, netdev_name="eth1")])
+    with vanishing.client() as client:
+        assert client.list_ports() == [RdmaPort(2, "rxe1", 1, 5, "eth1")]

@@ -4,11 +4,12 @@ Which devices are the pod's is decided by the kernel and the node's records,
 never by the pod: the records whose CNI_CONTAINERID is the sandbox id NRI
 reports, each VF proven to sit in the pod by identity (see
 :mod:`rdma_cni.kernel.identity`), a VF claimed by two records trusted for
-neither, and the RDMA devices whose PCI parent is such a VF, as sysfs shows
-them at that moment. Their character devices (uverbs, umad, issm, and the
-node's rdma_cm) are injected with the device-cgroup rule the runtime derives
-from each (``rwm``), and RLIMIT_MEMLOCK is raised so memory registration
-works without IPC_LOCK.
+neither, and the RDMA devices the kernel ties to such a VF at that moment:
+those whose PCI parent it is (sysfs), and soft devices (rxe, siw) whose port's
+netdev it is (RDMA netlink asked from inside the pod's namespace). Their
+character devices (uverbs, umad, issm, and the node's rdma_cm) are injected
+with the device-cgroup rule the runtime derives from each (``rwm``), and
+RLIMIT_MEMLOCK is raised so memory registration works without IPC_LOCK.
 
 NRI's timeouts (containerd/nri ``pkg/api/timeouts.go``): registration must
 finish within 5 s and each request be answered within 2 s, or the runtime
@@ -125,21 +126,58 @@ def vf_rdma_devices(pci: str) -> list[str]:
     return out
 
 
-Prover = Callable[[Attachment, list[str]], set[str]]
+# (attachment, its VFs) -> the VFs proven in the pod, each with the soft RDMA devices on its netdev.
+Prover = Callable[[Attachment, list[str]], dict[str, list[str]]]
 
 
-def prove_in_pod(att: Attachment, pcis: list[str]) -> set[str]:
-    """Of ``pcis``, the VFs the kernel shows in the attachment's pod namespace (by identity)."""
+def netdev_rdma_devices(netns_fd: int) -> dict[int, list[str]]:
+    """Netdev ifindex in the namespace ``netns_fd`` -> the RDMA devices with a port on that netdev.
+
+    Soft devices (rxe, siw) are not children of the VF's PCI device: the only
+    tie is their port's netdev. The socket is opened inside the pod's
+    namespace (by fd) because the kernel reports a port's NDEV_INDEX only to
+    a socket in the netdev's own namespace (``fill_port_info``): an index
+    here is one of the pod's links, to be compared with the VF's link there.
+    The netdev's name (NDEV_NAME, the pod's to choose) is not used.
+    """
+    from rdma_cni.kernel import rdma
+    from rdma_cni.kernel.nlsock import NetlinkError
+
+    try:
+        with rdma.RdmaClient(netns_fd) as client:
+            ports = client.list_ports()
+    except rdma.RdmaUnsupported:
+        return {}  # no RDMA stack: no soft devices either
+    except NetlinkError as exc:
+        log.warning("NRI: cannot list RDMA ports in the pod's namespace (%s); soft devices left out", exc)
+        return {}
+    out: dict[int, list[str]] = {}
+    for port in ports:
+        if port.netdev_index is not None and port.dev_name not in out.get(port.netdev_index, []):
+            out.setdefault(port.netdev_index, []).append(port.dev_name)
+    return out
+
+
+def prove_in_pod(att: Attachment, pcis: list[str]) -> dict[str, list[str]]:
+    """Of ``pcis``, the VFs the kernel shows in the attachment's pod namespace (by identity).
+
+    Each comes with the soft RDMA devices whose port's netdev is that VF's
+    link in the pod (:func:`netdev_rdma_devices`). The ports are read before
+    the links are proven, so a port's netdev index is checked against the
+    links as they are at or after the moment the kernel named it.
+    """
     from rdma_cni.kernel.identity import VfFinder
     from rdma_cni.kernel.netlink import Rtnl
     from rdma_cni.kernel.netns import Netns
 
     pod = Netns.open_optional(att.netns)
     if pod is None:
-        return set()
+        return {}
     try:
+        soft = netdev_rdma_devices(pod.fd)
         with Rtnl() as host:
-            return set(VfFinder(host, pod).vfs_in_pod(pcis))
+            proven = VfFinder(host, pod).vfs_in_pod(pcis)
+        return {pci: soft.get(link.index, []) for pci, link in proven.items()}
     finally:
         pod.close()
 
@@ -173,8 +211,10 @@ class PodDevices:
                 pcis.append(vf.pci)
             if not pcis:
                 continue
-            for pci in sorted(self.prove(att, pcis) & set(pcis)):
-                for dev in char_devices(pci, vf_rdma_devices(pci)):
+            proven = self.prove(att, pcis)
+            for pci in sorted(set(proven) & set(pcis)):
+                names = vf_rdma_devices(pci) + [n for n in proven[pci] if n]
+                for dev in char_devices(pci, names):
                     devices[dev.path] = dev
         if devices:
             cm = rdma_cm_device()
@@ -267,10 +307,22 @@ class NriPlugin:
             )
             return ttrpc.Response(ttrpc.OK, "", pb.f_varint(2, 1 << (EVENT_CREATE_CONTAINER - 1)))
         if req.method == "Synchronize":
-            # Devices cannot be added to running containers; only later ones get theirs.
+            # Devices cannot be added to running containers; only later ones get theirs. The
+            # runtime sends events only once this is answered: the moment injection starts.
+            log.info(
+                "NRI: synchronized with the runtime (%d pods, %d containers); injecting into "
+                "containers created from now on",
+                len(f.get(1, [])),
+                len(f.get(2, [])),
+            )
             return ttrpc.Response(ttrpc.OK, "", pb.f_varint(2, pb.integer(f, 3)))
         if req.method == "CreateContainer":
-            return self._create_container(f)
+            try:
+                return self._create_container(f)
+            except pb.DecodeError as exc:
+                # The pod and container are embedded messages, decoded only here: a broken one
+                # is the runtime's error to hear about, not a reason to drop the connection.
+                return ttrpc.Response(ttrpc.INVALID_ARGUMENT, f"{req.method}: {exc}", b"")
         if req.method == "Shutdown":
             self.state = "shut down by the runtime"
             return ttrpc.Response(ttrpc.OK, "", b"")

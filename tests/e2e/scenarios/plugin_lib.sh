@@ -41,7 +41,12 @@ rc_install() {
 # rc_wait_api waits for it.
 rc_start_api() {
     mkdir -p "$RC_API"
-    python3 "$E2E_IN/apiserver.py" --dir "$RC_API" --port 0 --pods "$E2E_IN/pods.json" \
+    local nodes=()
+    # Nodes only where a scenario publishes node state (the NRI scenarios' agent).
+    if [[ -f $E2E_IN/nodes.json ]]; then
+        nodes=(--nodes "$E2E_IN/nodes.json")
+    fi
+    python3 "$E2E_IN/apiserver.py" --dir "$RC_API" --port 0 --pods "$E2E_IN/pods.json" "${nodes[@]}" \
         >"$E2E_OUT/apiserver.out" 2>"$E2E_OUT/apiserver.err" &
     RC_API_PID=$!
 }
