@@ -125,7 +125,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Literal
 
@@ -158,6 +158,11 @@ def _check_count(value: object, what: str) -> None:
         raise ValueError(f"{what} must not be negative, got {value}")
 
 
+def _check_label(value: object, what: str) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{what} must be a non-empty string or None, got {value!r}")
+
+
 def _check_request(req: object) -> None:
     if not isinstance(req, Request):
         raise ValueError(f"expected a Request, got {req!r}")
@@ -167,6 +172,10 @@ def _check_request(req: object) -> None:
         raise ValueError(
             f"max_tx_rate {req.max_tx_rate} is below min_tx_rate {req.min_tx_rate} (use 0 for no cap)"
         )
+    _check_label(req.pf, "pf")
+    _check_label(req.rail, "rail")
+    if req.pf is not None and req.rail is not None:
+        raise ValueError(f"a request names a PF ({req.pf!r}) or a rail ({req.rail!r}), not both")
 
 
 def _check_pf(pf: object) -> None:
@@ -180,14 +189,21 @@ def _check_pf(pf: object) -> None:
     _check_count(pf.reserved_mbps, f"{pf.name}: reserved_mbps")
     if pf.numa_node is not None and not _is_int(pf.numa_node):
         raise ValueError(f"{pf.name}: numa_node must be an integer or None, got {pf.numa_node!r}")
+    _check_label(pf.rail, f"{pf.name}: rail")
 
 
 @dataclass(frozen=True)
 class Request:
-    """One requested interface: ``min_tx_rate`` is reserved, ``max_tx_rate`` caps (0 = no cap); Mbit/s."""
+    """One requested interface: ``min_tx_rate`` is reserved, ``max_tx_rate`` caps (0 = no cap); Mbit/s.
+
+    ``pf`` (a PF name) or ``rail`` (a PF's rail label), at most one of them,
+    restricts the PFs it may go on; see "Constraints".
+    """
 
     min_tx_rate: int = 0
     max_tx_rate: int = 0
+    pf: str | None = None
+    rail: str | None = None
 
     def __post_init__(self) -> None:
         _check_request(self)
@@ -195,13 +211,18 @@ class Request:
 
 @dataclass(frozen=True)
 class PfState:
-    """What a PF has free: VFs, link capacity (None = unknown) and bandwidth already reserved."""
+    """What a PF has free: VFs, link capacity (None = unknown) and bandwidth already reserved.
+
+    ``rail`` is the operator's label for the PF in the network's PF list
+    (None: no rail); requests naming a rail go only on PFs with that label.
+    """
 
     name: str
     free_vfs: int
     capacity_mbps: int | None
     reserved_mbps: int = 0
     numa_node: int | None = None
+    rail: str | None = None
 
     def __post_init__(self) -> None:
         _check_pf(self)
@@ -229,7 +250,9 @@ class NoFit(Exception):
     (min-rate requests but only PFs of unknown capacity have VFs for them),
     ``"max_rate"`` (too few VFs on PFs whose capacity reaches the requested
     caps), ``"bandwidth"`` (the min rates cannot be arranged on the PFs) or
-    ``"search_limit"`` (the step budget ran out before an answer).
+    ``"search_limit"`` (the step budget ran out before an answer) or
+    ``"constraint"`` (a request's ``pf`` or ``rail`` names no PF given, or
+    leaves a request no PF it may use).
     """
 
     def __init__(
@@ -812,9 +835,14 @@ class _Problem:
         pfs: list[PfState],
         preferred_numa: int | None,
         policy: Policy,
+        shown: Sequence[PfState] | None = None,
+        note: str = "",
     ) -> None:
         self.requests = requests
         self.pfs = pfs
+        # What messages describe: the caller's PFs (the search may see fewer VFs, see place()).
+        self.shown = pfs if shown is None else shown
+        self.note = note
         self.numa_first = policy == "numa_first"
         self.known = [pf.capacity_mbps is not None for pf in pfs]
         self.vfs0 = [pf.free_vfs for pf in pfs]
@@ -843,13 +871,13 @@ class _Problem:
 
     def _fail(self, reason: str, detail: str, unplaced: Request | None, steps: int = 0) -> NoFit:
         mins = ", ".join(str(r.min_tx_rate) for r in self.requests)
-        head = f"{_plural(len(self.requests), 'interface')} requested (min rates {mins} Mbit/s)"
+        head = f"{_plural(len(self.requests), 'interface')}{self.note} requested (min rates {mins} Mbit/s)"
         return NoFit(
-            f"{head}{detail} ({free_summary(self.pfs)})",
+            f"{head}{detail} ({free_summary(self.shown)})",
             reason=reason,
             requested=self.requests,
             free_vfs=self.total_vfs,
-            free_mbps={pf.name: pf.free_mbps for pf in self.pfs},
+            free_mbps={pf.name: pf.free_mbps for pf in self.shown},
             largest_unplaced=unplaced,
             steps=steps,
         )
@@ -1290,12 +1318,15 @@ def place(
     preferred_numa: int | None = None,
     policy: Policy = "best_fit",
     max_steps: int | None = DEFAULT_MAX_STEPS,
+    different_pfs: bool = False,
 ) -> Placement:
     """Choose a PF for each request, or raise :class:`NoFit` saying why none fits.
 
     See the module docstring for the rules, the policy among fitting
-    placements, and the step budget. Raises ValueError on malformed input
-    (negative numbers, a cap below the min rate, duplicate PF names).
+    placements, the constraints (``Request.pf``, ``Request.rail`` and
+    ``different_pfs``: each request on a different PF) and the step budget.
+    Raises ValueError on malformed input (negative numbers, a cap below the
+    min rate, duplicate PF names).
     """
     reqs = tuple(requests)
     for req in reqs:
@@ -1312,9 +1343,34 @@ def place(
         raise ValueError(f"preferred_numa must be an integer or None, got {preferred_numa!r}")
     if max_steps is not None and (not _is_int(max_steps) or max_steps < 1):
         raise ValueError(f"max_steps must be a positive integer or None, got {max_steps!r}")
+    if not isinstance(different_pfs, bool):
+        raise ValueError(f"different_pfs must be a boolean, got {different_pfs!r}")
     if not reqs:
         return Placement(())
-    problem = _Problem(reqs, ordered, preferred_numa, policy)
+    shown = ordered
+    note = ""
+    if different_pfs:
+        # A request's interfaces on different PFs is exactly each PF offering it one VF.
+        ordered = [replace(pf, free_vfs=min(pf.free_vfs, 1)) for pf in ordered]
+        note = " (each on a different PF)"
+    if any(r.pf is not None or r.rail is not None for r in reqs):
+        from rdma_cni.shared.constrained import place_constrained
+
+        return place_constrained(reqs, ordered, shown, preferred_numa, policy, max_steps, note)
+    return _place_plain(reqs, ordered, preferred_numa, policy, max_steps, shown, note)
+
+
+def _place_plain(
+    reqs: tuple[Request, ...],
+    ordered: list[PfState],
+    preferred_numa: int | None,
+    policy: Policy,
+    max_steps: int | None,
+    shown: Sequence[PfState] | None = None,
+    note: str = "",
+) -> Placement:
+    """:func:`place` for validated requests without ``pf`` or ``rail``, PFs in name order."""
+    problem = _Problem(reqs, ordered, preferred_numa, policy, shown, note)
     slack = problem.hall_slack()
     problem.check_bandwidth()
     assign, fixed, steps = problem.search(slack, max_steps)

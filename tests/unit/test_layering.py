@@ -25,7 +25,7 @@ PACKAGE = "rdma_cni"
 KERNEL_LAYER = ("kernel", "node", "commands")
 # The executable's entry points dispatch to every half, by design.
 ENTRY_POINTS = ("__main__", "cli", "warm", "install", "nodes_cli")
-SHARED_STDLIB_ONLY = ("shared.placement", "shared.nodestate", "shared.atomicfile")
+SHARED_STDLIB_ONLY = ("shared.placement", "shared.constrained", "shared.nodestate", "shared.atomicfile")
 
 
 def module_name(path: str, root: str = ROOT) -> str:
