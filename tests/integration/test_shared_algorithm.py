@@ -217,7 +217,7 @@ def _multi_pod_verdict(
 
 @pytest.mark.node(LAYOUT)
 @settings(
-    max_examples=60,
+    max_examples=80,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -225,7 +225,7 @@ def _multi_pod_verdict(
     capacity=CAPACITY,
     isolation=st.sampled_from(["auto", "off"]),
     layout=NETWORK_PFS,
-    railed=st.booleans(),
+    railed=st.sampled_from([True, True, False]),
     before=st.lists(POD, max_size=4),
     probe=POD,
 )
@@ -279,6 +279,55 @@ def test_multi_network_verdict_equals_all_adds_succeeding(
         verdict, demand = _multi_pod_verdict(state, *probe)
         assert not verdict.exhausted
         assert attach(*probe) == verdict.fits, (verdict, demand, state)
+    finally:
+        for env, conf in reversed(added):
+            assert cluster.run_inproc("DEL", env, conf).ok
+        _forget_netns(cluster)
+    assert_node_pristine(cluster)
+
+
+@pytest.mark.node(LAYOUT)
+def test_one_interface_per_rail_fits_and_is_placed_on_the_rails(cluster: Cluster) -> None:
+    """Two networks on the same railed PFs; the pod asks one interface on each rail, per network."""
+    confs = {
+        net: cluster.conf(ipam=None, name=net, pfs=_railed(None, True), rdmaIsolation="off")
+        for net in NETWORKS
+    }
+    views = []
+    for net, conf in confs.items():
+        path = os.path.join(cluster.tmp, f"rails-{net}.json")
+        with open(path, "w") as f:
+            json.dump(conf, f)
+        views.append(snapshot.load_view(path))
+    state = snapshot.snapshot(views)
+    assert [n.rails for n in state.networks] == [("rail-0", "rail-1", "rail-1")] * 2
+    attachments = [
+        ("net-a", [{"rail": "rail-0"}]),
+        ("net-b", {"interfaces": [{"rail": "rail-1"}] * 2, "different_pfs": True}),
+    ]
+    verdict, demand = _multi_pod_verdict(state, attachments, None)
+    assert verdict.fits, verdict
+    use = DECIDER.use(
+        demand,
+        DECIDER.view(
+            nodestate.encode(dataclasses.replace(state, generation=1, updated="2026-01-01T00:00:00Z"))
+        ),
+    )
+    assert use == (("simpf0", 1, 0), ("simpf1", 1, 0), ("simpf2", 1, 0))
+    pod = cluster.pod(None)
+    added = []
+    try:
+        for k, (net, req) in enumerate(attachments):
+            conf = {**confs[net], "args": {"cni": {"rdma_interfaces_required": req}}}
+            env = {**pod, "CNI_IFNAME": f"net{k + 1}"}
+            outcome = cluster.run_inproc("ADD", env, conf)
+            assert outcome.ok, outcome.doc
+            added.append((env, conf))
+        after = snapshot.snapshot(views)
+        assert sorted(u.pf for a in after.allocations for u in a.interfaces) == ["simpf0", "simpf1", "simpf2"]
+        # A third interface on rail-1, each on its own PF, cannot fit: rail-1 has two PFs.
+        three = [("net-b", {"interfaces": [{"rail": "rail-1"}] * 3, "different_pfs": True})]
+        assert not _multi_pod_verdict(state, three, None)[0].fits
     finally:
         for env, conf in reversed(added):
             assert cluster.run_inproc("DEL", env, conf).ok
