@@ -310,7 +310,7 @@ class _Search:
             self.prefix.append(self.prefix[-1] + w)
         self.small_sums = [suffix[k] for k in range(len(self.weights) + 1)]
         self.classes = self._classes(items)
-        self.groups = self._groups(items)
+        self.groups = self._groups(items, sets)
         self.assign: dict[int, int] = {}
         self.failed: set[tuple[int, tuple[tuple[int, int, int], ...]]] = set()
         self.deepest = 0
@@ -338,25 +338,26 @@ class _Search:
             out.append(ids.setdefault(sig, len(ids)))
         return out
 
-    def _groups(self, items: list[int]) -> list[tuple[list[int], list[int], list[int], int]]:
-        """Hall's sets: per distinct PF set S of some request (and all PFs), the PFs of S, per
+    def _groups(
+        self, items: list[int], sets: dict[int, list[int]]
+    ) -> list[tuple[list[int], list[int], list[int], int, list[bool]]]:
+        """Hall's sets: per PF set S of some request's constraint (and all PFs), the PFs of S, per
         depth the min rates and the number of min-rate requests that must go inside S, and
-        the number of requests without a min rate that must."""
-        sets = {tuple(self.eligible[i]) for i in items} | {tuple(range(len(self.pfs)))}
+        the number of requests without a min rate that must, and which min-rate requests must."""
+        # The constraints' sets (a rail's PFs, all PFs): few, so checking them at each node is cheap.
+        chosen = {tuple(k for k in sets[i] if self.vfs[k]) for i in items} | {tuple(range(len(self.pfs)))}
         out = []
-        self.within: dict[int, list[bool]] = {}
-        for t in sorted(sets):
+        for t in sorted(chosen):
             s = list(t)
             inside = set(s)
             within = [set(self.eligible[i]) <= inside for i in self.order]
-            self.within[id(s)] = within
             zeros = sum(1 for i in self.zero if set(self.eligible[i]) <= inside)
             rate = [0] * (len(self.order) + 1)
             count = [0] * (len(self.order) + 1)
             for d in range(len(self.order) - 1, -1, -1):
                 rate[d] = rate[d + 1] + (self.weights[d] if within[d] else 0)
                 count[d] = count[d + 1] + (1 if within[d] else 0)
-            out.append((s, rate, count, zeros))
+            out.append((s, rate, count, zeros, within))
         return out
 
     # -- the search ---------------------------------------------------------
@@ -426,7 +427,7 @@ class _Search:
                 top = prefix[first + c if first + c < n else n] - prefix[first]
                 room[k] = f if f < top else top
                 slots[k] = c
-        for s, rate, count, zeros in self.groups:
+        for s, rate, count, zeros, _within in self.groups:
             have_vfs = 0
             have_rate = 0
             have_slots = 0
@@ -446,7 +447,7 @@ class _Search:
         proves this state has no fit.
         """
         vfs, free = self.vfs, self.free
-        for s, _rate, count, _zeros in self.groups:
+        for s, _rate, count, _zeros, within in self.groups:
             if not count[depth]:
                 continue
             usable = [k for k in s if vfs[k] and free[k] > 0]
@@ -454,7 +455,7 @@ class _Search:
                 return False
             fitting = []
             for d in range(depth, len(self.order)):
-                if not self.within[id(s)][d]:
+                if not within[d]:
                     continue
                 w = self.weights[d]
                 js = [k for k in self.eligible[self.order[d]] if k in usable and free[k] >= w]

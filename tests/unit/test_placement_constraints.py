@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -300,46 +302,32 @@ def test_matching_is_exact() -> None:
 # ---------------------------------------------------------------- the step budget at 16 x 32
 
 
-def worst_cases(seed: int = 25, count: int = 60) -> list[tuple[list[Request], list[PfState], bool]]:
-    """16 PFs of 32 VFs on two or four rails, 16-32 tight requests mixing rails and none: the hard cases."""
-    rng = random.Random(seed)
-    out = []
-    for n in range(count):
-        rails = 2 if n % 2 else 4
-        pfs = [
-            PfState(
-                f"enp{k}s0",
-                rng.choice([1, 2, 32]) if n % 3 else 32,
-                rng.choice([25_000, 50_000, 100_000]),
-                rng.randint(0, 20_000),
-                k % 2,
-                f"rail-{k % rails}",
-            )
-            for k in range(16)
-        ]
-        total = sum(pf.free_mbps or 0 for pf in pfs)
-        count_ = rng.randint(16, 32)
-        load = rng.uniform(0.85, 1.0) * total
-        requests = []
-        for _ in range(count_):
-            size = int(rng.uniform(0.5, 1.5) * load / count_) // 100 * 100
-            rail = rng.choice([None, None, f"rail-{rng.randrange(rails)}"])
-            requests.append(Request(size, rail=rail))
-        out.append((requests, pfs, n % 5 == 0))
-    return out
+def _bench_families() -> dict[str, list[tuple[list[Request], list[PfState], bool]]]:
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import constraints_bench
+    finally:
+        sys.path.remove(str(root / "benchmarks"))
+    return constraints_bench.families()
 
 
-def test_worst_cases_at_16_by_32_are_decided_within_the_budget_or_said_to_be_cut_short() -> None:
-    decided = 0
-    for requests, pfs, different in worst_cases():
-        try:
-            got = place(requests, pfs, different_pfs=different)
-        except NoFit as exc:
-            assert exc.steps <= DEFAULT_MAX_STEPS + 64
-            if exc.reason != "search_limit":
-                decided += 1
-            continue
-        decided += 1
-        assert got.steps <= DEFAULT_MAX_STEPS
-        assert assignment_ok(requests, pfs, got.pfs, different)
-    assert decided >= 40
+def test_benchmark_families_at_16_by_32_are_decided_within_the_budget_or_said_to_be_cut_short() -> None:
+    """Every answer is right (checked by the oracle when it fits) and within the step budget; only the
+    worst-case family may run out, and then it says so."""
+    for name, cases in _bench_families().items():
+        decided = 0
+        for requests, pfs, different in cases:
+            try:
+                got = place(requests, pfs, different_pfs=different)
+            except NoFit as exc:
+                assert exc.steps <= DEFAULT_MAX_STEPS + 64
+                decided += exc.reason != "search_limit"
+                continue
+            decided += 1
+            assert got.steps <= DEFAULT_MAX_STEPS
+            assert assignment_ok(requests, pfs, got.pfs, different)
+        if "worst case" in name:
+            assert decided >= 0.9 * len(cases), (name, decided)
+        else:
+            assert decided == len(cases), (name, decided)
