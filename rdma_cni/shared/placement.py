@@ -377,281 +377,340 @@ def _best_subset_sum(
     return best, witness, nodes
 
 
-def _bin_completion(
-    weights: list[int], levels: list[int], bins: list[tuple[int, int, int]], budget: int
-) -> tuple[list[tuple[int, tuple[int, ...]]] | None, int, list[tuple[int, int]], list[tuple[int, int, int]]]:
-    """Exact search that fills one PF at a time (bin completion); see "Algorithm".
+# A PF's filling: (bandwidth it leaves unused, PF class, the item kinds it holds).
+_Filling = tuple[int, int, tuple[int, ...]]
+# The remaining items, largest first: (sizes, kinds, their _sorted_arrays).
+_Items = tuple[list[int], list[int], tuple[list[int], list[int], list[int]]]
 
-    Items are ``weights[i]`` with cap level ``levels[i]``; ``bins`` are
-    (free bandwidth, free VFs, level) and take an item of level at most their
-    own. Returns the path (bin class, item kinds) of a fit or None, the steps
-    spent, the item kinds (weight, level) and the bin classes. Raises
-    _OutOfSteps(steps) when ``budget`` steps do not suffice.
+
+class _Fillings:
+    """One enumeration of the undominated fillings of a PF of class ``c`` (see ``completions``).
+
+    ``sizes``/``item_kinds`` are the items the class can take, largest first, with
+    their arrays; ``taken`` marks those in the filling being built,
+    ``chosen`` their kinds; ``out`` receives the fillings, at most ``cap``
+    of them, and the enumeration stops once ``search.enumerated`` passes ``limit``.
     """
-    kinds = sorted(set(zip(weights, levels, strict=True)), key=lambda t: (-t[0], -t[1]))
-    n_kinds = len(kinds)
-    kind_of = {k: i for i, k in enumerate(kinds)}
-    cnt = [0] * n_kinds
-    for item in zip(weights, levels, strict=True):
-        cnt[kind_of[item]] += 1
-    kw = [k[0] for k in kinds]
-    kl = [k[1] for k in kinds]
-    neg_kw = [-w for w in kw]
-    uniform = len(set(kl)) <= 1
-    classes = sorted({b for b in bins if b[1] > 0})
-    n_classes = len(classes)
-    class_of = {c: i for i, c in enumerate(classes)}
-    bcnt = [0] * n_classes
-    for b in bins:
-        if b[1] > 0:
-            bcnt[class_of[b]] += 1
-    cf = [c[0] for c in classes]
-    cv = [c[1] for c in classes]
-    cl = [c[2] for c in classes]
-    # Bins with few VFs and little bandwidth usually have the fewest completions.
-    by_tightness = sorted(range(n_classes), key=lambda c: (cv[c], cf[c], c))
-    failed: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
-    path: list[tuple[int, tuple[int, ...]]] = []
-    steps = 0
-    enumerated = 0
-    huge = 1 << 62
 
-    def completions(c: int, anchor: int, cap: int, out: list[tuple[int, int, tuple[int, ...]]]) -> bool:
-        """Append the undominated fillings of one bin of class c to ``out``; False past ``cap`` of them.
+    def __init__(self, search: _BinCompletion, c: int, cap: int, out: list[_Filling]) -> None:
+        self.search = search
+        self.c = c
+        self.cap = cap
+        self.out = out
+        self.sizes, self.item_kinds, arrays, self.start = search.fitting(c)
+        self.negated, self.prefix, self.following = arrays
+        self.taken = [False] * len(self.sizes)
+        self.chosen: list[int] = []
+        search.enumerated += _SETS_PER_STEP
+        self.limit = search.enumerated + _SETS_PER_STEP * 2 * (cap + 1) if cap < _UNLIMITED else _UNLIMITED
+
+    def extend(self, pos: int, room: int, slots: int, ub: int, skipped: tuple[tuple[int, int], ...]) -> bool:
+        """Add items from ``pos`` on to the filling (``room`` and ``slots`` left); False to stop.
+
+        ``ub``: the final room must stay below it, or a skipped item at least as
+        large and as demanding (``skipped``: (size, level) of each) would fit
+        in place of a chosen one, which makes the filling dominated.
+        """
+        search = self.search
+        search.enumerated += 1
+        if search.enumerated > self.limit:
+            return False
+        sizes, taken = self.sizes, self.taken
+        if room < ub:
+            # The smallest item left; those before ``start`` never fit this class.
+            t = len(sizes) - 1
+            while t >= 0 and taken[t]:
+                t -= 1
+            if slots == 0 or t < self.start or sizes[t] > room:
+                self.out.append((room, self.c, tuple(self.chosen)))
+                if len(self.out) > self.cap:
+                    return False
+        if not slots:
+            return True
+        item_kinds, prefix, following = self.item_kinds, self.prefix, self.following
+        uniform, kind_level = search.uniform, search.kind_level
+        n = len(sizes)
+        smallest_skipped = _UNLIMITED
+        q = bisect_left(self.negated, -room, pos)
+        while q < n:
+            k = item_kinds[q]
+            w = sizes[q]
+            # Final room must stay below (skipped - taken) for every skipped
+            # kind that could replace this one.
+            bound = ub
+            if uniform:
+                if smallest_skipped - w < bound:
+                    bound = smallest_skipped - w
+            else:
+                lv = kind_level[k]
+                for sw, sl in skipped:
+                    if sl >= lv and sw - w < bound:
+                        bound = sw - w
+            left = room - w
+            # The largest items after this one, one per slot left, still leave too much room.
+            end = q + slots
+            if left - (prefix[end if end < n else n] - prefix[q + 1]) >= bound:
+                if uniform:
+                    break
+            else:
+                taken[q] = True
+                self.chosen.append(k)
+                ok = self.extend(q + 1, left, slots - 1, bound, skipped)
+                self.chosen.pop()
+                taken[q] = False
+                if not ok:
+                    return False
+            if uniform:
+                smallest_skipped = w
+            else:
+                skipped = (*skipped, (w, kind_level[k]))
+            q = following[q]
+        return True
+
+
+class _BinCompletion:
+    """Stage 3 of "Algorithm": an exact search that fills one PF at a time (bin completion).
+
+    Items come in kinds (min rate, cap level), largest first (``kind_weight``,
+    ``kind_level``); ``left[k]`` items of kind k are not placed yet. PFs come
+    in classes (free bandwidth, VFs, level: ``class_free``, ``class_vfs``,
+    ``class_level``); ``open[c]`` PFs of class c are not filled yet. ``path``
+    holds the fillings chosen, (class, kinds) each; ``failed`` the (left,
+    open) states proven to have no fit; ``steps`` and ``enumerated`` (sets,
+    _SETS_PER_STEP to a step) what was spent against ``budget``. Each node's
+    bounds set ``items`` (the items left), ``allow[c]`` (the most bandwidth a
+    filling of class c may leave unused in a fit) and ``best_fills[depth]``
+    (best sums of the classes whose items overflow them, reused by children).
+    """
+
+    def __init__(
+        self, weights: list[int], levels: list[int], bins: list[tuple[int, int, int]], budget: int
+    ) -> None:
+        self.kinds = sorted(set(zip(weights, levels, strict=True)), key=lambda t: (-t[0], -t[1]))
+        kind_of = {k: i for i, k in enumerate(self.kinds)}
+        self.left = [0] * len(self.kinds)
+        for item in zip(weights, levels, strict=True):
+            self.left[kind_of[item]] += 1
+        self.kind_weight = [k[0] for k in self.kinds]
+        self.kind_level = [k[1] for k in self.kinds]
+        self.neg_weight = [-w for w in self.kind_weight]
+        self.uniform = len(set(self.kind_level)) <= 1
+        self.classes = sorted({b for b in bins if b[1] > 0})
+        class_of = {c: i for i, c in enumerate(self.classes)}
+        self.open = [0] * len(self.classes)
+        for b in bins:
+            if b[1] > 0:
+                self.open[class_of[b]] += 1
+        self.class_free = [c[0] for c in self.classes]
+        self.class_vfs = [c[1] for c in self.classes]
+        self.class_level = [c[2] for c in self.classes]
+        # Bins with few VFs and little bandwidth usually have the fewest completions.
+        self.by_tightness = sorted(
+            range(len(self.classes)), key=lambda c: (self.class_vfs[c], self.class_free[c], c)
+        )
+        self.budget = budget
+        self.failed: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+        self.path: list[tuple[int, tuple[int, ...]]] = []
+        self.steps = 0
+        self.enumerated = 0
+        self.best_fills: list[dict[int, tuple[int, tuple[int, ...]]]] = []
+        self.allow = [_UNLIMITED] * len(self.classes)
+        self.items: _Items = ([], [], ([], [], []))
+
+    def run(self) -> tuple[list[tuple[int, tuple[int, ...]]] | None, int]:
+        """The path (class, item kinds) of a fit or None, and the steps spent; _OutOfSteps(budget) past it."""
+        found = self._dfs()
+        return (self.path if found else None), self.steps + self.enumerated // _SETS_PER_STEP
+
+    # -- the search ---------------------------------------------------------
+
+    def _dfs(self) -> bool:
+        """One node: memo, budget, bounds, then each child (a filling of a PF) in turn."""
+        if not any(self.left):
+            return True
+        key = (tuple(self.left), tuple(self.open))
+        if key in self.failed:
+            return False
+        if self.steps + self.enumerated // _SETS_PER_STEP >= self.budget:
+            raise _OutOfSteps(self.budget)
+        self.steps += _NODE_STEPS
+        if not self.bound_holds():
+            self.failed.add(key)
+            return False
+        children = self._children()
+        children.sort()
+        for _, c, chosen in children:
+            self._fill(c, chosen, -1)
+            self.path.append((c, chosen))
+            if self._dfs():
+                return True
+            self.path.pop()
+            self._fill(c, chosen, 1)
+        self.failed.add(key)
+        return False
+
+    def _fill(self, c: int, chosen: tuple[int, ...], sign: int) -> None:
+        """Close a PF of class ``c`` holding ``chosen`` (sign -1), or open it again (1)."""
+        self.open[c] += sign
+        for k in chosen:
+            self.left[k] += sign
+
+    def _children(self) -> list[_Filling]:
+        """Branch on the PF with the fewest fillings, or on where the largest item goes (fewer children)."""
+        best: list[_Filling] | None = None
+        for c in self.by_tightness:
+            if self.open[c]:
+                alt: list[_Filling] = []
+                if self.completions(c, -1, len(best) - 1 if best is not None else _FIRST_CAP, alt):
+                    best = alt
+                    if len(best) <= 1:
+                        break
+        if best is None or len(best) > 1:
+            homes = self._homes_of_largest(len(best) - 1 if best is not None else _UNLIMITED)
+            if homes is not None:
+                best = homes
+        assert best is not None
+        return best
+
+    def _homes_of_largest(self, cap: int) -> list[_Filling] | None:
+        """Every filling holding the largest item left, on any class; None past ``cap`` of them.
+
+        A filling that also fits an open PF this one dominates (at least as
+        much bandwidth, VFs and level) goes there instead: swapping the two
+        PFs' contents keeps any fit a fit.
+        """
+        a = next(k for k in range(len(self.kinds)) if self.left[k])
+        free, vfs, level = self.class_free, self.class_vfs, self.class_level
+        hosts = [
+            c
+            for c in range(len(self.classes))
+            if self.open[c] and free[c] >= self.kind_weight[a] and level[c] >= self.kind_level[a]
+        ]
+        out: list[_Filling] = []
+        for c in hosts:
+            mine: list[_Filling] = []
+            if not self.completions(c, a, cap - len(out), mine):
+                return None
+            smaller = [
+                d
+                for d in hosts
+                if d != c and free[d] <= free[c] and vfs[d] <= vfs[c] and level[d] <= level[c]
+            ]
+            for filling in mine:
+                room, _, chosen = filling
+                size = free[c] - room
+                top = max(self.kind_level[k] for k in chosen)
+                if not any(size <= free[d] and len(chosen) <= vfs[d] and top <= level[d] for d in smaller):
+                    out.append(filling)
+        return out
+
+    def completions(self, c: int, anchor: int, cap: int, out: list[_Filling]) -> bool:
+        """Append the undominated fillings of one PF of class c to ``out``; False past ``cap`` of them.
 
         A filling is kept only if no remaining item fits beside it and no
         remaining item is at least as large (and as demanding in level) as one
         of its items and fits in its place: any fit can be changed into one
-        that uses a kept filling for this bin. A filling that leaves more
-        room than ``allow[c]`` cannot be part of any fit and is not kept
-        either. With ``anchor`` >= 0 (the largest remaining kind) the filling
-        must contain it.
+        that uses a kept filling for this PF. A filling that leaves more room
+        than ``allow[c]`` cannot be part of any fit and is not kept either.
+        With ``anchor`` >= 0 (the largest remaining kind) the filling must contain it.
         """
-        nonlocal enumerated
-        free, vfs = cf[c], cv[c]
-        fw, flat, (neg, pre, following), start = fitting(c)
-        nf = len(flat)
-        taken = [False] * nf
-        chosen: list[int] = []
-        enumerated += _SETS_PER_STEP
-        limit = enumerated + _SETS_PER_STEP * 2 * (cap + 1) if cap < huge else huge
-
-        def rec(pos: int, room: int, slots: int, ub: int, skipped: tuple[tuple[int, int], ...]) -> bool:
-            nonlocal enumerated
-            enumerated += 1
-            if enumerated > limit:
-                return False
-            if room < ub:
-                # The smallest item left; those before ``start`` never fit this class.
-                t = nf - 1
-                while t >= 0 and taken[t]:
-                    t -= 1
-                if slots == 0 or t < start or fw[t] > room:
-                    out.append((room, c, tuple(chosen)))
-                    if len(out) > cap:
-                        return False
-            if not slots:
-                return True
-            smallest_skipped = huge
-            q = bisect_left(neg, -room, pos)
-            while q < nf:
-                k = flat[q]
-                w = fw[q]
-                # Final room must stay below (skipped - taken) for every skipped
-                # kind that could replace this one.
-                bound = ub
-                if uniform:
-                    if smallest_skipped - w < bound:
-                        bound = smallest_skipped - w
-                else:
-                    lv = kl[k]
-                    for sw, sl in skipped:
-                        if sl >= lv and sw - w < bound:
-                            bound = sw - w
-                left = room - w
-                # The largest items after this one, one per slot left, still leave too much room.
-                end = q + slots
-                if left - (pre[end if end < nf else nf] - pre[q + 1]) >= bound:
-                    if uniform:
-                        break
-                else:
-                    taken[q] = True
-                    chosen.append(k)
-                    ok = rec(q + 1, left, slots - 1, bound, skipped)
-                    chosen.pop()
-                    taken[q] = False
-                    if not ok:
-                        return False
-                if uniform:
-                    smallest_skipped = w
-                else:
-                    skipped = (*skipped, (w, kl[k]))
-                q = following[q]
-            return True
-
+        fillings = _Fillings(self, c, cap, out)
+        free, vfs = self.class_free[c], self.class_vfs[c]
         if anchor >= 0:
-            taken[start] = True  # the anchor is the largest remaining kind, so flat[start]
-            chosen.append(anchor)
-            return rec(start + 1, free - kw[anchor], vfs - 1, allow[c], ())
-        return rec(start, free, vfs, allow[c], ())
+            # The anchor is the largest remaining kind, so the first item the class can take.
+            fillings.taken[fillings.start] = True
+            fillings.chosen.append(anchor)
+            return fillings.extend(
+                fillings.start + 1, free - self.kind_weight[anchor], vfs - 1, self.allow[c], ()
+            )
+        return fillings.extend(fillings.start, free, vfs, self.allow[c], ())
 
-    def crowd_bound_holds(n: int, small: list[int]) -> bool:
-        """Whatever some PFs cannot hold by VF count must fit in the bandwidth of the others.
-
-        Split the open PFs into T and the rest S: T takes at most its VFs in
-        requests, so S gets at least the others, which weigh at least as much
-        as that many smallest requests. The splits tried put into S the PFs
-        with the least bandwidth, or the least bandwidth per VF.
-        """
-        open_bins = [(cf[c], cv[c]) for c in range(n_classes) for _ in range(bcnt[c])]
-        vfs_total = sum(v for _, v in open_bins)
-        for order in (sorted(open_bins), sorted(open_bins, key=lambda b: b[0] / b[1])):
-            free_s = 0
-            vfs_s = 0
-            for f, v in order[:-1]:
-                free_s += f
-                vfs_s += v
-                k = n - vfs_total + vfs_s
-                if k > 0 and small[k if k < n else n] > free_s:
-                    return False
-        return True
-
-    # Per depth of the search: for PF classes whose requests overflow them,
-    # the best sum of requests one of them can take and the request kinds that
-    # make it. A child reuses its parent's while those requests are still left.
-    best_fills: list[dict[int, tuple[int, tuple[int, ...]]]] = []
-    # The most bandwidth a filling of each PF class may leave unused at the
-    # current node (set by bound_holds); fillings wasting more cannot be part of a fit.
-    allow = [huge] * n_classes
-    # The remaining items at the current node, largest first: (sizes, kinds, their _sorted_arrays).
-    node_items: tuple[list[int], list[int], tuple[list[int], list[int], list[int]]] = ([], [], ([], [], []))
-
-    def fitting(c: int) -> tuple[list[int], list[int], tuple[list[int], list[int], list[int]], int]:
+    def fitting(self, c: int) -> tuple[list[int], list[int], tuple[list[int], list[int], list[int]], int]:
         """The remaining items class c can take, largest first, as (sizes, kinds, arrays, first index)."""
-        if uniform:
+        if self.uniform:
             # All items share one cap level: a class takes every item that fits,
             # or none when its level is below theirs. Share this node's lists.
-            sizes, kinds_, arrays = node_items
-            if n_kinds and cl[c] < kl[0]:
-                return sizes, kinds_, arrays, len(sizes)
-            return sizes, kinds_, arrays, bisect_left(arrays[0], -cf[c])
-        lvl, free = cl[c], cf[c]
-        kinds_ = [
-            k for k in range(n_kinds) if cnt[k] and kl[k] <= lvl and kw[k] <= free for _ in range(cnt[k])
+            sizes, kinds, arrays = self.items
+            if self.kinds and self.class_level[c] < self.kind_level[0]:
+                return sizes, kinds, arrays, len(sizes)
+            return sizes, kinds, arrays, bisect_left(arrays[0], -self.class_free[c])
+        lvl, free = self.class_level[c], self.class_free[c]
+        kinds = [
+            k
+            for k in range(len(self.kinds))
+            if self.left[k] and self.kind_level[k] <= lvl and self.kind_weight[k] <= free
+            for _ in range(self.left[k])
         ]
-        sizes = [kw[k] for k in kinds_]
-        return sizes, kinds_, _sorted_arrays(sizes, kinds_), 0
+        sizes = [self.kind_weight[k] for k in kinds]
+        return sizes, kinds, _sorted_arrays(sizes, kinds), 0
 
-    def best_fill(c: int, slots: int, enough: int) -> tuple[int, tuple[int, ...], int]:
-        sizes, kinds_, arrays, start = fitting(c)
-        return _best_subset_sum(sizes, kinds_, arrays, start, cf[c], slots, enough)
+    # -- the bounds ---------------------------------------------------------
 
-    def waste_at_least(
-        margin: int,
-        overfull: list[tuple[int, int, int]],
-        mine: dict[int, tuple[int, tuple[int, ...]]],
-        parent: dict[int, tuple[int, tuple[int, ...]]],
-        waste: dict[int, int],
-    ) -> int | None:
-        """Bound the bandwidth the overflowing PFs must leave unused; None when it exceeds ``margin``.
-
-        Each of them holds at most its best sum of remaining requests, so it
-        wastes at least the rest. Sums are computed only as far as the
-        decision needs: a parent's sum still reachable is reused, a greedy
-        filling bounds the waste from above, and the exact search runs,
-        largest possible gain first, until the total settles either way.
-        Fills ``waste`` with each class's lower bound; returns their total.
-        """
-        nonlocal enumerated
-        sure = 0
-        maybe = 0
-        todo = []
-        for c, slots, m in overfull:
-            free = cf[c]
-            lo = 0
-            known = parent.get(c)
-            if known is not None:
-                best, made_of = known
-                if len(made_of) <= slots and all(cnt[k] >= made_of.count(k) for k in set(made_of)):
-                    mine[c] = known
-                    waste[c] = free - best
-                    sure += (free - best) * m
-                    continue
-                # Fewer requests now, so the best sum cannot have grown.
-                lo = free - best
-            room = free
-            left = slots
-            took: list[int] = []
-            for k in range(bisect_left(neg_kw, -free), n_kinds):
-                if not left:
-                    break
-                w = kw[k]
-                if cnt[k] and w <= room and kl[k] <= cl[c]:
-                    # Size-0 requests (caps only) take slots but no bandwidth.
-                    t = min(cnt[k], left, room // w) if w else min(cnt[k], left)
-                    room -= t * w
-                    left -= t
-                    took.extend([k] * t)
-            waste[c] = lo
-            sure += lo * m
-            if room == lo:
-                mine[c] = (free - room, tuple(took))
-                continue
-            maybe += (room - lo) * m
-            todo.append(((room - lo) * m, c, slots, m, lo, room))
-        if sure > margin:
-            return None
-        todo.sort(reverse=True)
-        for gap, c, slots, m, lo, hi in todo:
-            if sure + maybe <= margin:
-                break
-            free = cf[c]
-            # Past this sum the waste left cannot exceed the margin: stop there.
-            enough = free - hi + (sure + maybe - margin + m - 1) // m
-            best, made_of, nodes = best_fill(c, slots, min(enough, free - lo))
-            enumerated += nodes + _SETS_PER_STEP
-            if best >= enough and best < free - lo:
-                break
-            mine[c] = (best, made_of)
-            waste[c] = free - best
-            sure += (free - best - lo) * m
-            maybe -= gap
-            if sure > margin:
-                return None
-        return sure
-
-    def bound_holds() -> bool:
-        nonlocal node_items
-        item_kinds = [k for k in range(n_kinds) if cnt[k] for _ in range(cnt[k])]
-        items = [kw[k] for k in item_kinds]
-        n = len(items)
-        total = sum(items)
+    def bound_holds(self) -> bool:
+        """Every bound of the node (see "Algorithm"); sets ``items``, ``best_fills`` and ``allow``."""
+        kinds = [k for k in range(len(self.kinds)) if self.left[k] for _ in range(self.left[k])]
+        items = [self.kind_weight[k] for k in kinds]
+        self.items = (items, kinds, _sorted_arrays(items, kinds))
+        depth = len(self.path)
+        mine: dict[int, tuple[int, tuple[int, ...]]] = {}
+        if len(self.best_fills) > depth:
+            self.best_fills[depth] = mine
+        else:
+            self.best_fills.append(mine)
         small = [0]
         for x in reversed(items):
             small.append(small[-1] + x)
-        arrays = _sorted_arrays(items, item_kinds)
-        negated, prefix, _ = arrays
-        node_items = (items, item_kinds, arrays)
-        depth = len(path)
-        parent = best_fills[depth - 1] if depth else {}
-        mine: dict[int, tuple[int, tuple[int, ...]]] = {}
-        if len(best_fills) > depth:
-            best_fills[depth] = mine
-        else:
-            best_fills.append(mine)
+        scan = self._scan(items, small)
+        if scan is None or not self._crowd_bound_holds(len(items), small):
+            return False
+        room, open_free, limited, overfull, full = scan
+        room += self._limited_room(limited)
+        total = sum(items)
+        if room < total:
+            return False
+        waste: dict[int, int] = {}
+        parent = self.best_fills[depth - 1] if depth else {}
+        wasted = self._waste_at_least(room - total, overfull, mine, parent, waste) if overfull else 0
+        if wasted is None or not self._levels_hold():
+            return False
+        # Martello-Toth L2 over the open bins (see dff_bound_holds, lam = 0).
+        open_free.sort()
+        heaviest = open_free[-1]
+        if not _l2_holds([(x, open_free[bisect_left(open_free, x)], heaviest) for x in items], open_free):
+            return False
+        # In a fit, the PFs that are not count-limited hold at most their free
+        # bandwidth less their waste bound, so one of them can waste at most
+        # the slack on top of its own bound (count-limited PFs get no limit).
+        slack = room - total - wasted
+        self.allow = [_UNLIMITED] * len(self.classes)
+        for c in full:
+            self.allow[c] = slack + waste.get(c, 0) + 1
+        return True
+
+    def _scan(
+        self, items: list[int], small: list[int]
+    ) -> tuple[int, list[int], list[tuple[int, int, int]], list[tuple[int, int, int]], list[int]] | None:
+        """Per open class, how many items it can hold and how much bandwidth; None when too little.
+
+        Returns the bandwidth of the classes that can be filled, the open PFs'
+        free bandwidths, the count-limited classes (free, items, PFs), the
+        overflowing ones (class, items, PFs) and the classes not count-limited.
+        """
+        n = len(items)
+        negated, prefix, _ = self.items[2]
         room = 0
         slots = 0
-        open_free = []
+        open_free: list[int] = []
         limited: list[tuple[int, int, int]] = []
         overfull: list[tuple[int, int, int]] = []
         full: list[int] = []
-        for c in range(n_classes):
-            m = bcnt[c]
+        for c in range(len(self.classes)):
+            m = self.open[c]
             if not m:
                 continue
-            free = cf[c]
+            free = self.class_free[c]
             open_free.extend([free] * m)
-            k = min(cv[c], n)
+            k = min(self.class_vfs[c], n)
             if small[k] > free:
                 k = bisect_right(small, free, 0, k + 1) - 1
             s = bisect_left(negated, -free)
@@ -667,115 +726,153 @@ def _bin_completion(
                     # Its requests overflow it: it may waste some bandwidth.
                     overfull.append((c, k, m))
         if slots < n or not open_free or max(open_free) < items[0]:
-            return False
-        if not crowd_bound_holds(n, small):
-            return False
-        # The count-limited PFs share the large requests: smallest PF first,
-        # each takes the largest requests left that fit it, which bounds what
-        # they hold together (requests fitting a PF also fit every larger one).
-        left = list(cnt)
+            return None
+        return room, open_free, limited, overfull, full
+
+    def _limited_room(self, limited: list[tuple[int, int, int]]) -> int:
+        """What the count-limited PFs hold together, at most.
+
+        They share the large requests: smallest PF first, each takes the
+        largest requests left that fit it (requests fitting a PF also fit
+        every larger one).
+        """
+        room = 0
+        left = list(self.left)
         for free, k, m in limited:
             want = k * m
-            for kk in range(bisect_left(neg_kw, -free), n_kinds):
+            for kk in range(bisect_left(self.neg_weight, -free), len(self.kinds)):
                 take = min(left[kk], want)
                 if take:
                     left[kk] -= take
                     want -= take
-                    room += take * kw[kk]
+                    room += take * self.kind_weight[kk]
                     if not want:
                         break
-        if room < total:
-            return False
-        waste: dict[int, int] = {}
-        wasted = waste_at_least(room - total, overfull, mine, parent, waste) if overfull else 0
-        if wasted is None:
-            return False
-        if not uniform:
-            # Hall's condition on levels: nested sets of bins.
-            for lvl in sorted(set(kl)):
-                need = sum(cnt[k] for k in range(n_kinds) if kl[k] >= lvl)
-                have = sum(bcnt[c] * cv[c] for c in range(n_classes) if cl[c] >= lvl)
-                if need > have:
-                    return False
-        # Martello-Toth L2 over the open bins (see dff_bound_holds, lam = 0).
-        open_free.sort()
-        heaviest = open_free[-1]
-        if not _l2_holds([(x, open_free[bisect_left(open_free, x)], heaviest) for x in items], open_free):
-            return False
-        # In a fit, the PFs that are not count-limited hold at most their free
-        # bandwidth less their waste bound, so one of them can waste at most
-        # the slack on top of its own bound (count-limited PFs get no limit).
-        slack = room - total - wasted
-        for c in range(n_classes):
-            allow[c] = huge
-        for c in full:
-            allow[c] = slack + waste.get(c, 0) + 1
+        return room
+
+    def _levels_hold(self) -> bool:
+        """Hall's condition on cap levels: nested sets of PFs."""
+        if self.uniform:
+            return True
+        for lvl in sorted(set(self.kind_level)):
+            need = sum(self.left[k] for k in range(len(self.kinds)) if self.kind_level[k] >= lvl)
+            have = sum(
+                self.open[c] * self.class_vfs[c]
+                for c in range(len(self.classes))
+                if self.class_level[c] >= lvl
+            )
+            if need > have:
+                return False
         return True
 
-    def dfs() -> bool:
-        nonlocal steps
-        a = next((k for k in range(n_kinds) if cnt[k]), -1)
-        if a < 0:
-            return True
-        key = (tuple(cnt), tuple(bcnt))
-        if key in failed:
-            return False
-        if steps + enumerated // _SETS_PER_STEP >= budget:
-            raise _OutOfSteps(budget)
-        steps += _NODE_STEPS
-        if not bound_holds():
-            failed.add(key)
-            return False
-        # Branch on the bin with the fewest completions, or on where the
-        # largest item goes, whichever has fewer children.
-        best: list[tuple[int, int, tuple[int, ...]]] | None = None
-        for c in by_tightness:
-            if bcnt[c]:
-                alt: list[tuple[int, int, tuple[int, ...]]] = []
-                if completions(c, -1, len(best) - 1 if best is not None else _FIRST_CAP, alt):
-                    best = alt
-                    if len(best) <= 1:
-                        break
-        if best is None or len(best) > 1:
-            cap = len(best) - 1 if best is not None else huge
-            alt = []
-            hosts = [c for c in range(n_classes) if bcnt[c] and cf[c] >= kw[a] and cl[c] >= kl[a]]
-            for c in hosts:
-                mine: list[tuple[int, int, tuple[int, ...]]] = []
-                if not completions(c, a, cap - len(alt), mine):
-                    break
-                # A filling that also fits an open PF this one dominates (at least
-                # as much bandwidth, VFs and level) goes there instead: swapping the
-                # two PFs' contents keeps any fit a fit.
-                smaller = [
-                    d for d in hosts if d != c and cf[d] <= cf[c] and cv[d] <= cv[c] and cl[d] <= cl[c]
-                ]
-                for filling in mine:
-                    room, _, chosen = filling
-                    size = cf[c] - room
-                    top = max(kl[k] for k in chosen)
-                    if not any(size <= cf[d] and len(chosen) <= cv[d] and top <= cl[d] for d in smaller):
-                        alt.append(filling)
-            else:
-                best = alt
-        assert best is not None
-        best.sort()
-        for _, c, chosen in best:
-            bcnt[c] -= 1
-            for k in chosen:
-                cnt[k] -= 1
-            path.append((c, chosen))
-            if dfs():
-                return True
-            path.pop()
-            bcnt[c] += 1
-            for k in chosen:
-                cnt[k] += 1
-        failed.add(key)
-        return False
+    def _crowd_bound_holds(self, n: int, small: list[int]) -> bool:
+        """Whatever some PFs cannot hold by VF count must fit in the bandwidth of the others.
 
-    found = dfs()
-    return (path if found else None), steps + enumerated // _SETS_PER_STEP, kinds, classes
+        Split the open PFs into T and the rest S: T takes at most its VFs in
+        requests, so S gets at least the others, which weigh at least as much
+        as that many smallest requests. The splits tried put into S the PFs
+        with the least bandwidth, or the least bandwidth per VF.
+        """
+        open_bins = [
+            (self.class_free[c], self.class_vfs[c])
+            for c in range(len(self.classes))
+            for _ in range(self.open[c])
+        ]
+        vfs_total = sum(v for _, v in open_bins)
+        for order in (sorted(open_bins), sorted(open_bins, key=lambda b: b[0] / b[1])):
+            free_s = 0
+            vfs_s = 0
+            for f, v in order[:-1]:
+                free_s += f
+                vfs_s += v
+                k = n - vfs_total + vfs_s
+                if k > 0 and small[k if k < n else n] > free_s:
+                    return False
+        return True
+
+    def _best_fill(self, c: int, slots: int, enough: int) -> tuple[int, tuple[int, ...], int]:
+        sizes, kinds, arrays, start = self.fitting(c)
+        return _best_subset_sum(sizes, kinds, arrays, start, self.class_free[c], slots, enough)
+
+    def _greedy_fill(self, c: int, slots: int) -> tuple[int, list[int]]:
+        """Room a largest-first filling of a class ``c`` PF leaves, and its kinds (bounds the waste above)."""
+        free = self.class_free[c]
+        room = free
+        left = slots
+        took: list[int] = []
+        for k in range(bisect_left(self.neg_weight, -free), len(self.kinds)):
+            if not left:
+                break
+            w = self.kind_weight[k]
+            if self.left[k] and w <= room and self.kind_level[k] <= self.class_level[c]:
+                # Size-0 requests (caps only) take slots but no bandwidth.
+                t = min(self.left[k], left, room // w) if w else min(self.left[k], left)
+                room -= t * w
+                left -= t
+                took.extend([k] * t)
+        return room, took
+
+    def _waste_at_least(
+        self,
+        margin: int,
+        overfull: list[tuple[int, int, int]],
+        mine: dict[int, tuple[int, tuple[int, ...]]],
+        parent: dict[int, tuple[int, tuple[int, ...]]],
+        waste: dict[int, int],
+    ) -> int | None:
+        """Bound the bandwidth the overflowing PFs must leave unused; None when it exceeds ``margin``.
+
+        Each of them holds at most its best sum of remaining requests, so it
+        wastes at least the rest. Sums are computed only as far as the
+        decision needs: a parent's sum still reachable is reused, a greedy
+        filling bounds the waste from above, and the exact search runs,
+        largest possible gain first, until the total settles either way.
+        Fills ``waste`` with each class's lower bound; returns their total.
+        """
+        sure = 0
+        maybe = 0
+        todo = []
+        for c, slots, m in overfull:
+            free = self.class_free[c]
+            lo = 0
+            known = parent.get(c)
+            if known is not None:
+                best, made_of = known
+                if len(made_of) <= slots and all(self.left[k] >= made_of.count(k) for k in set(made_of)):
+                    mine[c] = known
+                    waste[c] = free - best
+                    sure += (free - best) * m
+                    continue
+                # Fewer requests now, so the best sum cannot have grown.
+                lo = free - best
+            room, took = self._greedy_fill(c, slots)
+            waste[c] = lo
+            sure += lo * m
+            if room == lo:
+                mine[c] = (free - room, tuple(took))
+                continue
+            maybe += (room - lo) * m
+            todo.append(((room - lo) * m, c, slots, m, lo, room))
+        if sure > margin:
+            return None
+        todo.sort(reverse=True)
+        for gap, c, slots, m, lo, hi in todo:
+            if sure + maybe <= margin:
+                break
+            free = self.class_free[c]
+            # Past this sum the waste left cannot exceed the margin: stop there.
+            enough = free - hi + (sure + maybe - margin + m - 1) // m
+            best, made_of, nodes = self._best_fill(c, slots, min(enough, free - lo))
+            self.enumerated += nodes + _SETS_PER_STEP
+            if best >= enough and best < free - lo:
+                break
+            mine[c] = (best, made_of)
+            waste[c] = free - best
+            sure += (free - best - lo) * m
+            maybe -= gap
+            if sure > margin:
+                return None
+        return sure
 
 
 def _plural(count: int, word: str) -> str:
@@ -1296,9 +1393,11 @@ class _Problem:
             else:
                 continue
             pf_index.append(j)
-        found, steps, kinds, classes = _bin_completion(
+        search = _BinCompletion(
             [reqs[i].min_tx_rate for i in items], [self.rlevel[i] for i in items], pf_bins, budget
         )
+        found, steps = search.run()
+        kinds, classes = search.kinds, search.classes
         if found is None:
             return False, steps
         # Interchangeable PFs of a class are used in tie-break order.
