@@ -16,8 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rdma_cni.shared import constrained
-from rdma_cni.shared.placement import DEFAULT_MAX_STEPS, NoFit, PfState, Request, place
+from rdma_cni.shared.placement import DEFAULT_MAX_STEPS, NoFit, PfState, Request, constrained, place
 from tests.support.placement_oracle import allowed_on, assignment_ok
 
 REASONS = {"vfs", "unknown_capacity", "max_rate", "bandwidth", "constraint"}

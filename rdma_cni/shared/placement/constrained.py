@@ -36,18 +36,18 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
 
-from rdma_cni.shared.placement import (
+from rdma_cni.shared.placement.bincompletion import _l2_holds
+from rdma_cni.shared.placement.model import (
     NoFit,
     PfState,
     Placement,
     Policy,
     Request,
-    _l2_holds,
-    _place_plain,
     _plural,
     _sort_key,
     free_summary,
 )
+from rdma_cni.shared.placement.problem import _place_plain
 
 __all__ = ["place_constrained"]
 
