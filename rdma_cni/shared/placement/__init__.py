@@ -95,6 +95,25 @@ need a search (bin packing with VF counts and per-PF cap limits):
    condition kept during the search is exactly their feasibility, and
    assigning them afterwards, most restrictive cap first, never fails.
 
+Constraints
+-----------
+A request may name the PF it must go on (``Request.pf``) or a rail
+(``Request.rail``: it goes on a PF whose ``PfState.rail`` is that label), and
+``place(..., different_pfs=True)`` puts every request on a different PF.
+``different_pfs`` is the same problem with each PF offering the call one VF,
+so everything above applies unchanged. Requests naming a PF or rail are
+decided by :mod:`rdma_cni.shared.placement.constrained`: names this call's
+PFs do not have are a no-fit (reason ``"constraint"``), requests naming a PF
+are placed there first, and the rest split into independent problems where
+they can (one per rail when every request names a rail), each decided by the
+search above; only requests with and without a rail sharing PFs need a
+search of their own. Exact as well, within the same step budget.
+
+Layout: :mod:`~rdma_cni.shared.placement.model` (the dataclasses, NoFit,
+messages), :mod:`~rdma_cni.shared.placement.problem` (necessary conditions,
+the item-by-item search, the answer), :mod:`~rdma_cni.shared.placement.bincompletion`
+(stage 3) and :mod:`~rdma_cni.shared.placement.constrained`.
+
 Step budget
 -----------
 Bin packing is NP-hard: no exact method is known that stays within a fixed
