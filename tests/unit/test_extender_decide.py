@@ -626,7 +626,11 @@ def test_different_pfs_is_judged_per_attachment_and_cached_apart() -> None:
     assert two.key != spread.key and not spread.simple and two.simple
     assert decider.verdict(two, view).fits
     got = decider.verdict(spread, view)
-    assert not got.fits and "each on a different PF" in got.reason
+    assert (
+        not got.fits
+        and "each on a different PF" in got.reason
+        and "the node has 1 PF with a free VF" in got.reason
+    )
     assert not decider.fill(spread, view, decider.table(spread)).fits
     # Per attachment: two attachments of one interface each may share a PF.
     joint = _constrained(

@@ -240,6 +240,7 @@ def test_different_pfs_counts_one_vf_per_pf() -> None:
         place([Request()] * 3, pfs, different_pfs=True)
     assert exc.value.reason == "vfs"
     assert "3 interfaces (each on a different PF) requested" in str(exc.value)
+    assert "but the node has 2 PFs with a free VF" in str(exc.value)
     assert "a: 4 VFs" in str(exc.value)  # the node's real VFs, not the one counted per PF
     # Without the flag the same PFs take them.
     assert place([Request()] * 3, pfs).pfs == ("a", "b", "a")

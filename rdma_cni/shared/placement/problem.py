@@ -295,9 +295,15 @@ class _Problem:
         with_unknown = [vf_at[lvl] + self.unknown_vfs - nb[lvl] - nz[lvl] for lvl in range(levels + 1)]
 
         if len(self.requests) > self.total_vfs:
+            # Under different_pfs each PF offers one VF: say PFs, not VFs.
+            have = (
+                _plural(self.total_vfs, "PF") + " with a free VF"
+                if self.note
+                else _plural(self.total_vfs, "free VF")
+            )
             raise self._fail(
                 "vfs",
-                f" but the node has {_plural(self.total_vfs, 'free VF')}",
+                f" but the node has {have}",
                 self._kth_largest(list(range(len(self.requests))), self.total_vfs),
             )
         if only_known[0] < 0:
