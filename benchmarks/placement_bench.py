@@ -245,7 +245,7 @@ FAMILIES: dict[str, tuple[Callable[[random.Random], Instance], int]] = {
     "stress: VF- and bandwidth-tight": (vf_and_bandwidth_tight, 300),
     # Large samples of the two hardest families, to measure how often the
     # default budget runs out (it does on a handful: see "Step budget" in
-    # rdma_cni/shared/placement.py).
+    # rdma_cni/shared/placement/).
     "stress: tight 16x32, 5000 more": (tight_stress, 5000),
     "stress: VF- and bandwidth-tight, 3000 more": (vf_and_bandwidth_tight, 3000),
 }

@@ -21,19 +21,29 @@ from rdma_cni.cni.errors import CniError, InvalidPodRequest
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demand
 from rdma_cni.shared import nodestate, placement
-from rdma_cni.shared.podrequest import parse_request
+from rdma_cni.shared.podrequest import PodRequest, parse_request
 
-__all__ = ["NODES", "judge", "main", "parser", "render_table", "report"]
+__all__ = ["NODES", "demand_of", "judge", "main", "parser", "render_table", "report"]
 
 NODES = "/api/v1/nodes"
 PROG = "rdma-cni nodes"
 
 
-def _fits(value: str) -> Demand:
+def _fits(value: str) -> PodRequest:
     try:
-        return Demand.of(parse_request(value, "--fits"), "--fits")
+        return parse_request(value, "--fits")
     except InvalidPodRequest as exc:
         raise argparse.ArgumentTypeError(exc.msg) from exc
+
+
+def demand_of(request: PodRequest | None, network: str | None) -> Demand | None:
+    """The demand ``--fits`` asks about: on ``--network``'s PFs (and rails) when given, as the
+    extender judges a pod selecting that network; else on every PF of the node."""
+    if request is None:
+        return None
+    if network is None:
+        return Demand.of(request, "--fits")
+    return Demand.joint([(network, request, "--fits")])
 
 
 def _age(value: str) -> float:
@@ -58,6 +68,12 @@ def parser() -> argparse.ArgumentParser:
         type=_fits,
         metavar="JSON",
         help="a pod request as in its annotation, e.g. '[{\"min_tx_rate\": 10000}]'",
+    )
+    p.add_argument(
+        "--network",
+        metavar="NAME",
+        help="judge --fits as an attachment of this network: on its PFs and their rails "
+        "(needed for requests that name a rail)",
     )
     p.add_argument("--json", action="store_true", help="print JSON for scripts instead of a table")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account)")
@@ -149,8 +165,18 @@ def report(
     doc: dict[str, Any] = {"max_state_age": max_state_age, "nodes": nodes}
     if demand is not None:
         doc["request"] = [
-            {"min_tx_rate": r.min_tx_rate, "max_tx_rate": r.max_tx_rate} for r in demand.requests
+            {
+                "min_tx_rate": r.min_tx_rate,
+                "max_tx_rate": r.max_tx_rate,
+                **({"pf": r.pf} if r.pf is not None else {}),
+                **({"rail": r.rail} if r.rail is not None else {}),
+            }
+            for r in demand.requests
         ]
+        if any(demand.different_pfs):
+            doc["different_pfs"] = True
+        if demand.networks:
+            doc["network"] = demand.networks[0][0]
         doc["fitting_nodes"] = [n["name"] for n in nodes if n["fits"]["fits"]]
     return doc
 
@@ -224,7 +250,7 @@ def main(argv: list[str], out: TextIO) -> int:
     result = report(
         doc.get("items") or [],
         now=Decider().now(),
-        demand=args.fits,
+        demand=demand_of(args.fits, args.network),
         max_state_age=args.max_state_age,
     )
     out.write(json.dumps(result, indent=2) + "\n" if args.json else render_table(result))

@@ -58,6 +58,8 @@ class NetworkView:
     isolation: str = "auto"
     state_dir: str = "/var/lib/cni/rdma-cni"
     lock_file: str = "/run/rdma-cni/rdma-cni.lock"
+    # PF name -> the operator's rail label (the config's pfs entries written as objects).
+    rails: Mapping[str, str] = field(default_factory=dict)
 
 
 def default_view() -> NetworkView:
@@ -97,6 +99,7 @@ def load_view(path: str) -> NetworkView:
         isolation=conf.rdmaIsolation,
         state_dir=conf.stateDir,
         lock_file=conf.lockFile,
+        rails=conf.rails,
     )
 
 
@@ -192,6 +195,7 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
     # Per network (by name), its PFs as ADD scans them: the extender judges each selected
     # network's interfaces on these (version 2). Dicts keep the order and drop repeats.
     networks: dict[str, dict[str, None]] = {}
+    rails: dict[str, dict[str, str]] = {}
     seen: dict[tuple[str, str, str], Attachment] = {}
     with Rtnl() as host:
         vfctl = vf_control(host)
@@ -214,6 +218,7 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
             for problem in unreadable:
                 log.warning("node state: %s; its VFs count as free only once back in the host", problem)
             members = networks.setdefault(view.name, {})
+            rails.setdefault(view.name, {}).update(view.rails)
             for pv in pf_views(node, view.isolation):
                 members[pv.name] = None
                 pfs[pv.name] = cautious(pfs[pv.name], pv) if pv.name in pfs else pv
@@ -224,7 +229,7 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
         generation=0,
         updated="",
         networks=tuple(
-            nodestate.Network(name, tuple(members), (None,) * len(members))
+            nodestate.Network(name, tuple(members), tuple(rails[name].get(pf) for pf in members))
             for name, members in networks.items()
         ),
         pfs=tuple(sorted(pfs.values(), key=lambda p: p.name)),

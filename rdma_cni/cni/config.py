@@ -19,8 +19,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictInt,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
@@ -31,8 +33,10 @@ from rdma_cni.shared.podrequest import (
     DEFAULT_ANNOTATION,
     MAX_INTERFACES,
     MAX_RATE_MBPS,
+    RAIL_RULE,
     InterfaceRequest,
     format_errors,
+    valid_rail,
 )
 
 log = logging.getLogger("rdma_cni.config")
@@ -100,6 +104,29 @@ _ANNOTATION_KEY = re.compile(
 )
 
 
+class PfEntry(BaseModel):
+    """An entry of ``pfs`` written as an object: the PF's name and the operator's rail label for it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    rail: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_ifname(cls, v: str) -> str:
+        if not valid_ifname(v):
+            raise ValueError(f"{v!r} is not an interface name")
+        return v
+
+    @field_validator("rail")
+    @classmethod
+    def _rail_is_label(cls, v: str | None) -> str | None:
+        if v is not None and not valid_rail(v):
+            raise ValueError(f"{v[:70]!r} is not a rail label ({RAIL_RULE})")
+        return v
+
+
 class NetConf(BaseModel):
     """The network configuration rdma-cni reads. Field names are the JSON keys."""
 
@@ -137,6 +164,42 @@ class NetConf(BaseModel):
 
     logFile: str | None = None
     logLevel: Literal["debug", "info", "warning", "error"] = "info"
+
+    # PF name -> rail, from the entries of ``pfs`` written as {"name", "rail"} objects.
+    _rails: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _pf_entries(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> NetConf:
+        """Entries of ``pfs`` may be names or ``{"name", "rail"}`` objects; the field keeps the names.
+
+        So every reader of ``pfs`` sees names, as before rails existed, and
+        :attr:`rails` has the labels.
+        """
+        rails: dict[str, str] = {}
+        entries = data.get("pfs") if isinstance(data, dict) else None
+        if isinstance(entries, list) and any(isinstance(e, dict) for e in entries):
+            names: list[Any] = []
+            for k, entry in enumerate(entries):
+                if not isinstance(entry, dict):
+                    names.append(entry)
+                    continue
+                try:
+                    parsed = PfEntry.model_validate(entry)
+                except ValidationError as exc:
+                    raise ValueError(format_errors(exc, f"pfs.{k}.")) from None
+                names.append(parsed.name)
+                if parsed.rail is not None:
+                    rails[parsed.name] = parsed.rail
+            data = {**data, "pfs": names}
+        conf = handler(data)
+        conf._rails = rails
+        return conf
+
+    @property
+    def rails(self) -> dict[str, str]:
+        """The rail label of each PF that has one (from ``pfs`` entries written as objects)."""
+        return dict(self._rails)
 
     @field_validator("pfs")
     @classmethod

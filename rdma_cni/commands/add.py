@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from rdma_cni.cni.config import NetConf, first_interface_mac
@@ -91,7 +92,15 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
             node = scan(
                 pfs=conf.pfs, capacity=conf.capacityMbps, attachments=store.all(set_aside=True), vfctl=vfctl
             )
-            chosen = choose_proven(node, list(request.interfaces), isolation, source, finder)
+            chosen = choose_proven(
+                node,
+                list(request.interfaces),
+                isolation,
+                source,
+                finder,
+                rails=conf.rails,
+                different_pfs=request.different_pfs,
+            )
             att = plan(env, conf, finder, chosen, names, list(request.interfaces), isolation, mac)
             store.write(att)
             progress = Progress()
@@ -119,7 +128,14 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def choose_proven(
-    node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation, source: str, finder: VfFinder
+    node: Node,
+    request: list[InterfaceRequest],
+    isolation: RdmaIsolation,
+    source: str,
+    finder: VfFinder,
+    *,
+    rails: Mapping[str, str] | None = None,
+    different_pfs: bool = False,
 ) -> list[Vf]:
     """:func:`choose`, keeping only VFs the kernel proves to be home in the host.
 
@@ -129,7 +145,7 @@ def choose_proven(
     interface instead of one per VF of the node.
     """
     while True:
-        chosen = choose(node, request, isolation, source)
+        chosen = choose(node, request, isolation, source, rails=rails, different_pfs=different_pfs)
         unproven = [vf for vf in chosen if finder.in_host(vf.pci, vf.netdev) is None]
         if not unproven:
             return chosen
@@ -142,8 +158,21 @@ def choose_proven(
             vf.netdev = None  # no longer free: the next choice cannot pick it
 
 
-def choose(node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation, source: str) -> list[Vf]:
-    """Place the request and pick concrete VFs (lowest free index on each chosen PF)."""
+def choose(
+    node: Node,
+    request: list[InterfaceRequest],
+    isolation: RdmaIsolation,
+    source: str,
+    *,
+    rails: Mapping[str, str] | None = None,
+    different_pfs: bool = False,
+) -> list[Vf]:
+    """Place the request and pick concrete VFs (lowest free index on each chosen PF).
+
+    ``rails`` labels the network's PFs (its ``pfs`` entries' ``rail``) for
+    requests that name a rail; ``different_pfs`` puts each interface on its own PF.
+    """
+    rails = rails or {}
 
     def eligible(vf: Vf) -> bool:
         # The node agent counts capacity_vfs with the same method (rdma_cni.agent.snapshot).
@@ -157,10 +186,11 @@ def choose(node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation
             capacity_mbps=pf.capacity_mbps,
             reserved_mbps=pf.reserved_mbps,
             numa_node=pf.numa_node,
+            rail=rails.get(pf.name),
         )
         for pf in node.pfs
     ]
-    asked = ", ".join(f"[min {r.min_tx_rate}, max {r.max_tx_rate}]" for r in request)
+    asked = ", ".join(f"[min {r.min_tx_rate}, max {r.max_tx_rate}{_where(r)}]" for r in request)
     if not states:
         raise NoCapacity(
             f"{source} asks for {len(request)} interface(s) ({asked} Mbit/s) but this node has no "
@@ -168,9 +198,10 @@ def choose(node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation
         )
     try:
         placed = placement.place(
-            [placement.Request(r.min_tx_rate, r.max_tx_rate) for r in request],
+            [placement.Request(r.min_tx_rate, r.max_tx_rate, r.pf, r.rail) for r in request],
             states,
             max_steps=PLACEMENT_STEPS,
+            different_pfs=different_pfs,
         )
     except placement.NoFit as exc:
         excluded = sum(1 for pf in node.pfs for v in pf.vfs if v.free and not eligible(v))
@@ -184,6 +215,14 @@ def choose(node: Node, request: list[InterfaceRequest], isolation: RdmaIsolation
             f"asked: {asked}; free: " + placement.free_summary(states),
         ) from exc
     return [pools[pf_name].pop(0) for pf_name in placed.pfs]
+
+
+def _where(r: InterfaceRequest) -> str:
+    if r.pf is not None:
+        return f", pf {r.pf}"
+    if r.rail is not None:
+        return f", rail {r.rail}"
+    return ""
 
 
 def plan(

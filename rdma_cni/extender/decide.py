@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
@@ -42,8 +42,6 @@ _VIEW_TEXT_MAX = 256 * 1024
 
 Extra = Mapping[str, tuple[int, int]]
 _Fingerprint = tuple[tuple[placement.PfState, ...], int, tuple[nodestate.Network, ...]]
-# (networks judged together, their requests, the PFs they may use)
-Group = tuple[tuple[str, ...], tuple[placement.Request, ...], frozenset[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,32 +165,25 @@ def cannot_fit(demand: Demand, pfs: Sequence[placement.PfState]) -> str:
     return ""
 
 
-def network_groups(demand: Demand, networks: Sequence[nodestate.Network]) -> list[Group] | None:
-    """The demand's requests grouped by the PFs their networks may use; None: judge on every PF.
+def network_pfs(
+    pfs: Sequence[placement.PfState], networks: Sequence[nodestate.Network], network: str | None
+) -> tuple[tuple[placement.PfState, ...], str]:
+    """The PFs one attachment's ADD places on, with their rails, and a phrase naming them for reasons.
 
-    None when the demand names no networks, the state lists none (version 1),
-    or a network the pod selects is not listed (the node's agent is not told
-    of it). Networks sharing a PF are judged together on their PFs' union:
-    exact when their PF lists are equal, and no stricter than ADD when they
-    only overlap (per-interface constraints in placement would make that exact).
+    A version 2 state lists each network's PFs and rails; a version 1 state,
+    or a network the state does not list (its agent is not told of it), only
+    the union of the node's PFs, without rails.
     """
-    if not demand.networks or not networks:
-        return None
-    listed = {n.name: frozenset(n.pfs) for n in networks}
-    wanted = demand.by_network()
-    if any(name not in listed for name in wanted):
-        return None
-    groups: list[tuple[list[str], frozenset[str]]] = []
-    for name in wanted:
-        names, members = [name], listed[name]
-        apart = []
-        for other_names, other in groups:
-            if other & members:
-                names, members = other_names + names, other | members
-            else:
-                apart.append((other_names, other))
-        groups = [*apart, (names, members)]
-    return [(tuple(names), tuple(r for n in names for r in wanted[n]), members) for names, members in groups]
+    for net in networks:
+        if net.name == network:
+            by_name = {pf.name: pf for pf in pfs}
+            own = tuple(
+                by_name[name] if by_name[name].rail == rail else replace(by_name[name], rail=rail)
+                for name, rail in zip(net.pfs, net.rails, strict=True)
+                if name in by_name
+            )
+            return own, f" (on the PFs of network {network})"
+    return tuple(pfs), f" (network {network})" if network is not None and networks else ""
 
 
 class Decider:
@@ -346,7 +337,7 @@ class Decider:
     def fill(self, demand: Demand, view: NodeView, table: dict[int, Verdict]) -> Verdict:
         """:meth:`verdict` without reservations, for filter's first look at a state (its hot path)."""
         pfs = view.pfs
-        if (not demand.networks or not view.networks) and greedy_fits(demand.wants, pfs):
+        if demand.simple and (not demand.networks or not view.networks) and greedy_fits(demand.wants, pfs):
             got = self._fits[self._score(pfs, view.capacity_vfs, demand)]
             self._entries += 1
             table[view.fp] = got
@@ -395,33 +386,75 @@ class Decider:
         capacity_vfs: int,
         networks: tuple[nodestate.Network, ...] = (),
     ) -> Verdict:
-        groups = network_groups(demand, networks)
-        if groups is None:
-            return self._misfit(demand, pfs) or self._fits[self._score(pfs, capacity_vfs, demand)]
-        for names, requests, members in groups:
-            part = Demand(requests, (), demand.source)
-            got = self._misfit(part, tuple(pf for pf in pfs if pf.name in members))
-            if got is not None:
-                where = ", ".join(names)
-                return got._replace(reason=f"{got.reason} (on the PFs of network {where})")
-        return self._fits[self._score(pfs, capacity_vfs, demand)]
+        got = self._attach_all(demand, pfs, networks, None)
+        return got or self._fits[self._score(pfs, capacity_vfs, demand)]
+
+    def _attach_all(
+        self,
+        demand: Demand,
+        pfs: Sequence[placement.PfState],
+        networks: Sequence[nodestate.Network],
+        use: dict[str, list[int]] | None,
+    ) -> Verdict | None:
+        """Judge the pod's attachments as its ADDs run: one after the other, each on its network's PFs.
+
+        Each ADD takes what placement chooses on what the ones before it
+        left, so this is exactly whether every ADD succeeds (on the published
+        state), not whether some joint assignment exists. With ``use`` (bind)
+        it collects per PF the VFs and min rates taken, searches with bind's
+        budget and lets :class:`placement.NoFit` out; else it returns the
+        failing verdict or None.
+        """
+        parts = demand.attachments()
+        state = {pf.name: pf for pf in pfs}
+        for k, (network, requests, different) in enumerate(parts):
+            sub, where = network_pfs(tuple(state.values()), networks, network)
+            if use is None and k == len(parts) - 1:
+                # The last ADD leaves nothing to the next: only whether it fits, cheap proofs first.
+                part = Demand(requests, (), demand.source, (), (different,))
+                got = self._misfit(part, sub)
+                return got._replace(reason=f"{got.reason}{where}") if got is not None else None
+            if use is not None:
+                placed = placement.place(requests, sub, max_steps=BIND_STEPS, different_pfs=different)
+            else:
+                try:
+                    placed = placement.place(requests, sub, different_pfs=different)
+                except placement.NoFit as exc:
+                    return self._refused(exc, sub, where)
+            for req, name in zip(requests, placed.pfs, strict=True):
+                pf = state[name]
+                state[name] = replace(
+                    pf, free_vfs=pf.free_vfs - 1, reserved_mbps=pf.reserved_mbps + req.min_tx_rate
+                )
+                if use is not None:
+                    slot = use.setdefault(name, [0, 0])
+                    slot[0] += 1
+                    slot[1] += req.min_tx_rate
+        return None
+
+    @staticmethod
+    def _refused(exc: placement.NoFit, pfs: Sequence[placement.PfState], where: str = "") -> Verdict:
+        # The free-capacity summary differs per node: it goes to the log (see
+        # Extender), not into the reason, so that reasons group.
+        text = exc.message.removesuffix(f" ({placement.free_summary(pfs)})")
+        return Verdict(False, False, f"rdma-cni: {text}{where}", 0, exhausted=exc.reason == "search_limit")
 
     def _misfit(self, demand: Demand, pfs: tuple[placement.PfState, ...]) -> Verdict | None:
-        """The failing verdict when ``demand`` does not fit on ``pfs``, else None."""
+        """The failing verdict when ``demand`` (one attachment) does not fit on ``pfs``, else None."""
         # Most verdicts are "fits" on a node with room: a greedy assignment that respects every
-        # rule proves it in microseconds (placement is exact, so ADD finds a fit too). Then
-        # cheap necessary conditions prove most misfits; placement searches only what is left.
-        if not greedy_fits(demand.wants, pfs):
-            reason = cannot_fit(demand, pfs)
-            if reason:
-                return Verdict(False, False, reason, 0)
-            try:
-                placement.place(demand.requests, pfs)
-            except placement.NoFit as exc:
-                # The free-capacity summary differs per node: it goes to the log (see
-                # Extender), not into the reason, so that reasons group.
-                text = exc.message.removesuffix(f" ({placement.free_summary(pfs)})")
-                return Verdict(False, False, f"rdma-cni: {text}", 0, exhausted=exc.reason == "search_limit")
+        # rule proves it in microseconds (placement is exact, so ADD finds a fit too); it knows
+        # rates only, so not for constrained requests. Then cheap necessary conditions (true of
+        # constrained requests too: constraints only take PFs away) prove most misfits;
+        # placement searches only what is left.
+        if demand.simple and greedy_fits(demand.wants, pfs):
+            return None
+        reason = cannot_fit(demand, pfs)
+        if reason:
+            return Verdict(False, False, reason, 0)
+        try:
+            placement.place(demand.requests, pfs, different_pfs=any(demand.different_pfs))
+        except placement.NoFit as exc:
+            return self._refused(exc, pfs)
         return None
 
     def use(
@@ -429,21 +462,14 @@ class Decider:
     ) -> tuple[tuple[str, int, int], ...]:
         """(PF, VFs, min rate sum) per PF that placement picks for ``demand``: what a reservation holds.
 
-        Raises :class:`placement.NoFit` when it does not fit (bind checks the verdict first).
+        The attachments are placed as their ADDs will place them (see
+        :meth:`_attach_all`). Raises :class:`placement.NoFit` when it does not
+        fit (bind checks the verdict first).
         """
         assert view.state is not None
         pfs = nodestate.pf_states(view.state, extra) if extra else view.pfs
-        groups = network_groups(demand, view.networks) or [
-            ((), demand.requests, frozenset(p.name for p in pfs))
-        ]
         use: dict[str, list[int]] = {}
-        for _, requests, members in groups:
-            sub = [pf for pf in pfs if pf.name in members]
-            placed = placement.place(requests, sub, max_steps=BIND_STEPS)
-            for req, pf in zip(requests, placed.pfs, strict=True):
-                slot = use.setdefault(pf, [0, 0])
-                slot[0] += 1
-                slot[1] += req.min_tx_rate
+        self._attach_all(demand, pfs, view.networks, use)
         return tuple(sorted((pf, vfs, rate) for pf, (vfs, rate) in use.items()))
 
     def _score(self, pfs: tuple[placement.PfState, ...], capacity_vfs: int, demand: Demand) -> int:

@@ -40,48 +40,79 @@ class Demand:
     key: tuple[Any, ...]
     source: str
     networks: tuple[tuple[str, int], ...] = ()
+    # Per attachment (per entry of ``networks``, or one when it is empty): each interface on its own PF.
+    different_pfs: tuple[bool, ...] = ()
     # Derived once, read per node: (min, max) largest first (best fit's order), the min rates' sum.
     wants: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
     min_total: int = field(init=False, repr=False, compare=False)
+    # One attachment without constraints: judged by the fast paths that know only rates.
+    simple: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         rates = sorted((r.min_tx_rate, r.max_tx_rate) for r in self.requests)
         object.__setattr__(self, "wants", tuple(rates[::-1]))
         object.__setattr__(self, "min_total", sum(low for low, _ in rates))
+        constrained = any(self.different_pfs) or any(
+            r.pf is not None or r.rail is not None for r in self.requests
+        )
+        object.__setattr__(self, "simple", len(self.networks) <= 1 and not constrained)
 
     @classmethod
     def of(cls, request: PodRequest, source: str) -> Demand:
         """From a validated request."""
-        reqs = tuple(placement.Request(i.min_tx_rate, i.max_tx_rate) for i in request.interfaces)
-        # Whether a request fits does not depend on the order of its interfaces.
-        key = tuple(sorted((r.min_tx_rate, r.max_tx_rate) for r in reqs))
-        return cls(reqs, key, source)
+        reqs = _requests(request)
+        key = _shape(request)
+        if request.different_pfs:
+            key = (*key, "different_pfs")
+        return cls(reqs, key, source, (), (request.different_pfs,))
 
     @classmethod
     def joint(cls, parts: Sequence[tuple[str, PodRequest, str]]) -> Demand:
-        """The demand of a pod's attachments, ``(network, request, source)`` each: all their interfaces."""
-        reqs = tuple(
-            placement.Request(i.min_tx_rate, i.max_tx_rate)
-            for _, request, _ in parts
-            for i in request.interfaces
-        )
+        """The demand of a pod's attachments, ``(network, request, source)`` each, in ADD order."""
+        reqs = tuple(r for _, request, _ in parts for r in _requests(request))
         networks = tuple((network, len(request.interfaces)) for network, request, _ in parts)
-        # Per network, order does not matter; two attachments of one network pool their interfaces.
-        pooled: dict[str, list[tuple[int, int]]] = {}
-        for network, request, _ in parts:
-            pooled.setdefault(network, []).extend((i.min_tx_rate, i.max_tx_rate) for i in request.interfaces)
-        key = tuple(sorted((network, tuple(sorted(rates))) for network, rates in pooled.items()))
+        # The ADDs run one after the other, each on what the ones before left: order matters.
+        key = tuple((network, request.different_pfs, _shape(request)) for network, request, _ in parts)
         sources = {source: None for _, _, source in parts}
-        return cls(reqs, key, "; ".join(sources), networks)
+        return cls(
+            reqs, key, "; ".join(sources), networks, tuple(request.different_pfs for _, request, _ in parts)
+        )
+
+    def attachments(self) -> list[tuple[str | None, tuple[placement.Request, ...], bool]]:
+        """(network or None, requests, different_pfs) of each attachment, in the order ADD runs them."""
+        if not self.networks:
+            return [(None, self.requests, any(self.different_pfs))]
+        out = []
+        at = 0
+        for k, (network, count) in enumerate(self.networks):
+            different = self.different_pfs[k] if k < len(self.different_pfs) else False
+            out.append((network, self.requests[at : at + count], different))
+            at += count
+        return out
 
     def by_network(self) -> dict[str, list[placement.Request]]:
         """The requests of each network (empty when the demand names no networks)."""
         out: dict[str, list[placement.Request]] = {}
-        at = 0
-        for network, count in self.networks:
-            out.setdefault(network, []).extend(self.requests[at : at + count])
-            at += count
+        for network, requests, _ in self.attachments():
+            if network is not None:
+                out.setdefault(network, []).extend(requests)
         return out
+
+
+def _requests(request: PodRequest) -> tuple[placement.Request, ...]:
+    return tuple(placement.Request(i.min_tx_rate, i.max_tx_rate, i.pf, i.rail) for i in request.interfaces)
+
+
+def _shape(request: PodRequest) -> tuple[Any, ...]:
+    """The request up to the order of its interfaces, which does not change what fits or what is used."""
+    return tuple(
+        sorted(
+            (i.min_tx_rate, i.max_tx_rate)
+            if i.pf is None and i.rail is None
+            else (i.min_tx_rate, i.max_tx_rate, i.pf or "", i.rail or "")
+            for i in request.interfaces
+        )
+    )
 
 
 def selected_networks(pod_namespace: str, value: Any) -> list[tuple[str, str]]:

@@ -10,12 +10,14 @@ that once at start-up.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     ValidationError,
     field_validator,
@@ -34,6 +36,7 @@ __all__ = [
     "PodRequest",
     "format_errors",
     "parse_request",
+    "valid_rail",
 ]
 
 MAX_INTERFACES = 32
@@ -45,15 +48,53 @@ DEFAULT_ANNOTATION = "rdma_interfaces_required"
 
 Rate = Annotated[StrictInt, Field(ge=0, le=MAX_RATE_MBPS)]
 
+# A rail label: what a Kubernetes label value allows (1-63 characters), so that
+# operators can reuse their node or NIC labels.
+_RAIL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+RAIL_RULE = "1-63 characters: letters, digits, '-', '_' or '.', beginning and ending with a letter or digit"
+
+
+def valid_rail(value: object) -> bool:
+    """Whether ``value`` is a rail label (the network config's ``rail`` and a request's)."""
+    return isinstance(value, str) and _RAIL.fullmatch(value) is not None
+
 
 class InterfaceRequest(BaseModel):
-    """One requested RDMA interface: rates in Mbit/s and an optional pod-side name."""
+    """One requested RDMA interface: rates in Mbit/s, an optional pod-side name, and where it may go.
+
+    ``pf`` names the PF it must go on, ``rail`` the rail (the ``rail`` label of
+    PFs in the network's ``pfs`` list); at most one of them. A name this
+    node's network does not have is a no-fit on that node, not an error:
+    PF names and rails are facts of each node.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     min_tx_rate: Rate = 0
     max_tx_rate: Rate = 0
     name: str | None = None
+    pf: str | None = None
+    rail: str | None = None
+
+    @field_validator("pf")
+    @classmethod
+    def _pf_is_ifname(cls, v: str | None) -> str | None:
+        if v is not None and not valid_ifname(v):
+            raise ValueError(f"{v!r} is not a valid PF interface name (1-{IFNAMSIZ} printable ASCII)")
+        return v
+
+    @field_validator("rail")
+    @classmethod
+    def _rail_is_label(cls, v: str | None) -> str | None:
+        if v is not None and not valid_rail(v):
+            raise ValueError(f"{v[:70]!r} is not a rail label ({RAIL_RULE})")
+        return v
+
+    @model_validator(mode="after")
+    def _pf_or_rail(self) -> InterfaceRequest:
+        if self.pf is not None and self.rail is not None:
+            raise ValueError(f"names both pf {self.pf!r} and rail {self.rail!r}: name one of them")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -75,11 +116,12 @@ class InterfaceRequest(BaseModel):
 
 
 class PodRequest(BaseModel):
-    """The validated list of interfaces a pod asks for (1 to 32)."""
+    """The validated list of interfaces a pod asks for (1 to 32); ``different_pfs``: each on its own PF."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     interfaces: Annotated[list[InterfaceRequest], Field(min_length=1, max_length=MAX_INTERFACES)]
+    different_pfs: StrictBool = False
 
     @model_validator(mode="after")
     def _names_unique(self) -> PodRequest:
@@ -109,7 +151,10 @@ def format_errors(exc: ValidationError, prefix: str = "") -> str:
 
 def _json_type(value: Any) -> str:
     if isinstance(value, dict):
-        return "an object (wrap a single interface in a list: [{...}])"
+        return (
+            'an object without "interfaces" (wrap a single interface in a list: [{...}], '
+            'or use {"interfaces": [{...}], "different_pfs": true})'
+        )
     names = {str: "a string", bool: "a boolean", int: "a number", float: "a number", type(None): "null"}
     return names.get(type(value), type(value).__name__)
 
@@ -118,7 +163,9 @@ def parse_request(raw: Any, source: str) -> PodRequest:
     """Validate a pod's request; ``source`` (e.g. "pod ns/name annotation X") names it in errors.
 
     ``raw`` is the annotation string (JSON) or an already decoded value from
-    the config's ``args``; either way it must be a list of objects. Raises
+    the config's ``args``; either way a list of interface objects (the
+    original form), or an object ``{"interfaces": [...], "different_pfs": bool}``
+    for requests that set ``different_pfs``. Raises
     :class:`~rdma_cni.cni.errors.InvalidPodRequest` (code 101).
     """
     value = raw
@@ -130,6 +177,14 @@ def parse_request(raw: Any, source: str) -> PodRequest:
             value = json.loads(raw)
         except (ValueError, RecursionError) as exc:
             raise InvalidPodRequest(f"{source}: not valid JSON: {exc}") from exc
+    options: dict[str, Any] = {}
+    prefix = "entry "
+    if isinstance(value, dict) and "interfaces" in value:
+        options = {k: v for k, v in value.items() if k != "interfaces"}
+        value = value["interfaces"]
+        prefix = "interfaces entry "
+        if not isinstance(value, list):
+            raise InvalidPodRequest(f"{source}: interfaces: expected a JSON list of interface objects")
     if not isinstance(value, list):
         raise InvalidPodRequest(
             f"{source}: expected a JSON list of interface objects like "
@@ -142,7 +197,7 @@ def parse_request(raw: Any, source: str) -> PodRequest:
     if len(value) > MAX_INTERFACES:
         raise InvalidPodRequest(f"{source}: asks for {len(value)} interfaces, the limit is {MAX_INTERFACES}")
     try:
-        return PodRequest(interfaces=value)
+        return PodRequest(interfaces=value, **options)
     except ValidationError as exc:
-        detail = format_errors(exc).replace("interfaces.", "entry ")
+        detail = format_errors(exc).replace("interfaces.", prefix)
         raise InvalidPodRequest(f"{source}: {detail}") from exc

@@ -167,3 +167,16 @@ def test_the_state_lists_each_networks_pfs(cluster: Cluster) -> None:
         ("all", ("simpf0", "simpf1")),
     ]
     assert nodestate.decode(nodestate.encode(_stamped(state))) == _stamped(state)
+
+
+def test_the_state_carries_each_networks_rails(cluster: Cluster) -> None:
+    """The rails of a network's pfs entries go into its PF list; a PF may have another rail elsewhere."""
+    railed = view_of(cluster, name="rails", pfs=[{"name": "simpf0", "rail": "rail-0"}, "simpf1"])
+    other = view_of(cluster, name="other", pfs=[{"name": "simpf1", "rail": "east"}])
+    assert railed.rails == {"simpf0": "rail-0"}
+    state = snapshot.snapshot([railed, other])
+    assert [(n.name, n.pfs, n.rails) for n in state.networks] == [
+        ("rails", ("simpf0", "simpf1"), ("rail-0", None)),
+        ("other", ("simpf1",), ("east",)),
+    ]
+    assert nodestate.decode(nodestate.encode(_stamped(state))) == _stamped(state)

@@ -50,6 +50,31 @@ def interface(draw: st.DrawFn) -> dict[str, int]:
 
 
 REQUEST = st.lists(interface(), min_size=1, max_size=4)
+
+
+@st.composite
+def constrained_interface(draw: st.DrawFn, rails: bool = True) -> dict[str, Any]:
+    """An interface that may name a PF (sometimes one the node lacks) or a rail (sometimes unknown)."""
+    entry: dict[str, Any] = draw(interface())
+    where = draw(st.sampled_from(["none", "none", "pf", "rail", "rail"] if rails else ["none", "pf"]))
+    if where == "pf":
+        entry["pf"] = draw(st.sampled_from(["simpf0", "simpf1", "simpf2", "simpf9"]))
+    elif where == "rail":
+        entry["rail"] = draw(st.sampled_from(["rail-0", "rail-1", "rail-1", "rail-9"]))
+    return entry
+
+
+@st.composite
+def constrained_request(draw: st.DrawFn, rails: bool = True) -> Any:
+    """A request in either form: the original list, or the object with ``different_pfs``."""
+    interfaces = draw(st.lists(constrained_interface(rails), min_size=1, max_size=4))
+    if draw(st.booleans()):
+        return {"interfaces": interfaces, "different_pfs": draw(st.booleans())}
+    return interfaces
+
+
+# The rails the operator labels PFs with in the network configs (pfs entries as objects).
+RAILS = {"simpf0": "rail-0", "simpf1": "rail-1", "simpf2": "rail-1"}
 CAPACITY = st.fixed_dictionaries(
     {},
     optional={
@@ -63,7 +88,7 @@ CAPACITY = st.fixed_dictionaries(
 DECIDER = Decider()
 
 
-def extender_verdict(state: nodestate.NodeState, request: list[dict[str, int]]) -> Verdict:
+def extender_verdict(state: nodestate.NodeState, request: Any) -> Verdict:
     """The extender's filter verdict for the node, from the annotation as the agent publishes it."""
     text = nodestate.encode(dataclasses.replace(state, generation=1, updated="2026-01-01T00:00:00Z"))
     view = DECIDER.view(text)
@@ -81,16 +106,20 @@ def extender_verdict(state: nodestate.NodeState, request: list[dict[str, int]]) 
 @given(
     capacity=CAPACITY,
     isolation=st.sampled_from(["auto", "off"]),
-    before=st.lists(REQUEST, max_size=5),
-    probe=REQUEST,
+    before=st.lists(REQUEST | constrained_request(rails=False), max_size=5),
+    probe=REQUEST | constrained_request(rails=False),
 )
 def test_extender_verdict_equals_add_outcome(
     cluster: Cluster,
     capacity: dict[str, int],
     isolation: str,
-    before: list[list[dict[str, int]]],
-    probe: list[dict[str, int]],
+    before: list[Any],
+    probe: Any,
 ) -> None:
+    """Requests with a ``pf`` and with ``different_pfs`` too: the extender knows the PFs' names.
+
+    (A pod's rails need its network: see the multi-network property below.)
+    """
     conf = cluster.conf(ipam=None, capacityMbps=capacity, rdmaIsolation=isolation)
     path = os.path.join(cluster.tmp, "property-conf.json")
     with open(path, "w") as f:
@@ -139,17 +168,27 @@ NETWORK_PFS = st.sampled_from(
         (["simpf0", "simpf2"], ["simpf1"]),
         (None, None),
         (["simpf0", "simpf1"], ["simpf0", "simpf1"]),
+        # Partly overlapping: the extender must follow the ADDs' sequence, not the union.
+        (["simpf0", "simpf1"], ["simpf1", "simpf2"]),
+        (["simpf1", "simpf2"], ["simpf0", "simpf1", "simpf2"]),
     ]
 )
 NETWORKS = ("net-a", "net-b")
 # Per attachment: its own request (cni-args), or None for the pod-wide annotation / the default.
 ATTACHMENTS = st.lists(
-    st.tuples(st.sampled_from(NETWORKS), st.none() | REQUEST),
+    st.tuples(st.sampled_from(NETWORKS), st.none() | REQUEST | constrained_request()),
     min_size=1,
     max_size=2,
     unique_by=lambda a: a[0],
 )
-POD = st.tuples(ATTACHMENTS, st.none() | REQUEST)
+POD = st.tuples(ATTACHMENTS, st.none() | REQUEST | constrained_request())
+
+
+def _railed(pfs: list[str] | None, railed: bool) -> list[Any] | None:
+    """A network's pfs with the operator's rails as objects (every PF when None), or as given."""
+    if not railed:
+        return pfs
+    return [{"name": pf, "rail": RAILS[pf]} for pf in (pfs or sorted(RAILS))]
 
 
 def _multi_pod_verdict(
@@ -178,7 +217,7 @@ def _multi_pod_verdict(
 
 @pytest.mark.node(LAYOUT)
 @settings(
-    max_examples=60,
+    max_examples=80,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -186,6 +225,7 @@ def _multi_pod_verdict(
     capacity=CAPACITY,
     isolation=st.sampled_from(["auto", "off"]),
     layout=NETWORK_PFS,
+    railed=st.sampled_from([True, True, False]),
     before=st.lists(POD, max_size=4),
     probe=POD,
 )
@@ -194,12 +234,19 @@ def test_multi_network_verdict_equals_all_adds_succeeding(
     capacity: dict[str, int],
     isolation: str,
     layout: tuple[Any, Any],
+    railed: bool,
     before: list[tuple[list[tuple[str, Any]], Any]],
     probe: tuple[list[tuple[str, Any]], Any],
 ) -> None:
-    """One ADD per selected network, each with the request the shared rule gives it."""
+    """One ADD per selected network, each with the request the shared rule gives it.
+
+    Requests may name PFs and rails and ask for different PFs; the networks'
+    PF lists may carry rails, and may be disjoint, equal or partly overlapping.
+    """
     confs = {
-        net: cluster.conf(ipam=None, name=net, pfs=pfs, capacityMbps=capacity, rdmaIsolation=isolation)
+        net: cluster.conf(
+            ipam=None, name=net, pfs=_railed(pfs, railed), capacityMbps=capacity, rdmaIsolation=isolation
+        )
         for net, pfs in zip(NETWORKS, layout, strict=True)
     }
     views = []
@@ -232,6 +279,55 @@ def test_multi_network_verdict_equals_all_adds_succeeding(
         verdict, demand = _multi_pod_verdict(state, *probe)
         assert not verdict.exhausted
         assert attach(*probe) == verdict.fits, (verdict, demand, state)
+    finally:
+        for env, conf in reversed(added):
+            assert cluster.run_inproc("DEL", env, conf).ok
+        _forget_netns(cluster)
+    assert_node_pristine(cluster)
+
+
+@pytest.mark.node(LAYOUT)
+def test_one_interface_per_rail_fits_and_is_placed_on_the_rails(cluster: Cluster) -> None:
+    """Two networks on the same railed PFs; the pod asks one interface on each rail, per network."""
+    confs = {
+        net: cluster.conf(ipam=None, name=net, pfs=_railed(None, True), rdmaIsolation="off")
+        for net in NETWORKS
+    }
+    views = []
+    for net, conf in confs.items():
+        path = os.path.join(cluster.tmp, f"rails-{net}.json")
+        with open(path, "w") as f:
+            json.dump(conf, f)
+        views.append(snapshot.load_view(path))
+    state = snapshot.snapshot(views)
+    assert [n.rails for n in state.networks] == [("rail-0", "rail-1", "rail-1")] * 2
+    attachments = [
+        ("net-a", [{"rail": "rail-0"}]),
+        ("net-b", {"interfaces": [{"rail": "rail-1"}] * 2, "different_pfs": True}),
+    ]
+    verdict, demand = _multi_pod_verdict(state, attachments, None)
+    assert verdict.fits, verdict
+    use = DECIDER.use(
+        demand,
+        DECIDER.view(
+            nodestate.encode(dataclasses.replace(state, generation=1, updated="2026-01-01T00:00:00Z"))
+        ),
+    )
+    assert use == (("simpf0", 1, 0), ("simpf1", 1, 0), ("simpf2", 1, 0))
+    pod = cluster.pod(None)
+    added = []
+    try:
+        for k, (net, req) in enumerate(attachments):
+            conf = {**confs[net], "args": {"cni": {"rdma_interfaces_required": req}}}
+            env = {**pod, "CNI_IFNAME": f"net{k + 1}"}
+            outcome = cluster.run_inproc("ADD", env, conf)
+            assert outcome.ok, outcome.doc
+            added.append((env, conf))
+        after = snapshot.snapshot(views)
+        assert sorted(u.pf for a in after.allocations for u in a.interfaces) == ["simpf0", "simpf1", "simpf2"]
+        # A third interface on rail-1, each on its own PF, cannot fit: rail-1 has two PFs.
+        three = [("net-b", {"interfaces": [{"rail": "rail-1"}] * 3, "different_pfs": True})]
+        assert not _multi_pod_verdict(state, three, None)[0].fits
     finally:
         for env, conf in reversed(added):
             assert cluster.run_inproc("DEL", env, conf).ok

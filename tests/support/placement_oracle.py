@@ -13,14 +13,22 @@ from rdma_cni.shared.placement import PfState, Request
 
 def allowed_on(req: Request, pf: PfState) -> bool:
     """Whether ``req`` may go on ``pf`` at all, ignoring VFs and other requests."""
+    if req.pf is not None and req.pf != pf.name:
+        return False
+    if req.rail is not None and req.rail != pf.rail:
+        return False
     if pf.capacity_mbps is None:
         return req.min_tx_rate == 0
     return req.max_tx_rate <= pf.capacity_mbps
 
 
-def assignment_ok(requests: Sequence[Request], pfs: Sequence[PfState], names: Sequence[str]) -> bool:
-    """Every constraint of a placement: VF counts, bandwidth, caps, unknown capacity."""
+def assignment_ok(
+    requests: Sequence[Request], pfs: Sequence[PfState], names: Sequence[str], different_pfs: bool = False
+) -> bool:
+    """Every rule of a placement: VF counts, bandwidth, caps, unknown capacity, pf, rail, different PFs."""
     if len(names) != len(requests):
+        return False
+    if different_pfs and len(set(names)) != len(names):
         return False
     by_name = {pf.name: pf for pf in pfs}
     count: dict[str, int] = {}

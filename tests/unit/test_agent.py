@@ -260,3 +260,22 @@ def test_the_shipped_daemonset_needs_no_network_config_for_the_shipped_network(t
         ds = next(d for d in yaml.safe_load_all(f) if d and d.get("kind") == "DaemonSet")
     command = ds["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--node-state" in command and not any(a.startswith("--network-config") for a in command)
+
+
+def test_a_v2_state_with_railed_networks_at_256_pods_by_8_interfaces_stays_well_inside_128_kib() -> None:
+    """Every allocation kept, 16 PFs in 8 two-PF rail networks and one network of all 16 (every PF railed)."""
+    import dataclasses
+
+    state = big_state(256, 8)
+    names = [pf.name for pf in state.pfs]
+    rails = [
+        nodestate.Network(f"rdma-rail-{r}", tuple(names[2 * r : 2 * r + 2]), (f"rail-{r}",) * 2)
+        for r in range(8)
+    ]
+    everything = nodestate.Network("rdma-all", tuple(names), tuple(f"rail-{k // 2}" for k in range(16)))
+    networks = (*rails, everything)
+    v2 = dataclasses.replace(state, version=nodestate.VERSION_2, networks=networks)
+    text = nodestate.encode(v2)
+    assert len(text) <= 57_000  # 56,361 bytes when written: 55 KiB
+    assert publish.fit(v2) is v2
+    assert nodestate.decode(text) == v2

@@ -103,3 +103,37 @@ def test_plugin_searches_with_its_larger_budget(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(placement, "place", spy)
     add.choose(Node(pfs=[pf("a", 1000, 1)]), reqs((0, 0)), RdmaIsolation("off"), "t")
     assert seen["max_steps"] == add.PLACEMENT_STEPS > placement.DEFAULT_MAX_STEPS
+
+
+def test_rails_of_the_config_and_the_requests_constraints_reach_placement() -> None:
+    node = Node(pfs=[pf("a", 25000, 3), pf("b", 25000, 3), pf("c", 25000, 3)])
+    rails = {"a": "rail-0", "b": "rail-1", "c": "rail-1"}
+    request = [InterfaceRequest(rail="rail-1"), InterfaceRequest(rail="rail-0"), InterfaceRequest(pf="c")]
+    chosen = add.choose(node, request, RdmaIsolation("off"), "test", rails=rails)
+    assert [v.pf for v in chosen] in (["b", "a", "c"], ["c", "a", "c"])
+    spread = add.choose(
+        node,
+        [InterfaceRequest(rail="rail-1")] * 2,
+        RdmaIsolation("off"),
+        "test",
+        rails=rails,
+        different_pfs=True,
+    )
+    assert sorted(v.pf for v in spread) == ["b", "c"]
+    with pytest.raises(NoCapacity) as err:
+        add.choose(
+            node,
+            [InterfaceRequest(rail="rail-0")] * 2,
+            RdmaIsolation("off"),
+            "t",
+            rails=rails,
+            different_pfs=True,
+        )
+    assert err.value.code == 100 and "each on a different PF" in err.value.msg
+    with pytest.raises(NoCapacity) as err:
+        add.choose(node, [InterfaceRequest(rail="rail-9")], RdmaIsolation("off"), "pod ns/p", rails=rails)
+    assert "entry 0.rail: no PF of the network here has rail 'rail-9'" in err.value.msg
+    assert "rail rail-9" in err.value.details  # what was asked, with its constraint
+    # Without the config's rails, a rail request fits nowhere.
+    with pytest.raises(NoCapacity):
+        add.choose(node, [InterfaceRequest(rail="rail-0")], RdmaIsolation("off"), "t")

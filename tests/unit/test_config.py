@@ -628,3 +628,78 @@ def test_a_key_too_long_to_match_skips_difflib(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(difflib, "get_close_matches", lambda *a, **k: pytest.fail("difflib ran"))
     assert suggest_field("x" * 10_000) is None
+
+
+# ---------------------------------------------------------------------------
+# Constraints: pf, rail, different_pfs (the request) and rails on the config's pfs
+
+
+def test_constrained_requests() -> None:
+    req = parse_request('[{"rail": "rail-0", "min_tx_rate": 100}, {"pf": "ens1f0"}, {}]', SOURCE)
+    assert [(i.pf, i.rail) for i in req.interfaces] == [(None, "rail-0"), ("ens1f0", None), (None, None)]
+    assert req.different_pfs is False
+    spread = parse_request('{"interfaces": [{"rail": "a.b_c-1"}, {}], "different_pfs": true}', SOURCE)
+    assert spread.different_pfs is True and spread.interfaces[0].rail == "a.b_c-1"
+    # The object form without the flag means what the list means.
+    assert parse_request('{"interfaces": [{}]}', SOURCE) == parse_request("[{}]", SOURCE)
+    assert parse_request({"interfaces": [{}], "different_pfs": True}, SOURCE).different_pfs
+
+
+INVALID_CONSTRAINTS = [
+    ('[{"pf": "ens1f0", "rail": "r"}]', ["entry 0:", "names both pf 'ens1f0' and rail 'r'"]),
+    ('[{"pf": "bad name"}]', ["entry 0.pf", "valid PF interface name"]),
+    ('[{"pf": ""}]', ["entry 0.pf"]),
+    ('[{"pf": 3}]', ["entry 0.pf", "string"]),
+    ('[{}, {"rail": "-r"}]', ["entry 1.rail", "not a rail label"]),
+    ('[{"rail": "r r"}]', ["entry 0.rail", "not a rail label"]),
+    ('[{"rail": ""}]', ["entry 0.rail", "not a rail label"]),
+    ('[{"rail": "' + "r" * 64 + '"}]', ["entry 0.rail", "1-63 characters"]),
+    ('[{"rail": null, "pf": null}]', None),
+    ('{"interfaces": [{}], "different_pfs": "yes"}', ["different_pfs", "boolean"]),
+    ('{"interfaces": [{}], "different_pfs": 1}', ["different_pfs", "boolean"]),
+    ('{"interfaces": [{}], "spread": true}', ["spread", "Extra inputs"]),
+    ('{"interfaces": {}}', ["interfaces: expected a JSON list"]),
+    ('{"interfaces": []}', ["no interfaces"]),
+    ('{"interfaces": [{"rail": 5}]}', ["interfaces entry 0.rail", "string"]),
+    ('{"different_pfs": true}', ["expected a JSON list", "different_pfs"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragments"), INVALID_CONSTRAINTS, ids=[repr(r[0])[:50] for r in INVALID_CONSTRAINTS]
+)
+def test_invalid_constraints_are_code_101_naming_the_field(raw: str, fragments: list[str] | None) -> None:
+    if fragments is None:
+        parse_request(raw, SOURCE)  # null means "not set"
+        return
+    with pytest.raises(InvalidPodRequest) as info:
+        parse_request(raw, SOURCE)
+    assert info.value.code == 101 and info.value.msg.startswith(SOURCE + ": ")
+    for fragment in fragments:
+        assert fragment in info.value.msg, (fragment, info.value.msg)
+
+
+def test_pfs_entries_may_carry_rails() -> None:
+    nc = load_netconf(conf(pfs=[{"name": "ens1f0", "rail": "rail-0"}, "ens2f0", {"name": "ens3f0"}]))
+    assert nc.pfs == ["ens1f0", "ens2f0", "ens3f0"]  # readers of pfs see names, as before
+    assert nc.rails == {"ens1f0": "rail-0"}
+    assert load_netconf(conf(pfs=["ens1f0"])).rails == {}
+    assert load_netconf(conf()).rails == {}
+
+
+@pytest.mark.parametrize(
+    ("pfs", "fragments"),
+    [
+        ([{"name": "ens1f0", "rail": "-x"}], ["pfs.0.rail", "not a rail label"]),
+        (["a", {"name": "bad name"}], ["pfs.1.name", "not an interface name"]),
+        ([{"rail": "r"}], ["pfs.0.name", "Field required"]),
+        ([{"name": "a", "speed": 1}], ["pfs.0.speed", "Extra inputs"]),
+        ([{"name": "a", "rail": 3}], ["pfs.0.rail", "string"]),
+    ],
+)
+def test_invalid_pf_entries_are_code_7(pfs: list[Any], fragments: list[str]) -> None:
+    with pytest.raises(InvalidConfig) as info:
+        load_netconf(conf(pfs=pfs))
+    assert info.value.code == 7
+    for fragment in fragments:
+        assert fragment in info.value.msg, info.value.msg

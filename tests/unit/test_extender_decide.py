@@ -550,3 +550,104 @@ def test_reservations_go_on_the_networks_pfs() -> None:
     assert use == (("p0", 1, 1_000), ("p1", 1, 5_000))
     with pytest.raises(placement.NoFit):
         decider.use(_on(("rail-b", [(6_000, 0)])), view_)
+
+
+# -- attachments judged as their ADDs run; constrained requests --------------
+
+
+def _with_rails(state: nodestate.NodeState, **networks: tuple[tuple[str, str | None], ...]) -> str:
+    listed = tuple(
+        nodestate.Network(n, tuple(pf for pf, _ in pfs), tuple(rail for _, rail in pfs))
+        for n, pfs in networks.items()
+    )
+    return nodestate.encode(dataclasses.replace(state, version=nodestate.VERSION_2, networks=listed))
+
+
+def _constrained(*parts: tuple[str, Any]) -> Demand:
+    return Demand.joint([(net, parse_request(raw, "t"), "t") for net, raw in parts])
+
+
+def test_partly_overlapping_networks_are_judged_as_the_sequence_of_adds() -> None:
+    """a = {p0, p1}, b = {p1, p2}: a's ADD takes p1 (best fit), and then b finds no room.
+
+    Judging both on the union (the old approximation) passes the node: a on p0 and b on p1.
+    """
+    decider = Decider()
+    state = so.state([("p0", 20_000, 2), ("p1", 10_000, 2), ("p2", 25_000, 0)])
+    view = decider.view(_rails(state, a=("p0", "p1"), b=("p1", "p2")))
+    pod = _on(("a", [(5_000, 0)]), ("b", [(10_000, 0)]))
+    got = decider.verdict(pod, view)
+    assert not got.fits and got.reason.endswith("(on the PFs of network b)"), got
+    # What a's ADD takes is what placement takes on a's PFs alone.
+    assert placement.place([placement.Request(5_000)], nodestate.pf_states(state)[:2]).pfs == ("p1",)
+    # In the other order b's ADD goes first, takes p1, and a's goes on p0: both succeed.
+    assert decider.verdict(_on(("b", [(10_000, 0)]), ("a", [(5_000, 0)])), view).fits
+    assert decider.use(_on(("b", [(10_000, 0)]), ("a", [(5_000, 0)])), view) == (
+        ("p0", 1, 5_000),
+        ("p1", 1, 10_000),
+    )
+    with pytest.raises(placement.NoFit):
+        decider.use(pod, view)
+
+
+def test_rails_come_from_the_networks_of_the_state() -> None:
+    decider = Decider()
+    state = so.state([("p0", 25_000, 4), ("p1", 25_000, 4)], [("u1", [("p1", 0, 0)] * 4)])  # p1 is full
+    view = decider.view(_with_rails(state, net=(("p0", "rail-0"), ("p1", "rail-1"))))
+    on_rail_0 = _constrained(("net", '[{"rail": "rail-0"}]'))
+    on_rail_1 = _constrained(("net", '[{"rail": "rail-1"}]'))
+    assert decider.verdict(on_rail_0, view).fits
+    got = decider.verdict(on_rail_1, view)
+    assert not got.fits and not got.unresolvable  # the empty node holds it: preemption can help
+    assert "(rail 'rail-1')" in got.reason and got.reason.endswith("(on the PFs of network net)")
+    # The filter's fast path knows only rates: it must not pass the node.
+    assert not decider.fill(on_rail_1, view, decider.table(on_rail_1)).fits
+    assert decider.use(on_rail_0, view) == (("p0", 1, 0),)
+    # A rail the network does not have: a no-fit that no preemption cures.
+    unknown = decider.verdict(_constrained(("net", '[{"rail": "rail-7"}]')), view)
+    assert not unknown.fits and unknown.unresolvable
+    assert "entry 0.rail: no PF of the network here has rail 'rail-7'" in unknown.reason
+    # A version 1 state has no rails: a rail request fits none of its nodes.
+    assert not decider.verdict(
+        Demand.of(parse_request('[{"rail": "rail-0"}]', "t"), "t"), decider.view(nodestate.encode(state))
+    ).fits
+    # A PF by name works on either version.
+    by_pf = Demand.of(parse_request('[{"pf": "p0"}]', "t"), "t")
+    assert decider.verdict(by_pf, decider.view(nodestate.encode(state))).fits
+    assert not decider.verdict(Demand.of(parse_request('[{"pf": "p1"}]', "t"), "t"), view).fits
+
+
+def test_different_pfs_is_judged_per_attachment_and_cached_apart() -> None:
+    decider = Decider()
+    state = so.state([("p0", 25_000, 4), ("p1", 25_000, 4)], [("u1", [("p1", 0, 0)] * 4)])  # p1 is full
+    view = decider.view(nodestate.encode(state))
+    two = Demand.of(parse_request("[{}, {}]", "t"), "t")
+    spread = Demand.of(parse_request('{"interfaces": [{}, {}], "different_pfs": true}', "t"), "t")
+    assert two.key != spread.key and not spread.simple and two.simple
+    assert decider.verdict(two, view).fits
+    got = decider.verdict(spread, view)
+    assert (
+        not got.fits
+        and "each on a different PF" in got.reason
+        and "the node has 1 PF with a free VF" in got.reason
+    )
+    assert not decider.fill(spread, view, decider.table(spread)).fits
+    # Per attachment: two attachments of one interface each may share a PF.
+    joint = _constrained(
+        ("a", '{"interfaces": [{}], "different_pfs": true}'),
+        ("b", '{"interfaces": [{}], "different_pfs": true}'),
+    )
+    assert decider.verdict(joint, view).fits
+
+
+def test_constrained_requests_are_kept_apart_in_the_verdict_cache() -> None:
+    plain = Demand.of(parse_request("[{}]", "t"), "t")
+    railed = Demand.of(parse_request('[{"rail": "r"}]', "t"), "t")
+    pinned = Demand.of(parse_request('[{"pf": "r"}]', "t"), "t")
+    assert len({plain.key, railed.key, pinned.key}) == 3
+    # The order of a request's interfaces does not matter; the order of attachments does.
+    assert (
+        Demand.of(parse_request('[{"rail": "a"}, {"pf": "b"}]', "t"), "t").key
+        == Demand.of(parse_request('[{"pf": "b"}, {"rail": "a"}]', "t"), "t").key
+    )
+    assert _on(("a", [(1, 0)]), ("b", [(2, 0)])).key != _on(("b", [(2, 0)]), ("a", [(1, 0)])).key

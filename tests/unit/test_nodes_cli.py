@@ -269,3 +269,51 @@ def test_fits_agrees_with_the_extender_filter(
     for node in doc["nodes"]:
         if not node["fits"]["fits"]:
             assert node["fits"]["reason"] == failed[node["name"]]
+
+
+def test_fits_with_a_network_judges_rails_as_the_extender_does() -> None:
+    """--network NAME: the request is judged as an attachment of NAME (its PFs and rails)."""
+    import dataclasses
+
+    base = so.state([("p0", 25_000, 4), ("p1", 25_000, 4)], [("u1", [("p1", 0, 0)] * 4)])  # p1 full
+    railed = dataclasses.replace(
+        base,
+        version=nodestate.VERSION_2,
+        networks=(nodestate.Network("net", ("p0", "p1"), ("rail-0", "rail-1")),),
+    )
+    texts = {"v2": nodestate.encode(railed), "v1": nodestate.encode(base)}
+    objects = [so.node(name, text) for name, text in texts.items()]
+    for value in (
+        '[{"rail": "rail-0"}]',
+        '[{"rail": "rail-1"}]',
+        '{"interfaces": [{}, {}], "different_pfs": true}',
+    ):
+        request = nodes_cli._fits(value)
+        doc = nodes_cli.report(objects, now=Decider().now(), demand=nodes_cli.demand_of(request, "net"))
+        assert doc["network"] == "net"
+        extender = Extender(
+            decider=Decider(),
+            demands=Demands(annotation=ANNOTATION, networks=frozenset({"net"})),
+            reservations=Reservations(300.0),
+        )
+        pod = so.pod("p", {ANNOTATION: value, "k8s.v1.cni.cncf.io/networks": "net"})
+        answer: dict[str, Any] = extender.filter(so.args_nodes(pod, objects))
+        passing = sorted(n["metadata"]["name"] for n in (answer.get("Nodes") or {}).get("items") or [])
+        assert doc["fitting_nodes"] == passing, (value, doc, answer)
+    # rail-0 fits the v2 node only (a v1 state has no rails); the request shows its constraint.
+    doc = nodes_cli.report(
+        objects,
+        now=Decider().now(),
+        demand=nodes_cli.demand_of(nodes_cli._fits('[{"rail": "rail-0"}]'), "net"),
+    )
+    assert doc["fitting_nodes"] == ["v2"]
+    assert doc["request"] == [{"min_tx_rate": 0, "max_tx_rate": 0, "rail": "rail-0"}]
+    placed = {n["name"]: n["fits"]["placement"] for n in doc["nodes"]}
+    assert placed["v2"] == [{"pf": "p0", "vfs": 1, "min_tx_rate": 0}]
+    # Without --network the request is judged on every PF, without rails.
+    doc = nodes_cli.report(
+        objects,
+        now=Decider().now(),
+        demand=nodes_cli.demand_of(nodes_cli._fits('[{"rail": "rail-0"}]'), None),
+    )
+    assert doc["fitting_nodes"] == [] and "network" not in doc
