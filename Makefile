@@ -5,7 +5,13 @@ CC     ?= cc
 VENV   := .venv
 BIN    := $(VENV)/bin
 BINARY := dist/rdma-cni
-SRC    := $(shell find rdma_cni -name '*.py') build.spec setup.cfg
+# The agent's NRI and ttrpc messages: compiled from the package's own .proto
+# files by grpcio-tools (a test and build dependency) into *_pb2.py next to them,
+# which are not committed (.gitignore) and never linted. Everything that imports
+# the package or packs it depends on them: venv (and so unit, lint), build.
+PROTOS    := $(wildcard rdma_cni/agent/nri/*.proto)
+GENERATED := $(PROTOS:.proto=_pb2.py)
+SRC    := $(shell find rdma_cni -name '*.py' ! -name '*_pb2.py') $(GENERATED) build.spec setup.cfg
 
 # What `make demo` (and a build) needs on the machine; deps installs these and
 # what the test tiers add: the e2e tier's guest tools, the runtime tier's runtimes.
@@ -14,7 +20,7 @@ RUNTIME_PACKAGES := podman runc conmon containerd
 DEB_PACKAGES     := $(DEMO_PACKAGES) $(RUNTIME_PACKAGES) openssl strace \
 	debootstrap busybox-static cpio xz-utils zstd golang-go golang-github-appc-cni-dev
 
-.PHONY: all deps deps-check venv build demo test unit integration e2e runtime faults bench lint clean
+.PHONY: all deps deps-check venv proto build demo test unit integration e2e runtime faults bench lint clean
 
 all: build
 
@@ -34,12 +40,17 @@ deps-check:
 		$(MAKE) --no-print-directory deps; \
 	fi
 
-venv: $(VENV)/.stamp
+venv: $(VENV)/.stamp $(GENERATED)
 $(VENV)/.stamp: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test,build]'
 	touch $@
+
+# -I. names each module by its place in the package (rdma_cni.agent.nri.nri_api_pb2).
+proto: $(GENERATED)
+$(GENERATED): %_pb2.py: %.proto $(VENV)/.stamp
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. $<
 
 build: $(BINARY)
 $(BINARY): $(VENV)/.stamp $(SRC) launcher/launcher.c launcher/warm.c launcher/warm.h launcher/guard.c launcher/guard.h scripts/pack_launcher.py
@@ -90,4 +101,4 @@ lint: venv
 	$(BIN)/ruff format --check rdma_cni tests benchmarks scripts
 
 clean:
-	rm -rf build dist .demo
+	rm -rf build dist .demo $(GENERATED)

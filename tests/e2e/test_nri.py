@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from guest import BootFn, GuestRun
 
-from rdma_cni.agent.nri import mux, pb, ttrpc
+from rdma_cni.agent.nri import mux, ttrpc
+from rdma_cni.agent.nri import nri_api_pb2 as api
 from tests.runtime.images import oci_archive
 
 pytestmark = pytest.mark.e2e
@@ -29,7 +30,6 @@ REPO = HERE.parents[1]
 SCENARIOS = HERE / "scenarios"
 BINARY = REPO / "dist" / "rdma-cni"
 APISERVER = REPO / "tests" / "support" / "apiserver.py"
-PB = REPO / "rdma_cni" / "agent" / "nri" / "pb.py"
 IMAGE = "docker.io/library/rdma-cni-busybox:e2e"  # as in scenarios/nri.sh and nri_cri.py
 ANNOTATION = "rdma_interfaces_required"
 # containerd's default NRI request timeout (plugin_request_timeout), left unset in nri.sh.
@@ -53,7 +53,6 @@ def nri_run(e2e_boot_module: BootFn, tmp_path_factory: pytest.TempPathFactory) -
         "pods.json": json.dumps(pods).encode(),
         "nodes.json": json.dumps([{"name": "e2e-guest"}]).encode(),
         "scenarios": SCENARIOS,
-        "scenarios/pb.py": PB,
         "busybox.tar": image,
     }
     run = e2e_boot_module((SCENARIOS / "nri.sh").read_text(), files=files, timeout=900.0)
@@ -233,6 +232,6 @@ def test_the_recorded_wire_decodes_with_the_plugins_own_code(nri_run: GuestRun) 
     answers = [ttrpc.decode_response(m.payload) for conn, m in msgs["runtime"] if conn == mux.PLUGIN_CONN]
     assert len(answers) == len(calls) and all(a.code == 0 for a in answers)
     # The adjustments the agent sent carry the devices the containers saw.
-    adjusted = [pb.message(pb.decode(a.payload), 1) for a in answers if a.payload]
-    paths = {pb.string(d, 1) for adj in adjusted for d in pb.messages(pb.message(adj, 6), 1) if adj}
+    adjusted = [api.CreateContainerResponse.FromString(a.payload).adjust for a in answers if a.payload]
+    paths = {d.path for adj in adjusted for d in adj.linux.devices}
     assert "/dev/infiniband/rdma_cm" in paths

@@ -251,7 +251,8 @@ def test_rotated_token_is_picked_up_after_a_401(cluster: Cluster) -> None:
 
 def nri_handshake(conn: socket.socket) -> bytes:
     """Take the plugin's registration as a runtime would, then ask CreateContainer; its answer's payload."""
-    from rdma_cni.agent.nri import mux, pb, plugin, ttrpc
+    from rdma_cni.agent.nri import mux, plugin, ttrpc
+    from rdma_cni.agent.nri import nri_api_pb2 as api
 
     readers = {1: ttrpc.Reader(), 2: ttrpc.Reader()}
 
@@ -265,7 +266,7 @@ def nri_handshake(conn: socket.socket) -> bytes:
     assert cid == mux.RUNTIME_CONN and ttrpc.decode_request(msg.payload).method == "RegisterPlugin"
     ok = ttrpc.encode_response(ttrpc.Response(0, "", b""))
     mux.send_frame(conn, mux.RUNTIME_CONN, ttrpc.encode_message(msg.stream, ttrpc.TYPE_RESPONSE, ok))
-    pod = pb.f_bytes(1, pb.f_string(1, "no-such-sandbox"))
+    pod = api.CreateContainerRequest(pod=api.PodSandbox(id="no-such-sandbox")).SerializeToString()
     req = ttrpc.encode_request(ttrpc.Request(plugin.PLUGIN_SERVICE, "CreateContainer", pod))
     mux.send_frame(conn, mux.PLUGIN_CONN, ttrpc.encode_message(1, ttrpc.TYPE_REQUEST, req))
     cid, msg = next_message()

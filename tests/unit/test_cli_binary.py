@@ -209,6 +209,8 @@ def test_many_unknown_keys_under_the_limit_cost_little(binary: str, sysfs: Path,
 # PyInstaller's runtime hooks used to import (build.spec drops them; inspect
 # stays, dataclasses imports it).
 NOT_AT_START = ("zipfile", "pkgutil", "multiprocessing", "pydantic", "pyroute2", "prometheus_client")
+# The node agent's NRI plugin and its generated messages: in the tree, only the agent loads them.
+AGENT_ONLY = ("google", "rdma_cni.agent")
 # A config verb loads pydantic but not importlib.metadata and what it brings,
 # nor the other modules rdma_cni.startup defers (secrets and hashlib for
 # pydantic.types, multiprocessing for pyroute2.config), nor PyInstaller's
@@ -252,7 +254,8 @@ def modules_loaded(binary: str, sysfs: Path, tmp_path: Path, stdin: bytes, **cni
     assert proc.returncode == 0, proc.stdout + proc.stderr
     modules = set()
     for line in trace.read_text().splitlines():
-        match = re.search(r'"[^"]*/_internal/([^"]+)\.pyc", [^)]*\) = \d+', line)
+        # The tree's own _internal/ is the first one in the path (pydantic has one of its own).
+        match = re.search(r'"[^"]*?/_internal/([^"]+)\.pyc", [^)]*\) = \d+', line)
         if match:
             modules.add(match.group(1).removesuffix("/__init__").replace("/", "."))
     return modules
@@ -265,7 +268,7 @@ def loaded_from(modules: set[str], packages: tuple[str, ...]) -> list[str]:
 def test_cold_version_loads_no_runtime_hook_modules(binary: str, sysfs: Path, tmp_path: Path) -> None:
     modules = modules_loaded(binary, sysfs, tmp_path, b'{"cniVersion": "1.0.0"}', CNI_COMMAND="VERSION")
     assert "rdma_cni.cli" in modules  # the trace does see the plugin's imports
-    assert loaded_from(modules, NOT_AT_START) == []
+    assert loaded_from(modules, NOT_AT_START + AGENT_ONLY) == []
 
 
 def test_cold_config_verb_does_not_load_importlib_metadata(binary: str, sysfs: Path, tmp_path: Path) -> None:
@@ -278,4 +281,15 @@ def test_cold_config_verb_does_not_load_importlib_metadata(binary: str, sysfs: P
     finally:
         del_netns(name)
     assert {"rdma_cni.cni.config", "pydantic.types", "pyroute2.config"} <= modules
-    assert loaded_from(modules, NOT_IN_CONFIG_VERBS) == []
+    assert loaded_from(modules, NOT_IN_CONFIG_VERBS + AGENT_ONLY) == []
+
+
+def test_the_tree_carries_the_agents_protobuf(binary: str) -> None:
+    # The other half of AGENT_ONLY: what the agent's NRI plugin needs is packed (build.spec).
+    internal = Path(os.path.realpath(binary)).parent / "rdma-cni-dir" / "_internal"
+    if not internal.is_dir():
+        pytest.skip(f"no one-dir tree next to {binary}")
+    assert (internal / "rdma_cni" / "agent" / "nri" / "nri_api_pb2.pyc").is_file()
+    assert (internal / "rdma_cni" / "agent" / "nri" / "ttrpc_pb2.pyc").is_file()
+    assert (internal / "google" / "protobuf" / "message.pyc").is_file()
+    assert list((internal / "google" / "_upb").glob("_message*.so"))

@@ -223,6 +223,40 @@ def _matches_any(name: str, graph: Graph) -> bool:
     return any(_matches(m, (name,)) for m in graph.direct)
 
 
+# The agent's NRI messages are protobuf code generated at build time (agent/nri/*.proto): protobuf
+# is a runtime dependency that only that package may import, so that no other path (a CNI verb's
+# cold start above all, which tests/unit/test_cli_binary.py watches in the binary) can load it.
+PROTOBUF_USERS = ("agent.nri",)
+
+
+def protobuf_importers(graph: Graph) -> list[str]:
+    """Modules outside PROTOBUF_USERS that import google.* themselves."""
+    return sorted(
+        m
+        for m, names in graph.direct.items()
+        if any(n.split(".")[0] == "google" for n in names) and not _matches(m, PROTOBUF_USERS)
+    )
+
+
+def test_only_the_nri_plugin_imports_protobuf(graph: Graph) -> None:
+    assert protobuf_importers(graph) == []
+    # It does use it: the messages are generated, not coded by hand.
+    assert "google.protobuf.message" in graph.direct[f"{PACKAGE}.agent.nri.plugin"]
+
+
+def test_protobuf_outside_the_nri_plugin_is_caught(tmp_path: object) -> None:
+    graph = _fake_package(
+        tmp_path,
+        {
+            **BASE,
+            "agent/nri/__init__.py": "",
+            "agent/nri/plugin.py": "from google.protobuf.message import DecodeError\n",
+            "cni/config.py": "def f():\n    from google.protobuf import message\n",
+        },
+    )
+    assert protobuf_importers(graph) == [f"{PACKAGE}.cni.config"]
+
+
 # ---------------------------------------------------------------------------
 # The checker itself, on a made-up package: each rule must catch what it forbids
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni.agent.nri import mux, pb, plugin, ttrpc
+from rdma_cni.agent.nri import mux, plugin, ttrpc
+from rdma_cni.agent.nri import nri_api_pb2 as api
 from rdma_cni.node import nristate
 from rdma_cni.node.record import Attachment, RecordStore, VfRecord
 
@@ -63,30 +64,20 @@ class Runtime:
 
 
 def create_request(sandbox: str, container: str = "c1") -> bytes:
-    pod = pb.f_string(1, sandbox) + pb.f_string(2, "web") + pb.f_string(4, "default")
-    ctr = pb.f_string(1, container) + pb.f_string(2, sandbox) + pb.f_string(3, "app")
-    return pb.f_bytes(1, pod) + pb.f_bytes(2, ctr)
+    return api.CreateContainerRequest(
+        pod=api.PodSandbox(id=sandbox, name="web", namespace="default"),
+        container=api.Container(id=container, pod_sandbox_id=sandbox, name="app"),
+    ).SerializeToString()
 
 
 def adjustment(
     resp: ttrpc.Response,
 ) -> tuple[list[tuple[str, str, int, int, int]], list[tuple[str, int, int]]]:
     assert resp.code == 0, resp.message
-    adjust = pb.message(pb.decode(resp.payload), 1)
-    devices = [
-        (
-            pb.string(d, 1),
-            pb.string(d, 2),
-            pb.integer(d, 3),
-            pb.integer(d, 4),
-            pb.integer(pb.message(d, 5), 1),
-        )
-        for d in pb.messages(pb.message(adjust, 6), 1)
-    ]
-    rlimits = [
-        (pb.string(r, 1), pb.decode(r.__class__())[2][0] if False else r[2][0], r[3][0])
-        for r in pb.messages(adjust, 7)
-    ]
+    adjust = api.CreateContainerResponse.FromString(resp.payload).adjust
+    devices = [(d.path, d.type, d.major, d.minor, d.file_mode.value) for d in adjust.linux.devices]
+    assert all(d.HasField("file_mode") for d in adjust.linux.devices)
+    rlimits = [(r.type, r.hard, r.soft) for r in adjust.rlimits]
     return devices, rlimits
 
 
@@ -165,15 +156,17 @@ def test_register_configure_synchronize_then_inject_exactly_the_pods_devices(nod
     p = plugin.NriPlugin("unused", plugin.PodDevices([os.path.dirname(node.dir)], prove=proven))
     rt, t, stop, errors = serve(p)
     reg_msg, req = rt.expect_registration()
-    config = (
-        pb.f_string(2, "containerd") + pb.f_string(3, "1.7.24") + pb.f_varint(4, 5000) + pb.f_varint(5, 2000)
+    config = api.ConfigureRequest(
+        runtime_name="containerd", runtime_version="1.7.24", registration_timeout=5000, request_timeout=2000
     )
-    resp = rt.call("Configure", config)
-    assert pb.integer(pb.decode(resp.payload), 2) == 1 << 3  # CreateContainer only
-    sync = rt.call("Synchronize", pb.f_varint(3, 1))
-    assert (sync.code, pb.integer(pb.decode(sync.payload), 2)) == (0, 1)
+    resp = rt.call("Configure", config.SerializeToString())
+    assert api.ConfigureResponse.FromString(resp.payload).events == 1 << 3  # CreateContainer only
+    # A runtime that splits synchronization (NRI >= 0.7: more) gets "more" echoed back.
+    sync = rt.call("Synchronize", api.SynchronizeRequest(more=True).SerializeToString())
+    assert (sync.code, api.SynchronizeResponse.FromString(sync.payload).more) == (0, True)
     rt.answer_registration(reg_msg)
-    assert (pb.string(pb.decode(req.payload), 1), pb.string(pb.decode(req.payload), 2)) == ("rdma-cni", "50")
+    register = api.RegisterPluginRequest.FromString(req.payload)
+    assert (register.plugin_name, register.plugin_idx) == ("rdma-cni", "50")
 
     devices, rlimits = adjustment(rt.call("CreateContainer", create_request("sandbox-a")))
     assert devices == [
@@ -261,10 +254,20 @@ def test_other_calls_and_bad_input_never_fail_a_container(node: RecordStore) -> 
     )
     assert p.handle(ttrpc.Request(plugin.PLUGIN_SERVICE, "StopContainer", b"")).code == 0
     assert p.handle(ttrpc.Request("other.Service", "Configure", b"")).code == ttrpc.UNIMPLEMENTED
-    assert (
-        p.handle(ttrpc.Request(plugin.PLUGIN_SERVICE, "CreateContainer", b"\x0a\x05")).code
-        == ttrpc.INVALID_ARGUMENT
-    )
+    # Malformed payloads of every kind of method, and a string that is not UTF-8 (proto3 strings
+    # must be): each answered INVALID_ARGUMENT, never an exception.
+    not_utf8 = api.PodSandbox(id="x").SerializeToString().replace(b"x", b"\xff")
+    for method, payload in (
+        ("CreateContainer", b"\x0a\x05"),
+        ("CreateContainer", b"\x0a" + bytes([len(not_utf8)]) + not_utf8),
+        ("Configure", b"\x12\x09abc"),
+        ("Synchronize", b"\x18"),
+        ("Shutdown", b"\x0b"),
+        ("StopContainer", b"\x08\xff"),
+    ):
+        resp = p.handle(ttrpc.Request(plugin.PLUGIN_SERVICE, method, payload))
+        assert (resp.code, resp.payload) == (ttrpc.INVALID_ARGUMENT, b""), (method, payload)
+        assert resp.message.startswith(f"{method}: ")
 
 
 def test_hostile_runtime_frames(node: RecordStore) -> None:
@@ -377,7 +380,7 @@ def test_agent_starts_the_plugin_on_the_socket_or_not_at_all(tmp_path: Path) -> 
     conn, _ = server.accept()
     conn.settimeout(5)
     req = Runtime(conn).accept_registration()
-    assert pb.string(pb.decode(req.payload), 1) == "rdma-cni"
+    assert api.RegisterPluginRequest.FromString(req.payload).plugin_name == "rdma-cni"
     stop.set()
     thread.join(5)
     assert not thread.is_alive()

@@ -28,7 +28,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rdma_cni.agent.nri import mux, pb, ttrpc
+from google.protobuf.message import DecodeError, Message
+
+from rdma_cni.agent.nri import mux, ttrpc
+from rdma_cni.agent.nri import nri_api_pb2 as api
 from rdma_cni.cni.errors import CniError
 from rdma_cni.kernel import sysfs
 from rdma_cni.node.nristate import REGISTERED
@@ -41,7 +44,7 @@ PLUGIN_NAME = "rdma-cni"
 PLUGIN_INDEX = "50"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
-EVENT_CREATE_CONTAINER = 4
+EVENT_CREATE_CONTAINER = api.CREATE_CONTAINER
 REGISTRATION_TIMEOUT = 5.0
 RLIM_INFINITY = (1 << 64) - 1
 RECONNECT_DELAY = 2.0
@@ -223,22 +226,17 @@ class PodDevices:
         return [devices[p] for p in sorted(devices)]
 
 
-def encode_adjustment(devices: Sequence[CharDevice], memlock: int | None) -> bytes:
+def adjustment(devices: Sequence[CharDevice], memlock: int | None) -> api.ContainerAdjustment:
     """A ContainerAdjustment: the devices (the runtime adds an ``rwm`` cgroup rule to each) and rlimit."""
-    linux_devices = [
-        pb.f_string(1, d.path)
-        + pb.f_string(2, "c")
-        + pb.f_varint(3, d.major)
-        + pb.f_varint(4, d.minor)
-        + pb.f_bytes(5, pb.f_varint(1, d.mode), keep_empty=True)
-        for d in devices
-    ]
-    out = pb.f_bytes(6, pb.f_messages(1, linux_devices))
+    adjust = api.ContainerAdjustment()
+    for d in devices:
+        dev = adjust.linux.devices.add(path=d.path, type="c", major=d.major, minor=d.minor)
+        # Present even when 0: an absent file_mode would leave the mode to the runtime.
+        dev.file_mode.SetInParent()
+        dev.file_mode.value = d.mode
     if memlock is not None:
-        out += pb.f_messages(
-            7, [pb.f_string(1, "RLIMIT_MEMLOCK") + pb.f_varint(2, memlock) + pb.f_varint(3, memlock)]
-        )
-    return out
+        adjust.rlimits.add(type="RLIMIT_MEMLOCK", hard=memlock, soft=memlock)
+    return adjust
 
 
 class NriPlugin:
@@ -288,51 +286,58 @@ class NriPlugin:
             except CniError as exc:
                 log.debug("NRI: %s", exc.msg)
 
-    # The Plugin service: method -> handler of the request payload, returning the response payload.
+    # The Plugin service's requests the plugin reads; every other method's (Shutdown, the events
+    # it did not subscribe to) is parsed as Empty, which checks it is well-formed and keeps it all unknown.
+    REQUESTS: dict[str, type[Message]] = {
+        "Configure": api.ConfigureRequest,
+        "Synchronize": api.SynchronizeRequest,
+        "CreateContainer": api.CreateContainerRequest,
+    }
+
     def handle(self, req: ttrpc.Request) -> ttrpc.Response:
         """Answer one call of the Plugin service; errors become a status, never an exception."""
         if req.service != PLUGIN_SERVICE:
             return ttrpc.Response(ttrpc.UNIMPLEMENTED, f"service {req.service} is not served", b"")
+        request_type = self.REQUESTS.get(req.method, api.Empty)
+        msg = request_type()
         try:
-            f = pb.decode(req.payload)
-        except pb.DecodeError as exc:
+            # A broken message (also invalid UTF-8 in a string, or a broken pod or container
+            # inside) is the runtime's error to hear about, not a reason to drop the connection.
+            msg.ParseFromString(req.payload)
+        except DecodeError as exc:
             return ttrpc.Response(ttrpc.INVALID_ARGUMENT, f"{req.method}: {exc}", b"")
-        if req.method == "Configure":
+        if isinstance(msg, api.ConfigureRequest):
             log.info(
                 "NRI: configured by %s %s (registration timeout %d ms, request timeout %d ms)",
-                pb.string(f, 2),
-                pb.string(f, 3),
-                pb.integer(f, 4),
-                pb.integer(f, 5),
+                msg.runtime_name,
+                msg.runtime_version,
+                msg.registration_timeout,
+                msg.request_timeout,
             )
-            return ttrpc.Response(ttrpc.OK, "", pb.f_varint(2, 1 << (EVENT_CREATE_CONTAINER - 1)))
-        if req.method == "Synchronize":
+            events = api.ConfigureResponse(events=1 << (EVENT_CREATE_CONTAINER - 1))
+            return ttrpc.Response(ttrpc.OK, "", events.SerializeToString())
+        if isinstance(msg, api.SynchronizeRequest):
             # Devices cannot be added to running containers; only later ones get theirs. The
             # runtime sends events only once this is answered: the moment injection starts.
             log.info(
                 "NRI: synchronized with the runtime (%d pods, %d containers); injecting into "
                 "containers created from now on",
-                len(f.get(1, [])),
-                len(f.get(2, [])),
+                len(msg.pods),
+                len(msg.containers),
             )
-            return ttrpc.Response(ttrpc.OK, "", pb.f_varint(2, pb.integer(f, 3)))
-        if req.method == "CreateContainer":
-            try:
-                return self._create_container(f)
-            except pb.DecodeError as exc:
-                # The pod and container are embedded messages, decoded only here: a broken one
-                # is the runtime's error to hear about, not a reason to drop the connection.
-                return ttrpc.Response(ttrpc.INVALID_ARGUMENT, f"{req.method}: {exc}", b"")
+            # A runtime that splits the synchronization (more=true) expects "more" back until the last.
+            return ttrpc.Response(ttrpc.OK, "", api.SynchronizeResponse(more=msg.more).SerializeToString())
+        if isinstance(msg, api.CreateContainerRequest):
+            return self._create_container(msg)
         if req.method == "Shutdown":
             self.state = "shut down by the runtime"
             return ttrpc.Response(ttrpc.OK, "", b"")
         # Events not subscribed to: an empty answer is a valid "no change" for every one of them.
         return ttrpc.Response(ttrpc.OK, "", b"")
 
-    def _create_container(self, f: pb.Fields) -> ttrpc.Response:
-        pod = pb.message(f, 1)
-        container = pb.message(f, 2)
-        sandbox = pb.string(pod, 1) or pb.string(container, 2)
+    def _create_container(self, req: api.CreateContainerRequest) -> ttrpc.Response:
+        pod, container = req.pod, req.container
+        sandbox = pod.id or container.pod_sandbox_id
         if not sandbox:
             return ttrpc.Response(ttrpc.OK, "", b"")
         try:
@@ -345,19 +350,18 @@ class NriPlugin:
         self.injected += 1
         log.info(
             "NRI: container %s of pod %s/%s gets %s",
-            pb.string(container, 3),
-            pb.string(pod, 4),
-            pb.string(pod, 2),
+            container.name,
+            pod.namespace,
+            pod.name,
             ", ".join(d.path for d in devices),
         )
-        return ttrpc.Response(
-            ttrpc.OK, "", pb.f_bytes(1, encode_adjustment(devices, self.memlock), keep_empty=True)
-        )
+        answer = api.CreateContainerResponse(adjust=adjustment(devices, self.memlock))
+        return ttrpc.Response(ttrpc.OK, "", answer.SerializeToString())
 
     def session(self, sock: socket.socket, stop: threading.Event) -> None:
         """Register on a connected socket and serve it until it closes; Closed/ProtocolError end it."""
         sock.settimeout(STALL_TIMEOUT)
-        register = pb.f_string(1, self.name) + pb.f_string(2, self.index)
+        register = api.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.index).SerializeToString()
         call = ttrpc.encode_request(ttrpc.Request(RUNTIME_SERVICE, "RegisterPlugin", register))
         mux.send_frame(sock, mux.RUNTIME_CONN, ttrpc.encode_message(1, ttrpc.TYPE_REQUEST, call))
         deadline: float | None = time.monotonic() + REGISTRATION_TIMEOUT

@@ -3,6 +3,9 @@
 A message is a 10-byte header (payload length uint32, stream id uint32, both
 big-endian; message type byte; flags byte) then the payload, at most 4 MiB.
 A client opens odd stream ids, one per call; the response carries the same id.
+The Request and Response envelopes are protobuf messages generated from
+``ttrpc.proto`` (``ttrpc_pb2``, see the Makefile); this module converts them
+to and from the plain :class:`Request` and :class:`Response` the plugin uses.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from rdma_cni.agent.nri import pb
+from google.protobuf.message import DecodeError
+
+from rdma_cni.agent.nri import ttrpc_pb2
 
 TTRPC_HEADER = struct.Struct(">IIBB")
 MAX_MESSAGE = 4 << 20
@@ -87,41 +92,41 @@ class Reader:
 
 
 def encode_request(req: Request) -> bytes:
-    return (
-        pb.f_string(1, req.service)
-        + pb.f_string(2, req.method)
-        + pb.f_bytes(3, req.payload)
-        + pb.f_varint(4, req.timeout_nano)
+    """The wire form of a ttrpc Request."""
+    msg = ttrpc_pb2.Request(
+        service=req.service, method=req.method, payload=req.payload, timeout_nano=req.timeout_nano
     )
+    return msg.SerializeToString()
 
 
 def decode_request(payload: bytes) -> Request:
     """ProtocolError when the payload is no Request or names no method."""
+    msg = ttrpc_pb2.Request()
     try:
-        f = pb.decode(payload)
-    except pb.DecodeError as exc:
+        msg.ParseFromString(payload)
+    except DecodeError as exc:  # also invalid UTF-8 in service or method
         raise ProtocolError(f"malformed ttrpc request: {exc}") from exc
-    req = Request(pb.string(f, 1), pb.string(f, 2), _last_bytes(f, 3), pb.integer(f, 4))
+    req = Request(msg.service, msg.method, msg.payload, msg.timeout_nano)
     if not req.service or not req.method:
         raise ProtocolError("ttrpc request without service or method")
     return req
 
 
-def _last_bytes(f: pb.Fields, number: int) -> bytes:
-    values = f.get(number)
-    return values[-1] if values and isinstance(values[-1], bytes) else b""
-
-
 def encode_response(resp: Response) -> bytes:
-    status = pb.f_varint(1, resp.code) + pb.f_string(2, resp.message)
-    return pb.f_bytes(1, status, keep_empty=True) + pb.f_bytes(2, resp.payload)
+    """The wire form of a ttrpc Response; its status is always sent, even an empty (OK) one."""
+    msg = ttrpc_pb2.Response(payload=resp.payload)
+    # Assigning the fields of a sub-message marks it present; an OK status has none, so mark it.
+    msg.status.SetInParent()
+    msg.status.code = resp.code
+    msg.status.message = resp.message
+    return msg.SerializeToString()
 
 
 def decode_response(payload: bytes) -> Response:
     """ProtocolError when the payload is no Response."""
+    msg = ttrpc_pb2.Response()
     try:
-        f = pb.decode(payload)
-        status = pb.message(f, 1)
-    except pb.DecodeError as exc:
+        msg.ParseFromString(payload)
+    except DecodeError as exc:
         raise ProtocolError(f"malformed ttrpc response: {exc}") from exc
-    return Response(pb.integer(status, 1), pb.string(status, 2), _last_bytes(f, 2))
+    return Response(msg.status.code, msg.status.message, msg.payload)

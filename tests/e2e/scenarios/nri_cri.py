@@ -1,11 +1,11 @@
 """The NRI scenarios' driver in the guest: pods and containers through containerd's CRI, the agent too.
 
 Runs under the guest's python3 with Debian's python3-grpcio. The CRI messages
-are encoded and decoded by hand with the project's protobuf subset (``pb.py``,
-shipped next to this file), so no generated code has to match the guest's
-protobuf runtime. Every container runs a probe script and exits; what it
-printed (its CRI log) and what the guest's kernel says are collected into
-``--out`` (``results.json``) for ``test_nri.py`` to assert on. Nothing here
+are encoded and decoded by hand with a protobuf subset (``pb.py``, next to
+this file), so no generated code has to match the guest's protobuf runtime.
+Every container runs a probe script and exits; what it printed (its CRI
+log) and what the guest's kernel says are collected into ``--out``
+(``results.json``) for ``test_nri.py`` to assert on. Nothing here
 asserts: a wrong answer is a fact for the host-side tests.
 
 Steps, in one boot (the order matters, see ``scenarios/nri.sh``):

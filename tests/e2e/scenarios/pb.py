@@ -1,4 +1,9 @@
-"""The protobuf wire format, just enough for NRI's few messages (varints and length-delimited fields).
+"""The protobuf wire format by hand, just enough for the CRI messages the guest's driver sends (nri_cri.py).
+
+It runs under the QEMU guest's python3, whose Debian protobuf runtime (4.21 in
+trixie) is too old for the code the host's grpcio-tools generates (protobuf 6
+gencode checks its runtime's version); the agent itself uses the messages
+generated from ``rdma_cni/agent/nri/*.proto``.
 
 Decoding keeps every field as a list of raw values by number; unknown fields
 are skipped as protobuf requires. A malformed buffer raises :class:`DecodeError`.
