@@ -102,6 +102,41 @@ def test_pod_annotation_examples_parse_and_match_conf() -> None:
     assert annotations(readme) == pod
 
 
+def attachment_definitions() -> dict[str, NetConf]:
+    """The NetworkAttachmentDefinitions the docs show, by name, their configs through load_netconf."""
+    found = {}
+    for block in (b for b in BLOCKS if b.lang == "yaml" and "kind: NetworkAttachmentDefinition" in b.text):
+        nad = yaml.safe_load(block.text)
+        conf = load_netconf(json.loads(nad["spec"]["config"]))
+        assert conf.name == nad["metadata"]["name"], block.where
+        found[conf.name] = conf
+    return found
+
+
+def test_attachment_definition_examples_are_valid_with_their_rails() -> None:
+    nads = attachment_definitions()
+    assert nads["rdma-rail-0"].rails == {"ens1f0": "rail-0"}
+    assert sorted(nads["rdma-all"].rails.values()) == [f"rail-{r}" for r in range(8)]
+
+
+def test_constrained_request_examples_parse_and_name_documented_rails() -> None:
+    """The docs show rail, pf and different_pfs requests; each parses, and its rails exist where it says."""
+    nads = attachment_definitions()
+    requests = []
+    for block in (b for b in BLOCKS if b.lang == "yaml" and DEFAULT_ANNOTATION in b.text):
+        shown = annotations(block)
+        if DEFAULT_ANNOTATION not in shown:
+            continue
+        request = parse_request(json.loads(shown[DEFAULT_ANNOTATION]), block.where)
+        requests.append(request)
+        network = shown.get("k8s.v1.cni.cncf.io/networks", "").strip()
+        if network in nads:
+            rails = set(nads[network].rails.values())
+            assert {i.rail for i in request.interfaces if i.rail} <= rails, block.where
+    assert any(i.rail for r in requests for i in r.interfaces)
+    assert any(r.different_pfs for r in requests)
+
+
 def test_install_option_table_is_complete() -> None:
     documented = {
         o for cell in table_rows(DOCS / "deploy.md", "option") for o in re.findall(r"--[\w-]+", cell)
