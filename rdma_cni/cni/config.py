@@ -33,10 +33,9 @@ from rdma_cni.shared.podrequest import (
     DEFAULT_ANNOTATION,
     MAX_INTERFACES,
     MAX_RATE_MBPS,
-    RAIL_RULE,
     InterfaceRequest,
+    RailLabel,
     format_errors,
-    valid_rail,
 )
 
 log = logging.getLogger("rdma_cni.config")
@@ -110,20 +109,13 @@ class PfEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    rail: str | None = None
+    rail: RailLabel | None = None
 
     @field_validator("name")
     @classmethod
     def _name_is_ifname(cls, v: str) -> str:
         if not valid_ifname(v):
             raise ValueError(f"{v!r} is not an interface name")
-        return v
-
-    @field_validator("rail")
-    @classmethod
-    def _rail_is_label(cls, v: str | None) -> str | None:
-        if v is not None and not valid_rail(v):
-            raise ValueError(f"{v[:70]!r} is not a rail label ({RAIL_RULE})")
         return v
 
 

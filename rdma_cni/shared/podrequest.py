@@ -14,6 +14,7 @@ import re
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -34,6 +35,7 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "InterfaceRequest",
     "PodRequest",
+    "RailLabel",
     "format_errors",
     "parse_request",
     "valid_rail",
@@ -59,6 +61,16 @@ def valid_rail(value: object) -> bool:
     return isinstance(value, str) and _RAIL.fullmatch(value) is not None
 
 
+def _rail_label(value: str) -> str:
+    if not valid_rail(value):
+        raise ValueError(f"{value[:70]!r} is not a rail label ({RAIL_RULE})")
+    return value
+
+
+# The one check of a rail label, for the network config's ``pfs`` entries and a request's interfaces.
+RailLabel = Annotated[str, AfterValidator(_rail_label)]
+
+
 class InterfaceRequest(BaseModel):
     """One requested RDMA interface: rates in Mbit/s, an optional pod-side name, and where it may go.
 
@@ -74,20 +86,13 @@ class InterfaceRequest(BaseModel):
     max_tx_rate: Rate = 0
     name: str | None = None
     pf: str | None = None
-    rail: str | None = None
+    rail: RailLabel | None = None
 
     @field_validator("pf")
     @classmethod
     def _pf_is_ifname(cls, v: str | None) -> str | None:
         if v is not None and not valid_ifname(v):
             raise ValueError(f"{v!r} is not a valid PF interface name (1-{IFNAMSIZ} printable ASCII)")
-        return v
-
-    @field_validator("rail")
-    @classmethod
-    def _rail_is_label(cls, v: str | None) -> str | None:
-        if v is not None and not valid_rail(v):
-            raise ValueError(f"{v[:70]!r} is not a rail label ({RAIL_RULE})")
         return v
 
     @model_validator(mode="after")
