@@ -4,10 +4,11 @@ One boot (``scenarios/nri.sh``, driven by ``scenarios/nri_cri.py``): pods throug
 the CRI, each with a VF from rdma-cni and a soft-RoCE device (rxe) made on that
 VF inside the pod's namespace, which only the kernel's port-to-netdev tie links
 to the pod; a host-network pod without attachments; then the agent restarted,
-frozen and stopped. Each container runs a probe and exits; its CRI log says
-what it saw. The bytes between the agent and containerd's NRI socket on the
-first connection are recorded and decoded here with the plugin's own wire code
-(they are also the unit tier's fixtures, ``tests/unit/data/nri/``).
+containerd restarted under the running agent, the agent frozen and stopped. Each
+container runs a probe and exits; its CRI log says what it saw. The bytes
+between the agent and containerd's NRI socket on the first connection are
+recorded and decoded here with the plugin's own wire code (they are also the
+unit tier's fixtures, ``tests/unit/data/nri/``).
 """
 
 from __future__ import annotations
@@ -169,6 +170,31 @@ def test_the_agent_restarted_mid_run_registers_again_and_serves(results: dict[st
     c = container(results, "b2")
     assert devices(c) == {own(results, "nri-b"), "rdma_cm"}, c["log"]
     assert c["facts"]["memlock"] == "unlimited"
+
+
+def test_the_agent_reconnects_by_itself_when_containerd_restarts(results: dict[str, Any]) -> None:
+    r = results.get("containerd_restart")
+    assert r is not None, f"the containerd restart step never ran: {results.get('error')}"
+    shown = {k: v for k, v in r.items() if k != "agent_log"}
+    said = f"{shown}\nagent log during the restart:\n{r['agent_log']}"
+    # containerd really went away and a new one came up, with the pods of the old one.
+    assert r["stop_seconds"] is not None, said
+    assert r["new_containerd_pid"] != r["old_containerd_pid"] and r["cri_ready_seconds"] is not None, said
+    assert r["version"]["version"].startswith("1.7."), said
+    # The same agent process throughout: nobody restarted it, nobody told it.
+    assert r["agent_running"] and r["agent_pid_after"] == r["agent_pid_before"] is not None, said
+    # It noticed: its connection ended and it synchronized again, with the new containerd,
+    # which listed it among its plugins (the counts wait_registered watches).
+    assert "NRI: connection to /var/run/nri/nri.sock ended" in r["agent_log"], said
+    assert r["agent_registrations_while_down"] == 0, said
+    assert r["reregistration_seconds"] is not None, said
+    # The new containerd's synchronization carried the pods it recovered (nri-a, nri-b, nri-plain).
+    assert r["synchronized"] and "(3 pods," in r["synchronized"], said
+    # A new container in an existing attached pod, created after that, gets exactly its pod's devices.
+    c = container(results, "b3_containerd")
+    assert devices(c) == {own(results, "nri-b"), "rdma_cm"}, f"{c['log']}\n{said}"
+    assert c["facts"]["memlock"] == "unlimited", c["log"]
+    assert refused(c["facts"], "other") and c["facts"]["open own"] == "ok", c["log"]
 
 
 def test_a_frozen_agent_delays_a_container_by_at_most_the_request_timeout(results: dict[str, Any]) -> None:

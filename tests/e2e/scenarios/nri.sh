@@ -2,7 +2,7 @@
 # One boot for the NRI scenarios of test_nri.py: containerd 1.7 (trixie's, NRI
 # enabled) with rdma-cni as its CRI network, the node agent's NRI plugin, and pods
 # run through the CRI by scenarios/nri_cri.py (which also restarts, freezes and
-# stops the agent). Soft-RoCE (rxe) on each pod's VF, made inside the pod's
+# stops the agent, and restarts containerd under it). Soft-RoCE (rxe) on each pod's VF, made inside the pod's
 # namespace in shared mode, is the real RDMA device the agent must find.
 #
 # Results under $E2E_OUT/nri/: results.json (the driver's facts), capture.jsonl
@@ -75,7 +75,9 @@ disabled_plugins = [
 TOML
 
 containerd --config /etc/containerd/config.toml >"$NRI_OUT/containerd.log" 2>&1 &
-CONTAINERD_PID=$!
+# nri_cri.py restarts containerd (same command line) and writes the new pid here.
+CONTAINERD_PIDFILE=/run/containerd-e2e.pid
+echo $! >"$CONTAINERD_PIDFILE"
 e2e_wait_for 60 test -S "$CRI_SOCKET"
 e2e_wait_for 30 test -S "$NRI_SOCKET"
 e2e_log "containerd up: $(containerd --version)"
@@ -95,10 +97,11 @@ cp "$RC_API/ca.crt" /run/agent/sa/ca.crt
 python3 "$scenarios/nri_cri.py" --out "$NRI_OUT" --cri-socket "$CRI_SOCKET" --nri-socket "$NRI_SOCKET" \
     --record-socket "$NRI_RECORD_SOCKET" --plugin "$RC_BIN/rdma-cni" --state-dir "$RC_STATE" \
     --network-config "$RC_CONF/nri.conflist" --api-kubeconfig "$RC_API/kubeconfig" --api-port "$api_port" \
-    --sa-dir /run/agent/sa --containerd-log "$NRI_OUT/containerd.log" 2>&1 | tee "$NRI_OUT/driver.log"
+    --sa-dir /run/agent/sa --containerd-log "$NRI_OUT/containerd.log" \
+    --containerd-config /etc/containerd/config.toml --containerd-pidfile "$CONTAINERD_PIDFILE" 2>&1 | tee "$NRI_OUT/driver.log"
 
 rc_dump "$NRI_OUT" after
 cp "$RC_LOGS"/nri.log "$NRI_OUT/plugin.log" 2>/dev/null || true
-kill "$RECORD_PID" "$CONTAINERD_PID" 2>/dev/null || true
+kill "$RECORD_PID" "$(cat "$CONTAINERD_PIDFILE")" 2>/dev/null || true
 rc_stop_api
 e2e_log "nri scenarios done"

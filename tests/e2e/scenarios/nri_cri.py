@@ -16,9 +16,13 @@ Steps, in one boot (the order matters, see ``scenarios/nri.sh``):
    namespace; one container in each pod;
 2. the agent restarted on containerd's socket directly: a later container
    still gets its devices;
-3. the agent frozen (SIGSTOP): a container is created within the runtime's
+3. containerd restarted (SIGTERM, the pods' shims keep running, started
+   again with the same configuration) under the running agent: the agent
+   reconnects by itself, and a new container in an existing pod gets its
+   devices;
+4. the agent frozen (SIGSTOP): a container is created within the runtime's
    request timeout, without devices; thawed, the agent serves again;
-4. the agent stopped: a container still starts, without devices.
+5. the agent stopped: a container still starts, without devices.
 """
 
 from __future__ import annotations
@@ -283,6 +287,19 @@ class Agent:
             time.sleep(0.2)
         return None
 
+    def log_size(self) -> int:
+        """Bytes in the agent's log so far (to cut out what it said during one step)."""
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def log_since(self, offset: int) -> str:
+        """What the agent logged after ``offset``."""
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            f.seek(offset)
+            return f.read()
+
     def signal(self, sig: int) -> None:
         assert self.proc is not None
         os.kill(self.proc.pid, sig)
@@ -296,6 +313,61 @@ class Agent:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+
+def alive(pid: int) -> bool:
+    """Is the process running (a zombie, exited but not yet reaped by its parent, is not)?"""
+    stat = read_sysfs(f"/proc/{pid}/stat")
+    return stat is not None and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Containerd:
+    """containerd, started by nri.sh; stopped with SIGTERM and started again with the same config."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.config = args.containerd_config
+        self.log_path = args.containerd_log
+        self.pid_file = args.containerd_pidfile
+        with open(self.pid_file, encoding="ascii") as f:
+            self.pid = int(f.read())
+
+    def stop(self, timeout: float) -> float | None:
+        """SIGTERM, as systemd stops it (the shims, and so the pods, keep running); seconds to exit."""
+        start = now()
+        os.kill(self.pid, signal.SIGTERM)
+        while now() - start < timeout:
+            if not alive(self.pid):
+                return round(now() - start, 2)
+            time.sleep(0.1)
+        return None
+
+    def start(self) -> None:
+        """The same command line as nri.sh's, its output appended to the same log (the counts go on)."""
+        with open(self.log_path, "ab") as log:
+            log.write(b"=== containerd restarted by nri_cri.py\n")
+            log.flush()
+            proc = subprocess.Popen(
+                ["containerd", "--config", self.config], stdout=log, stderr=log, start_new_session=True
+            )
+        self.pid = proc.pid
+        # nri.sh stops whichever containerd runs at the end.
+        with open(self.pid_file, "w", encoding="ascii") as f:
+            f.write(f"{self.pid}\n")
+
+
+def wait_cri(socket_path: str, timeout: float) -> tuple[Cri, float | None]:
+    """A fresh CRI client once the runtime answers Version (a channel that saw the runtime die backs off)."""
+    start = now()
+    while now() - start < timeout:
+        if os.path.exists(socket_path):
+            cri = Cri(socket_path)
+            try:
+                cri.call("Version", pb.f_string(1, "v1"), timeout=5)
+                return cri, round(now() - start, 2)
+            except grpc.RpcError:
+                cri.channel.close()
+        time.sleep(0.2)
+    return Cri(socket_path), None
 
 
 def main() -> int:
@@ -312,6 +384,8 @@ def main() -> int:
     parser.add_argument("--api-port", required=True)
     parser.add_argument("--sa-dir", required=True)
     parser.add_argument("--containerd-log", required=True)
+    parser.add_argument("--containerd-config", required=True)
+    parser.add_argument("--containerd-pidfile", required=True)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results: dict[str, Any] = {"steps": []}
@@ -383,6 +457,31 @@ def main() -> int:
         agent.start(args.nri_socket)
         results["restart_registration_seconds"] = agent.wait_registered(before, 120)
         containers["b2"] = cri.run_container(pods["nri-b"], "b2", other_own("nri-b"))
+
+        step("containerd restarted under the running agent")
+        runtime = Containerd(args)
+        pid = agent.proc.pid if agent.proc else None
+        before = agent.registrations()
+        offset = agent.log_size()
+        restart: dict[str, Any] = {"agent_pid_before": pid, "old_containerd_pid": runtime.pid}
+        results["containerd_restart"] = restart
+        restart["stop_seconds"] = runtime.stop(60)
+        restart["agent_registrations_while_down"] = agent.registrations()[0] - before[0]
+        runtime.start()
+        restart["new_containerd_pid"] = runtime.pid
+        started = now()
+        cri, restart["cri_ready_seconds"] = wait_cri(args.cri_socket, 120)
+        # From containerd's start: the agent, never told, must find the new socket and register again.
+        waited = agent.wait_registered(before, 90)
+        restart["reregistration_seconds"] = None if waited is None else round(now() - started, 2)
+        restart["agent_pid_after"] = agent.proc.pid if agent.proc else None
+        restart["agent_running"] = agent.proc is not None and agent.proc.poll() is None
+        restart["version"] = cri.version()
+        agent_log = agent.log_since(offset)
+        restart["agent_log"] = agent_log
+        synced = [line for line in agent_log.splitlines() if "NRI: synchronized with the runtime" in line]
+        restart["synchronized"] = synced[-1] if synced else None
+        containers["b3_containerd"] = cri.run_container(pods["nri-b"], "b3-containerd", other_own("nri-b"))
 
         step("agent frozen")
         before = agent.registrations()
