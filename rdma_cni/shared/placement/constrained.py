@@ -25,6 +25,21 @@ How an exact answer is kept
    and Hall's condition, on VF counts and on bandwidth, checked for the PF
    set of every request at each node. Requests without a min rate are
    matched to the VFs left at the end (a bipartite matching, exact).
+5. That search decides most inputs in a few dozen steps. When it has had
+   3/5 of the budget (at most 1,000 steps) without deciding, the same
+   requests with their rails set aside go to the plain search (2/5 of the
+   budget, at most 1,000 steps). That is a relaxation: every placement
+   keeping the rails is one of its placements, so its no-fit is a proof,
+   and a fit it finds that happens to keep every rail is an answer.
+6. Still undecided, the search starts again in another order: the requests
+   with a rail first. Once they are placed, what is left (requests that may
+   use every PF of the component) is the plain problem on the PFs' remaining
+   VFs and bandwidth, so each such state is handed to the plain search, all
+   its bounds and bin completion included; a failed state is remembered like
+   any other. This needs every request without a min rate to have no rail
+   (they are matched at the end otherwise); if one has, the search of 4
+   goes on instead. Exact either way, and with an unlimited budget 6 ends
+   with an answer.
 
 The step budget is shared by all the searches of one call; running out
 raises :class:`~rdma_cni.shared.placement.NoFit` with reason ``"search_limit"``.
@@ -38,6 +53,7 @@ from dataclasses import replace
 
 from rdma_cni.shared.placement.bincompletion import _l2_holds
 from rdma_cni.shared.placement.model import (
+    DEFAULT_MAX_STEPS,
     NoFit,
     PfState,
     Placement,
@@ -55,6 +71,15 @@ _UNLIMITED = 1 << 62
 # Steps a node of _Search costs, so that a step costs about what a step of
 # the plain search does (timed on the constrained benchmark's inputs).
 _NODE_STEPS = 2
+# The mixed search's phases (see run()): the item search in its first order gets 3/5 of the
+# budget and the relaxation without rails 2/5 of it, each at most _PHASE_CAP steps; the search
+# with rail requests first gets the rest. Tuned on the constrained benchmark's worst-case family:
+# the first order decides what it decides within 940 steps, the other after more.
+_PHASE_CAP = DEFAULT_MAX_STEPS
+# Steps a hand-off to the plain search costs besides its own steps (its set-up), so that a step
+# of the search with rail requests first costs about what one of the others does (timed on the
+# constrained benchmark's worst-case family).
+_HANDOFF_STEPS = 16
 
 
 def _entries(indices: Sequence[int]) -> str:
@@ -118,14 +143,42 @@ class _Context:
             got = _place_plain(sub, pfs, self.preferred_numa, self.policy, budget)
         except NoFit as exc:
             self.steps += exc.steps
-            # The plain search's message without its head and free summary: the whole request's replace them.
-            mins = ", ".join(str(r.min_tx_rate) for r in sub)
-            head = f"{_plural(len(sub), 'interface')} requested (min rates {mins} Mbit/s)"
-            text = exc.message.removeprefix(head).removesuffix(f" ({free_summary(pfs)})")
-            text = text.removeprefix(" but ").removeprefix(": ").replace("the node has", "those PFs have")
-            raise self.fail(exc.reason, f"{where}: {text}", exc.largest_unplaced) from None
+            raise self.fail(exc.reason, f"{where}: {_detail(exc, sub, pfs)}", exc.largest_unplaced) from None
         self.steps += got.steps
         return got.pfs
+
+    def relaxed(self, items: list[int], pfs: list[PfState], share: int) -> tuple[str, ...] | None:
+        """The plain search for ``items`` on ``pfs`` with their rails set aside, within ``share`` steps.
+
+        A relaxation of the mixed problem (every placement keeping the rails is
+        one of its placements): no fit without the rails proves none with them
+        (NoFit, said of the whole request); a fit is returned for the caller to
+        check against the rails; None when the share ran out.
+        """
+        budget = self.budget()
+        if budget is not None:
+            share = min(share, budget)
+        if share < 1:
+            return None
+        sub = tuple(replace(self.reqs[i], pf=None, rail=None) for i in items)
+        try:
+            got = _place_plain(sub, pfs, self.preferred_numa, self.policy, share)
+        except NoFit as exc:
+            self.steps += exc.steps
+            if exc.reason == "search_limit":
+                return None
+            detail = f"{_entries(items)}: even with their rails set aside, {_detail(exc, sub, pfs)}"
+            raise self.fail(exc.reason, detail, exc.largest_unplaced) from None
+        self.steps += got.steps
+        return got.pfs
+
+
+def _detail(exc: NoFit, sub: tuple[Request, ...], pfs: list[PfState]) -> str:
+    """The plain search's message without its head and free summary: the whole request's replace them."""
+    mins = ", ".join(str(r.min_tx_rate) for r in sub)
+    head = f"{_plural(len(sub), 'interface')} requested (min rates {mins} Mbit/s)"
+    text = exc.message.removeprefix(head).removesuffix(f" ({free_summary(pfs)})")
+    return text.removeprefix(" but ").removeprefix(": ").replace("the node has", "those PFs have")
 
 
 def place_constrained(
@@ -263,12 +316,21 @@ class _Search:
 
     State: free VFs and bandwidth per PF (``vfs``, ``free``), the PF of each
     min-rate request placed so far (``assign``), failed states (``failed``).
+    With ``handoff`` (and every request without a min rate free to use every
+    PF) the requests with a rail come first and the plain search places the
+    rest at depth ``handoff``; otherwise ``handoff`` is -1.
     """
 
     def __init__(
-        self, ctx: _Context, items: list[int], sets: dict[int, list[int]], pfs: list[PfState]
+        self,
+        ctx: _Context,
+        items: list[int],
+        sets: dict[int, list[int]],
+        pfs: list[PfState],
+        handoff: bool = False,
     ) -> None:
         self.ctx = ctx
+        self.args = (items, sets)
         self.pfs = pfs
         reqs = ctx.reqs
         self.known = [pf.capacity_mbps is not None for pf in pfs]
@@ -298,20 +360,41 @@ class _Search:
             (i for i in items if not reqs[i].min_tx_rate),
             key=lambda i: (len(self.eligible[i]), -reqs[i].max_tx_rate, i),
         )
+        # Requests that may use every PF of the component (no rail) are a plain problem once the
+        # others are placed: when every request without a min rate is one of them, the search
+        # places the restricted ones first and hands the rest to the plain search.
+        free = {i for i in items if len(sets[i]) == len(pfs)}
+        self.handoff = -1
+        if handoff and all(i in free for i in self.zero):
+            restricted = [i for i in self.order if i not in free]
+            self.order = restricted + [i for i in self.order if i in free]
+            self.handoff = len(restricted)
         self.weights = [reqs[i].min_tx_rate for i in self.order]
         suffix = [0]
         for w in reversed(self.weights):
             suffix.append(suffix[-1] + w)
         self.rest = suffix[::-1]  # rest[d]: the min rates of order[d:]
-        # For bisecting (largest first), prefix sums, and sums of the k smallest (the last k).
-        self.negated = [-w for w in self.weights]
-        self.prefix = [0]
-        for w in self.weights:
-            self.prefix.append(self.prefix[-1] + w)
-        self.small_sums = [suffix[k] for k in range(len(self.weights) + 1)]
+        # Per depth, the min rates left largest first from index ``start`` on (negated, for
+        # bisecting), their prefix sums, sums of the k smallest, and the smallest. Largest first
+        # overall, one set of lists serves every depth; rail requests first, each depth has its own.
+        self.left: list[tuple[list[int], list[int], list[int], int, int]] = []
+        for d in range(len(self.weights) + 1):
+            if d and self.handoff < 0:
+                self.left.append((*self.left[0][:3], d, self.left[0][4]))
+                continue
+            ws = sorted(self.weights[d:], reverse=True)
+            prefix = [0]
+            for w in ws:
+                prefix.append(prefix[-1] + w)
+            smalls = [0]
+            for w in reversed(ws):
+                smalls.append(smalls[-1] + w)
+            self.left.append(([-w for w in ws], prefix, smalls, 0, ws[-1] if ws else 0))
         self.classes = self._classes(items)
         self.groups = self._groups(items, sets)
         self.assign: dict[int, int] = {}
+        self.states: dict[tuple[int, int, int], PfState] = {}  # a PF as the plain search sees it
+        self.plain_reqs: tuple[Request, ...] | None = None
         self.failed: set[tuple[int, tuple[tuple[int, int, int], ...]]] = set()
         self.deepest = 0
 
@@ -374,30 +457,76 @@ class _Search:
                 reqs[self.order[0]] if self.order else reqs[self.zero[0]],
             )
         budget = ctx.budget()
-        self.stop_at = _UNLIMITED if budget is None else budget
-        self.spent = 0
-        try:
-            found = self._dfs(0)
-        except _OutOfSteps:
-            ctx.steps += self.spent
+        scale = _UNLIMITED if budget is None else budget
+        # 1. Largest first, best fit first: decides most inputs in a few dozen steps.
+        done, found = self._attempt(max(1, min(scale * 3 // 5, _PHASE_CAP)))
+        search = self
+        if not done:
+            # 2. The plain search without the rails: its no-fit is a proof, its fit may keep them.
+            relaxed = self._relaxed(max(1, min(scale * 2 // 5, _PHASE_CAP)))
+            if relaxed is not None:
+                return relaxed
+            # 3. Rail requests first, then the plain search for the rest at each of their
+            # placements (when every request without a min rate is free); else 1 goes on.
+            other = _Search(ctx, *self.args, self.pfs, handoff=True)
+            if other.handoff >= 0:
+                search = other
+            budget = ctx.budget()
+            if budget is None or budget > 0:
+                done, found = search._attempt(_UNLIMITED if budget is None else budget)
+        if not done:
             raise ctx.fail(
                 "search_limit",
                 f"gave up after {ctx.steps} search steps without finding a placement "
                 "or proving that none exists",
-                reqs[self.order[self.deepest]] if self.order else None,
-            ) from None
-        ctx.steps += self.spent
+                search._unplaced(),
+            )
         if found is None:
-            unplaced = reqs[self.order[self.deepest]] if self.order else reqs[self.zero[0]]
             raise ctx.fail(
                 "bandwidth" if self.order else "vfs",
                 f"{_entries(list(self.eligible))}: the min rates and VFs cannot be arranged "
                 "on the PFs each interface may use",
-                unplaced,
+                search._unplaced(),
             )
-        out = dict(self.assign)
+        out = dict(search.assign)
         out.update(found)
         return out
+
+    def _unplaced(self) -> Request | None:
+        """The request the search got stuck at: a min-rate one, else (all placed) one without."""
+        reqs = self.ctx.reqs
+        if self.deepest < len(self.order):
+            return reqs[self.order[self.deepest]]
+        return reqs[self.zero[0]] if self.zero else None
+
+    def _attempt(self, stop_at: int) -> tuple[bool, dict[int, int] | None]:
+        """The search within ``stop_at`` steps: (decided, its answer); the steps go to the context.
+
+        Running out restores the state, so another attempt starts from the top
+        again; the failed states it found stay known, so it soon gets back.
+        """
+        saved = (list(self.vfs), list(self.free), list(self.used), dict(self.assign))
+        self.stop_at = stop_at
+        self.spent = 0
+        try:
+            return True, self._dfs(0)
+        except _OutOfSteps:
+            self.vfs, self.free, self.used, self.assign = saved
+            return False, None
+        finally:
+            self.ctx.steps += self.spent
+
+    def _relaxed(self, share: int) -> dict[int, int] | None:
+        """The plain search without the rails: NoFit if that has no fit, else its fit if it keeps them."""
+        items = list(self.eligible)
+        names = self.ctx.relaxed(items, self.pfs, share)
+        if names is None:
+            return None
+        local = {pf.name: k for k, pf in enumerate(self.pfs)}
+        out = {i: local[name] for i, name in zip(items, names, strict=True)}
+        if all(out[i] in self.eligible[i] for i in items):
+            return out
+        return None
 
     def _hall_holds(self, depth: int) -> bool:
         """Each set S of PFs has the VFs and bandwidth the requests confined to S still need.
@@ -409,10 +538,9 @@ class _Search:
         must go inside S.
         """
         vfs, free = self.vfs, self.free
-        n = len(self.weights)
-        left = n - depth
-        smallest = self.weights[-1] if n else 0
-        small_sums, negated, prefix = self.small_sums, self.negated, self.prefix
+        negated, prefix, small_sums, start, smallest = self.left[depth]
+        n = len(negated)
+        left = n - start
         room = [0] * len(vfs)
         slots = [0] * len(vfs)
         if left:
@@ -423,7 +551,7 @@ class _Search:
                 c = v if v < left else left
                 if small_sums[c] > f:
                     c = bisect_right(small_sums, f, 0, c + 1) - 1
-                first = bisect_left(negated, -f, depth)
+                first = bisect_left(negated, -f, start)
                 top = prefix[first + c if first + c < n else n] - prefix[first]
                 room[k] = f if f < top else top
                 slots[k] = c
@@ -480,7 +608,8 @@ class _Search:
     def _key(self, depth: int) -> tuple[int, tuple[tuple[int, int, int], ...]]:
         """The state up to interchangeable PFs; bandwidth no request left can use is merged."""
         rest = self.rest[depth]
-        small = self.weights[-1] if self.weights else 0
+        # The smallest min rate left (all placed: the smallest of all, as any value would do).
+        small = self.left[depth][4] if depth < len(self.weights) else self.left[0][4]
         state = []
         for k, cls in enumerate(self.classes):
             v = self.vfs[k]
@@ -500,7 +629,7 @@ class _Search:
 
     def _dfs(self, depth: int) -> dict[int, int] | None:
         """Place order[depth:] and then the requests without a min rate; their PFs, or None."""
-        if self.spent >= self.stop_at:
+        if self.spent + _NODE_STEPS > self.stop_at:
             raise _OutOfSteps
         self.spent += _NODE_STEPS
         if not self._hall_holds(depth):
@@ -513,6 +642,12 @@ class _Search:
             self.failed.add(key)
             self.deepest = max(self.deepest, depth)
             return None
+        if depth == self.handoff:
+            got = self._plain_rest(depth)
+            if got is None:
+                self.failed.add(key)
+                self.deepest = max(self.deepest, depth)
+            return got
         if depth == len(self.order):
             got = self._finish()
             if got is None:
@@ -542,6 +677,44 @@ class _Search:
         self.deepest = max(self.deepest, depth)
         self.failed.add(key)
         return None
+
+    def _plain_rest(self, depth: int) -> dict[int, int] | None:
+        """The requests left (none with a rail) on what the PFs have left, by the plain search."""
+        items = self.order[depth:] + self.zero
+        if not items:
+            return {}
+        if self.plain_reqs is None:
+            # Always the same requests (those at depth handoff and on): made once.
+            self.plain_reqs = tuple(replace(self.ctx.reqs[i], pf=None, rail=None) for i in items)
+        # Setting up the plain search costs time its steps do not count.
+        if self.stop_at - self.spent <= _HANDOFF_STEPS:
+            raise _OutOfSteps
+        self.spent += _HANDOFF_STEPS
+        limit = None if self.stop_at == _UNLIMITED else self.stop_at - self.spent
+        pfs = []
+        cache = self.states
+        for k, pf in enumerate(self.pfs):
+            state = (k, self.vfs[k], self.free[k])
+            got_pf = cache.get(state)
+            if got_pf is None:
+                # What is placed so far is reserved; a PF of unknown capacity took no min rate.
+                got_pf = cache[state] = (
+                    replace(pf, free_vfs=self.vfs[k], reserved_mbps=pf.capacity_mbps - self.free[k])
+                    if pf.capacity_mbps is not None
+                    else replace(pf, free_vfs=self.vfs[k])
+                )
+            pfs.append(got_pf)
+        sub = self.plain_reqs
+        try:
+            got = _place_plain(sub, pfs, self.ctx.preferred_numa, self.ctx.policy, limit)
+        except NoFit as exc:
+            self.spent += exc.steps
+            if exc.reason == "search_limit":
+                raise _OutOfSteps from None
+            return None
+        self.spent += got.steps
+        local = {pf.name: k for k, pf in enumerate(self.pfs)}
+        return {i: local[name] for i, name in zip(items, got.pfs, strict=True)}
 
     def _finish(self) -> dict[int, int] | None:
         """The requests without a min rate on the VFs left: greedily, else by a matching."""
