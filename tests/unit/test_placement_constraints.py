@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rdma_cni.shared.placement import DEFAULT_MAX_STEPS, NoFit, PfState, Request, constrained, place
+from rdma_cni.shared.placement import DEFAULT_MAX_STEPS, NoFit, PfState, Request, mixed, place
 from tests.support.placement_oracle import allowed_on, assignment_ok
 
 REASONS = {"vfs", "unknown_capacity", "max_rate", "bandwidth", "constraint"}
@@ -169,7 +169,7 @@ def test_the_later_phases_alone_agree_with_the_reference(
     first (or the first search going on) decides every input, exactly."""
     requests, pfs, different = case
     truth = reference_fits(requests, pfs, different)
-    with patch.object(constrained, "_PHASE_CAP", 1):
+    with patch.object(mixed, "_PHASE_CAP", 1):
         try:
             result = place(requests, pfs, different_pfs=different, max_steps=None)
         except NoFit as exc:
@@ -362,9 +362,9 @@ def test_a_request_without_a_min_rate_left_without_a_vf_is_named() -> None:
 
 def test_matching_is_exact() -> None:
     # The second item can use only PF 0: the first moves to PF 1 (an augmenting path).
-    assert constrained._match([[0, 1], [0]], [1, 1]) == [1, 0]
-    assert constrained._match([[0], [0]], [1, 1]) is None
-    assert constrained._match([[0], [0]], [2, 0]) == [0, 0]
+    assert mixed._match([[0, 1], [0]], [1, 1]) == [1, 0]
+    assert mixed._match([[0], [0]], [1, 1]) is None
+    assert mixed._match([[0], [0]], [2, 0]) == [0, 0]
 
 
 # ---------------------------------------------------------------- the step budget at 16 x 32
