@@ -11,12 +11,13 @@ import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rdma_cni.shared.placement import DEFAULT_MAX_STEPS, NoFit, PfState, Request, constrained, place
+from rdma_cni.shared.placement import DEFAULT_MAX_STEPS, NoFit, PfState, Request, mixed, place
 from tests.support.placement_oracle import allowed_on, assignment_ok
 
 REASONS = {"vfs", "unknown_capacity", "max_rate", "bandwidth", "constraint"}
@@ -160,7 +161,26 @@ def test_bigger_inputs_agree_with_the_reference(case: tuple[list[Request], list[
 
 
 @FAST
-@given(case=rail_case(), budget=st.sampled_from([1, 2, 5, 9, 40]))
+@given(case=rail_case())
+def test_the_later_phases_alone_agree_with_the_reference(
+    case: tuple[list[Request], list[PfState], bool],
+) -> None:
+    """With the first search and the relaxation cut to a step each, the search with rail requests
+    first (or the first search going on) decides every input, exactly."""
+    requests, pfs, different = case
+    truth = reference_fits(requests, pfs, different)
+    with patch.object(mixed, "_PHASE_CAP", 1):
+        try:
+            result = place(requests, pfs, different_pfs=different, max_steps=None)
+        except NoFit as exc:
+            assert not truth, f"NoFit({exc.reason}: {exc}) but it fits"
+            return
+    assert truth
+    assert assignment_ok(requests, pfs, result.pfs, different)
+
+
+@FAST
+@given(case=rail_case(), budget=st.sampled_from([1, 2, 5, 6, 9, 12, 20, 40]))
 def test_a_small_budget_never_gives_a_wrong_answer(
     case: tuple[list[Request], list[PfState], bool], budget: int
 ) -> None:
@@ -292,11 +312,59 @@ def test_invalid_constraints_raise_value_error() -> None:
         place([Request()], [PfState("a", 1, None)], different_pfs=1)  # type: ignore[arg-type]
 
 
+def test_the_plain_search_without_rails_decides_when_the_mixed_search_runs_short() -> None:
+    pfs = _rails(("a", 2, 100, "r0"), ("b", 1, 100, "r1"), ("c", 1, 100, "r1"))
+    requests = [Request(50), Request(30, rail="r0"), Request(20, rail="r1")]
+    # 3/5 of 8 steps leave the mixed search undecided; without the rails the plain search
+    # finds a placement that keeps them anyway (a search_limit before).
+    got = place(requests, pfs, max_steps=8)
+    assert got.pfs == ("a", "a", "b") and got.steps <= 8
+    assert place(requests, pfs, max_steps=None).pfs == got.pfs
+    with pytest.raises(NoFit) as exc:
+        place(requests, pfs, max_steps=7)
+    assert exc.value.reason == "search_limit" and exc.value.steps <= 7
+
+
+def test_no_fit_without_the_rails_proves_no_fit_with_them() -> None:
+    # The worst-case benchmark input 69: the mixed search does not decide it within the default
+    # budget (it said search_limit), the same interfaces without rails do not fit PF by PF.
+    requests, pfs, different = _bench_families()["rails beside free interfaces, tight (worst case)"][69]
+    with pytest.raises(NoFit) as exc:
+        place(requests, pfs, different_pfs=different)
+    assert exc.value.reason == "bandwidth" and exc.value.steps <= DEFAULT_MAX_STEPS
+    assert "entries 0, 1, 2, " in str(exc.value)
+    assert "23: even with their rails set aside, cannot reserve 641300 Mbit/s" in str(exc.value)
+
+
+def test_rail_requests_first_then_the_plain_search_decides_what_the_others_cannot() -> None:
+    # Worst-case benchmark inputs left undecided by the first order and the relaxation within
+    # ADD's budget (search_limit before): 33 fits, 58 does not (proven by searching to the end).
+    cases = _bench_families()["rails beside free interfaces, tight (worst case)"]
+    requests, pfs, different = cases[33]
+    got = place(requests, pfs, different_pfs=different, max_steps=50 * DEFAULT_MAX_STEPS)
+    assert assignment_ok(requests, pfs, got.pfs, different)
+    requests, pfs, different = cases[58]
+    with pytest.raises(NoFit) as exc:
+        place(requests, pfs, different_pfs=different, max_steps=50 * DEFAULT_MAX_STEPS)
+    assert exc.value.reason == "bandwidth"
+    assert "the min rates and VFs cannot be arranged on the PFs each interface may use" in str(exc.value)
+
+
+def test_a_request_without_a_min_rate_left_without_a_vf_is_named() -> None:
+    # Both 60s fill the rail-less VFs they can use; the rail request left has no VF on its rail.
+    # (This raised IndexError when the search got stuck after the last min-rate request.)
+    pfs = _rails(("a", 1, 100, "r0"), ("b", 2, 100, "r1"))
+    with pytest.raises(NoFit) as exc:
+        place([Request(60), Request(60), Request(0, rail="r0")], pfs)
+    assert exc.value.reason == "bandwidth"
+    assert exc.value.largest_unplaced == Request(0, rail="r0")
+
+
 def test_matching_is_exact() -> None:
     # The second item can use only PF 0: the first moves to PF 1 (an augmenting path).
-    assert constrained._match([[0, 1], [0]], [1, 1]) == [1, 0]
-    assert constrained._match([[0], [0]], [1, 1]) is None
-    assert constrained._match([[0], [0]], [2, 0]) == [0, 0]
+    assert mixed._match([[0, 1], [0]], [1, 1]) == [1, 0]
+    assert mixed._match([[0], [0]], [1, 1]) is None
+    assert mixed._match([[0], [0]], [2, 0]) == [0, 0]
 
 
 # ---------------------------------------------------------------- the step budget at 16 x 32
@@ -328,6 +396,7 @@ def test_benchmark_families_at_16_by_32_are_decided_within_the_budget_or_said_to
             assert got.steps <= DEFAULT_MAX_STEPS
             assert assignment_ok(requests, pfs, got.pfs, different)
         if "worst case" in name:
-            assert decided >= 0.9 * len(cases), (name, decided)
+            # 18 were cut short before the relaxation without rails and the rail-first search.
+            assert decided >= len(cases) - 12, (name, decided)
         else:
             assert decided == len(cases), (name, decided)

@@ -111,8 +111,12 @@ search of their own. Exact as well, within the same step budget.
 
 Layout: :mod:`~rdma_cni.shared.placement.model` (the dataclasses, NoFit,
 messages), :mod:`~rdma_cni.shared.placement.problem` (necessary conditions,
-the item-by-item search, the answer), :mod:`~rdma_cni.shared.placement.bincompletion`
-(stage 3) and :mod:`~rdma_cni.shared.placement.constrained`.
+the searches in turn, the answer), :mod:`~rdma_cni.shared.placement.itemsearch`
+(stage 2), :mod:`~rdma_cni.shared.placement.bincompletion` (stage 3) with
+:mod:`~rdma_cni.shared.placement.fillings` (one PF's fillings),
+:mod:`~rdma_cni.shared.placement.constrained` (constraints) and
+:mod:`~rdma_cni.shared.placement.mixed` (its search for requests with and
+without a rail sharing PFs).
 
 Step budget
 -----------

@@ -19,12 +19,27 @@ How an exact answer is kept
    bounds and its bin completion). Rails are disjoint, so a request whose
    interfaces all name rails splits into one plain problem per rail.
 4. What is left (requests with a rail beside requests without one) goes to
-   :class:`_Search`: depth-first over the min-rate requests, largest first,
+   :class:`~rdma_cni.shared.placement.mixed._Search`: depth-first over the min-rate requests, largest first,
    each on the PFs it may use (best fit first), with PFs that are
    interchangeable for every request tried once, failed states remembered,
    and Hall's condition, on VF counts and on bandwidth, checked for the PF
    set of every request at each node. Requests without a min rate are
    matched to the VFs left at the end (a bipartite matching, exact).
+5. That search decides most inputs in a few dozen steps. When it has had
+   3/5 of the budget (at most 1,000 steps) without deciding, the same
+   requests with their rails set aside go to the plain search (2/5 of the
+   budget, at most 1,000 steps). That is a relaxation: every placement
+   keeping the rails is one of its placements, so its no-fit is a proof,
+   and a fit it finds that happens to keep every rail is an answer.
+6. Still undecided, the search starts again in another order: the requests
+   with a rail first. Once they are placed, what is left (requests that may
+   use every PF of the component) is the plain problem on the PFs' remaining
+   VFs and bandwidth, so each such state is handed to the plain search, all
+   its bounds and bin completion included; a failed state is remembered like
+   any other. This needs every request without a min rate to have no rail
+   (they are matched at the end otherwise); if one has, the search of 4
+   goes on instead. Exact either way, and with an unlimited budget 6 ends
+   with an answer.
 
 The step budget is shared by all the searches of one call; running out
 raises :class:`~rdma_cni.shared.placement.NoFit` with reason ``"search_limit"``.
@@ -32,11 +47,10 @@ raises :class:`~rdma_cni.shared.placement.NoFit` with reason ``"search_limit"``.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
 
-from rdma_cni.shared.placement.bincompletion import _l2_holds
+from rdma_cni.shared.placement.mixed import _entries, _Search
 from rdma_cni.shared.placement.model import (
     NoFit,
     PfState,
@@ -44,21 +58,11 @@ from rdma_cni.shared.placement.model import (
     Policy,
     Request,
     _plural,
-    _sort_key,
     free_summary,
 )
 from rdma_cni.shared.placement.problem import _place_plain
 
 __all__ = ["place_constrained"]
-
-_UNLIMITED = 1 << 62
-# Steps a node of _Search costs, so that a step costs about what a step of
-# the plain search does (timed on the constrained benchmark's inputs).
-_NODE_STEPS = 2
-
-
-def _entries(indices: Sequence[int]) -> str:
-    return ("entry " if len(indices) == 1 else "entries ") + ", ".join(str(i) for i in sorted(indices))
 
 
 def _names(values: Sequence[str | None]) -> str:
@@ -118,14 +122,42 @@ class _Context:
             got = _place_plain(sub, pfs, self.preferred_numa, self.policy, budget)
         except NoFit as exc:
             self.steps += exc.steps
-            # The plain search's message without its head and free summary: the whole request's replace them.
-            mins = ", ".join(str(r.min_tx_rate) for r in sub)
-            head = f"{_plural(len(sub), 'interface')} requested (min rates {mins} Mbit/s)"
-            text = exc.message.removeprefix(head).removesuffix(f" ({free_summary(pfs)})")
-            text = text.removeprefix(" but ").removeprefix(": ").replace("the node has", "those PFs have")
-            raise self.fail(exc.reason, f"{where}: {text}", exc.largest_unplaced) from None
+            raise self.fail(exc.reason, f"{where}: {_detail(exc, sub, pfs)}", exc.largest_unplaced) from None
         self.steps += got.steps
         return got.pfs
+
+    def relaxed(self, items: list[int], pfs: list[PfState], share: int) -> tuple[str, ...] | None:
+        """The plain search for ``items`` on ``pfs`` with their rails set aside, within ``share`` steps.
+
+        A relaxation of the mixed problem (every placement keeping the rails is
+        one of its placements): no fit without the rails proves none with them
+        (NoFit, said of the whole request); a fit is returned for the caller to
+        check against the rails; None when the share ran out.
+        """
+        budget = self.budget()
+        if budget is not None:
+            share = min(share, budget)
+        if share < 1:
+            return None
+        sub = tuple(replace(self.reqs[i], pf=None, rail=None) for i in items)
+        try:
+            got = _place_plain(sub, pfs, self.preferred_numa, self.policy, share)
+        except NoFit as exc:
+            self.steps += exc.steps
+            if exc.reason == "search_limit":
+                return None
+            detail = f"{_entries(items)}: even with their rails set aside, {_detail(exc, sub, pfs)}"
+            raise self.fail(exc.reason, detail, exc.largest_unplaced) from None
+        self.steps += got.steps
+        return got.pfs
+
+
+def _detail(exc: NoFit, sub: tuple[Request, ...], pfs: list[PfState]) -> str:
+    """The plain search's message without its head and free summary: the whole request's replace them."""
+    mins = ", ".join(str(r.min_tx_rate) for r in sub)
+    head = f"{_plural(len(sub), 'interface')} requested (min rates {mins} Mbit/s)"
+    text = exc.message.removeprefix(head).removesuffix(f" ({free_summary(pfs)})")
+    return text.removeprefix(" but ").removeprefix(": ").replace("the node has", "those PFs have")
 
 
 def place_constrained(
@@ -225,356 +257,3 @@ def _components(allowed: dict[int, list[int]], n_pfs: int) -> list[tuple[list[in
         if root(j) in groups:
             groups[root(j)][0].append(j)
     return [groups[r] for r in sorted(groups)]
-
-
-def _match(eligible: list[list[int]], capacity: list[int]) -> list[int] | None:
-    """A PF for each item among its ``eligible`` ones, at most ``capacity[j]`` per PF; None if impossible.
-
-    Augmenting paths (Kuhn's algorithm with capacities): exact.
-    """
-    holders: list[list[int]] = [[] for _ in capacity]
-    where = [-1] * len(eligible)
-
-    def augment(i: int, seen: set[int]) -> bool:
-        for j in eligible[i]:
-            if j in seen:
-                continue
-            seen.add(j)
-            if len(holders[j]) < capacity[j]:
-                holders[j].append(i)
-                where[i] = j
-                return True
-            for k in list(holders[j]):
-                if augment(k, seen):
-                    holders[j].remove(k)
-                    holders[j].append(i)
-                    where[i] = j
-                    return True
-        return False
-
-    for i in range(len(eligible)):
-        if not augment(i, set()):
-            return None
-    return where
-
-
-class _Search:
-    """Exact search for one component where requests with a rail and without one share PFs.
-
-    State: free VFs and bandwidth per PF (``vfs``, ``free``), the PF of each
-    min-rate request placed so far (``assign``), failed states (``failed``).
-    """
-
-    def __init__(
-        self, ctx: _Context, items: list[int], sets: dict[int, list[int]], pfs: list[PfState]
-    ) -> None:
-        self.ctx = ctx
-        self.pfs = pfs
-        reqs = ctx.reqs
-        self.known = [pf.capacity_mbps is not None for pf in pfs]
-        self.vfs = [pf.free_vfs for pf in pfs]
-        # -1 keeps unknown-capacity PFs out of every "free >= min" test.
-        self.free = [pf.free_mbps if pf.free_mbps is not None else -1 for pf in pfs]
-        self.numa = [
-            0 if ctx.preferred_numa is not None and pf.numa_node == ctx.preferred_numa else 1 for pf in pfs
-        ]
-        self.numa_first = ctx.policy == "numa_first"
-        self.used = [0] * len(pfs)
-        # The PFs each request may use: its constraint, the cap and capacity rules, a free VF.
-        self.eligible = {i: [k for k in sets[i] if self._allowed(reqs[i], k)] for i in items}
-        for i in items:
-            if not self.eligible[i]:
-                raise ctx.fail(
-                    "constraint",
-                    f"entry {i}{self._what(i)} fits on none of the PFs it may use",
-                    reqs[i],
-                )
-        # Min-rate requests, largest first, the most constrained first among equals.
-        self.order = sorted(
-            (i for i in items if reqs[i].min_tx_rate),
-            key=lambda i: (_sort_key(reqs[i]), len(self.eligible[i]), tuple(self.eligible[i]), i),
-        )
-        self.zero = sorted(
-            (i for i in items if not reqs[i].min_tx_rate),
-            key=lambda i: (len(self.eligible[i]), -reqs[i].max_tx_rate, i),
-        )
-        self.weights = [reqs[i].min_tx_rate for i in self.order]
-        suffix = [0]
-        for w in reversed(self.weights):
-            suffix.append(suffix[-1] + w)
-        self.rest = suffix[::-1]  # rest[d]: the min rates of order[d:]
-        # For bisecting (largest first), prefix sums, and sums of the k smallest (the last k).
-        self.negated = [-w for w in self.weights]
-        self.prefix = [0]
-        for w in self.weights:
-            self.prefix.append(self.prefix[-1] + w)
-        self.small_sums = [suffix[k] for k in range(len(self.weights) + 1)]
-        self.classes = self._classes(items)
-        self.groups = self._groups(items, sets)
-        self.assign: dict[int, int] = {}
-        self.failed: set[tuple[int, tuple[tuple[int, int, int], ...]]] = set()
-        self.deepest = 0
-
-    # -- set-up -------------------------------------------------------------
-
-    def _allowed(self, req: Request, k: int) -> bool:
-        pf = self.pfs[k]
-        if not pf.free_vfs:
-            return False
-        if pf.capacity_mbps is None:
-            return req.min_tx_rate == 0
-        return req.max_tx_rate <= pf.capacity_mbps and req.min_tx_rate <= self.free[k]
-
-    def _what(self, i: int) -> str:
-        req = self.ctx.reqs[i]
-        return f" (rail {req.rail!r})" if req.rail is not None else ""
-
-    def _classes(self, items: list[int]) -> list[int]:
-        """Per PF, a class id: PFs in one class are interchangeable for every request."""
-        ids: dict[tuple[bool, ...], int] = {}
-        out = []
-        for k in range(len(self.pfs)):
-            sig = (self.known[k], *(k in self.eligible[i] for i in items))
-            out.append(ids.setdefault(sig, len(ids)))
-        return out
-
-    def _groups(
-        self, items: list[int], sets: dict[int, list[int]]
-    ) -> list[tuple[list[int], list[int], list[int], int, list[bool]]]:
-        """Hall's sets: per PF set S of some request's constraint (and all PFs), the PFs of S, per
-        depth the min rates and the number of min-rate requests that must go inside S, and
-        the number of requests without a min rate that must, and which min-rate requests must."""
-        # The constraints' sets (a rail's PFs, all PFs): few, so checking them at each node is cheap.
-        chosen = {tuple(k for k in sets[i] if self.vfs[k]) for i in items} | {tuple(range(len(self.pfs)))}
-        out = []
-        for t in sorted(chosen):
-            s = list(t)
-            inside = set(s)
-            within = [set(self.eligible[i]) <= inside for i in self.order]
-            zeros = sum(1 for i in self.zero if set(self.eligible[i]) <= inside)
-            rate = [0] * (len(self.order) + 1)
-            count = [0] * (len(self.order) + 1)
-            for d in range(len(self.order) - 1, -1, -1):
-                rate[d] = rate[d + 1] + (self.weights[d] if within[d] else 0)
-                count[d] = count[d + 1] + (1 if within[d] else 0)
-            out.append((s, rate, count, zeros, within))
-        return out
-
-    # -- the search ---------------------------------------------------------
-
-    def run(self) -> dict[int, int]:
-        """The PF (local index) of every request, or NoFit."""
-        ctx = self.ctx
-        reqs = ctx.reqs
-        if not self._hall_holds(0):
-            raise ctx.fail(
-                "vfs" if not self.order else "bandwidth",
-                f"{_entries(list(self.eligible))}: too few free VFs or too little bandwidth "
-                "on the PFs their constraints allow",
-                reqs[self.order[0]] if self.order else reqs[self.zero[0]],
-            )
-        budget = ctx.budget()
-        self.stop_at = _UNLIMITED if budget is None else budget
-        self.spent = 0
-        try:
-            found = self._dfs(0)
-        except _OutOfSteps:
-            ctx.steps += self.spent
-            raise ctx.fail(
-                "search_limit",
-                f"gave up after {ctx.steps} search steps without finding a placement "
-                "or proving that none exists",
-                reqs[self.order[self.deepest]] if self.order else None,
-            ) from None
-        ctx.steps += self.spent
-        if found is None:
-            unplaced = reqs[self.order[self.deepest]] if self.order else reqs[self.zero[0]]
-            raise ctx.fail(
-                "bandwidth" if self.order else "vfs",
-                f"{_entries(list(self.eligible))}: the min rates and VFs cannot be arranged "
-                "on the PFs each interface may use",
-                unplaced,
-            )
-        out = dict(self.assign)
-        out.update(found)
-        return out
-
-    def _hall_holds(self, depth: int) -> bool:
-        """Each set S of PFs has the VFs and bandwidth the requests confined to S still need.
-
-        A PF holds at most as many min-rate requests as its VFs allow and as the
-        smallest ones left fit in its bandwidth, and at most its bandwidth or the
-        sum of that many of the largest that fit it, whichever is less (as the
-        plain search bounds it): what the PFs of S can hold must cover what
-        must go inside S.
-        """
-        vfs, free = self.vfs, self.free
-        n = len(self.weights)
-        left = n - depth
-        smallest = self.weights[-1] if n else 0
-        small_sums, negated, prefix = self.small_sums, self.negated, self.prefix
-        room = [0] * len(vfs)
-        slots = [0] * len(vfs)
-        if left:
-            for k, v in enumerate(vfs):
-                f = free[k]
-                if not v or f < smallest:
-                    continue
-                c = v if v < left else left
-                if small_sums[c] > f:
-                    c = bisect_right(small_sums, f, 0, c + 1) - 1
-                first = bisect_left(negated, -f, depth)
-                top = prefix[first + c if first + c < n else n] - prefix[first]
-                room[k] = f if f < top else top
-                slots[k] = c
-        for s, rate, count, zeros, _within in self.groups:
-            have_vfs = 0
-            have_rate = 0
-            have_slots = 0
-            for k in s:
-                have_vfs += vfs[k]
-                have_rate += room[k]
-                have_slots += slots[k]
-            if count[depth] + zeros > have_vfs or count[depth] > have_slots or rate[depth] > have_rate:
-                return False
-        return True
-
-    def _dff_holds(self, depth: int) -> bool:
-        """The plain search's L2 bound (see ``_Problem.dff_bound_holds``) on each Hall set S.
-
-        The min-rate requests confined to S must pack into the PFs of S by
-        themselves (other requests only take more), so a failed bound there
-        proves this state has no fit.
-        """
-        vfs, free = self.vfs, self.free
-        for s, _rate, count, _zeros, within in self.groups:
-            if not count[depth]:
-                continue
-            usable = [k for k in s if vfs[k] and free[k] > 0]
-            if not usable:
-                return False
-            fitting = []
-            for d in range(depth, len(self.order)):
-                if not within[d]:
-                    continue
-                w = self.weights[d]
-                js = [k for k in self.eligible[self.order[d]] if k in usable and free[k] >= w]
-                if not js:
-                    return False
-                fitting.append((w, js))
-            sizes = sorted(x for x, _ in fitting)
-            for lam in (0, sizes[len(sizes) // 2], max(free[k] for k in usable) + 1):
-                rooms = sorted(free[k] + lam * vfs[k] for k in usable)
-                pieces = [
-                    (
-                        x + lam,
-                        min(free[k] + lam * vfs[k] for k in js),
-                        max(free[k] + lam * vfs[k] for k in js),
-                    )
-                    for x, js in fitting
-                ]
-                if not _l2_holds(pieces, rooms):
-                    return False
-        return True
-
-    def _key(self, depth: int) -> tuple[int, tuple[tuple[int, int, int], ...]]:
-        """The state up to interchangeable PFs; bandwidth no request left can use is merged."""
-        rest = self.rest[depth]
-        small = self.weights[-1] if self.weights else 0
-        state = []
-        for k, cls in enumerate(self.classes):
-            v = self.vfs[k]
-            f = self.free[k] if v else 0
-            if f < small:
-                f = 0
-            elif f > rest:
-                f = rest
-            state.append((cls, v, f))
-        state.sort()
-        return depth, tuple(state)
-
-    def _rank(self, k: int, w: int) -> tuple[int, ...]:
-        if self.numa_first:
-            return (self.numa[k], self.free[k] - w, self.used[k] > 0, k)
-        return (self.free[k] - w, self.numa[k], self.used[k] > 0, k)
-
-    def _dfs(self, depth: int) -> dict[int, int] | None:
-        """Place order[depth:] and then the requests without a min rate; their PFs, or None."""
-        if self.spent >= self.stop_at:
-            raise _OutOfSteps
-        self.spent += _NODE_STEPS
-        if not self._hall_holds(depth):
-            self.deepest = max(self.deepest, depth)
-            return None
-        key = self._key(depth)
-        if key in self.failed:
-            return None
-        if depth == 0 and self.order and not self._dff_holds(depth):
-            self.failed.add(key)
-            self.deepest = max(self.deepest, depth)
-            return None
-        if depth == len(self.order):
-            got = self._finish()
-            if got is None:
-                self.failed.add(key)
-            return got
-        i = self.order[depth]
-        w = self.weights[depth]
-        tried: set[tuple[int, int, int]] = set()
-        for k in sorted(
-            (k for k in self.eligible[i] if self.vfs[k] and self.free[k] >= w), key=lambda k: self._rank(k, w)
-        ):
-            cls = (self.classes[k], self.vfs[k], self.free[k])
-            if cls in tried:
-                continue
-            tried.add(cls)
-            self.vfs[k] -= 1
-            self.free[k] -= w
-            self.used[k] += 1
-            self.assign[i] = k
-            got = self._dfs(depth + 1)
-            if got is not None:
-                return got
-            del self.assign[i]
-            self.vfs[k] += 1
-            self.free[k] += w
-            self.used[k] -= 1
-        self.deepest = max(self.deepest, depth)
-        self.failed.add(key)
-        return None
-
-    def _finish(self) -> dict[int, int] | None:
-        """The requests without a min rate on the VFs left: greedily, else by a matching."""
-        self.spent += len(self.zero)
-        vfs = list(self.vfs)
-        used = list(self.used)
-        out: dict[int, int] = {}
-
-        def value(k: int) -> tuple[int, ...]:
-            # The VF least useful to later min-rate requests, as the plain search's finish().
-            usefulness = (int(self.known[k]), self.free[k])
-            tail = (int(used[k] > 0), k)
-            if self.numa_first:
-                return (self.numa[k], *usefulness, *tail)
-            return (*usefulness, self.numa[k], *tail)
-
-        for i in self.zero:
-            fits = [k for k in self.eligible[i] if vfs[k]]
-            if not fits:
-                break
-            k = min(fits, key=value)
-            out[i] = k
-            vfs[k] -= 1
-            used[k] += 1
-        else:
-            return out
-        # Greedy is not exact for sets that are not nested: a matching is.
-        self.spent += len(self.zero) * _NODE_STEPS
-        got = _match([self.eligible[i] for i in self.zero], self.vfs)
-        if got is None:
-            return None
-        return dict(zip(self.zero, got, strict=True))
-
-
-class _OutOfSteps(Exception):
-    pass
