@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Collection, Sequence
 
 from rdma_cni.shared.placement.fillings import (
     _SETS_PER_STEP,
@@ -455,5 +456,31 @@ def _l2_holds(pieces: list[tuple[int, int, int]], rooms: list[int]) -> bool:
     for t, k in enumerate(ks):
         demand += diff[t]
         if demand > above[bisect_left(rooms, k)]:
+            return False
+    return True
+
+
+def _l2_holds_weighted(
+    fitting: list[tuple[int, list[int]]], usable: Collection[int], free: Sequence[int], vfs: Sequence[int]
+) -> bool:
+    """:func:`_l2_holds` under three weightings of a PF's VFs against its bandwidth.
+
+    ``fitting`` holds each min-rate request's rate and the PFs it fits; a PF's
+    room weighs ``free + lam * vfs`` and a request ``rate + lam``, for lam 0
+    (bandwidth alone), the median rate, and more than any PF's bandwidth (VFs
+    alone). False proves the requests cannot be placed on ``usable``.
+    """
+    sizes = sorted(x for x, _ in fitting)
+    for lam in (0, sizes[len(sizes) // 2], max(free[k] for k in usable) + 1):
+        rooms = sorted(free[k] + lam * vfs[k] for k in usable)
+        pieces = [
+            (
+                x + lam,
+                min(free[k] + lam * vfs[k] for k in js),
+                max(free[k] + lam * vfs[k] for k in js),
+            )
+            for x, js in fitting
+        ]
+        if not _l2_holds(pieces, rooms):
             return False
     return True

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from rdma_cni.shared.placement.bincompletion import _l2_holds
+from rdma_cni.shared.placement.bincompletion import _l2_holds_weighted
 from rdma_cni.shared.placement.model import DEFAULT_MAX_STEPS, NoFit, PfState, Request, _sort_key
 from rdma_cni.shared.placement.problem import _place_plain
 
@@ -350,19 +350,8 @@ class _Search:
                 if not js:
                     return False
                 fitting.append((w, js))
-            sizes = sorted(x for x, _ in fitting)
-            for lam in (0, sizes[len(sizes) // 2], max(free[k] for k in usable) + 1):
-                rooms = sorted(free[k] + lam * vfs[k] for k in usable)
-                pieces = [
-                    (
-                        x + lam,
-                        min(free[k] + lam * vfs[k] for k in js),
-                        max(free[k] + lam * vfs[k] for k in js),
-                    )
-                    for x, js in fitting
-                ]
-                if not _l2_holds(pieces, rooms):
-                    return False
+            if not _l2_holds_weighted(fitting, usable, free, vfs):
+                return False
         return True
 
     def _key(self, depth: int) -> tuple[int, tuple[tuple[int, int, int], ...]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from rdma_cni.shared.placement.bincompletion import _BinCompletion, _l2_holds
+from rdma_cni.shared.placement.bincompletion import _BinCompletion, _l2_holds_weighted
 from rdma_cni.shared.placement.itemsearch import _ItemSearch
 from rdma_cni.shared.placement.model import (
     _UNLIMITED,
@@ -216,20 +216,7 @@ class _Problem:
             )
             for i in self.reserving
         ]
-        sizes = sorted(x for x, _ in fitting)
-        for lam in (0, sizes[len(sizes) // 2], max(free0[j] for j in usable) + 1):
-            rooms = sorted(free0[j] + lam * vfs0[j] for j in usable)
-            pieces = [
-                (
-                    x + lam,
-                    min(free0[j] + lam * vfs0[j] for j in js),
-                    max(free0[j] + lam * vfs0[j] for j in js),
-                )
-                for x, js in fitting
-            ]
-            if not _l2_holds(pieces, rooms):
-                return False
-        return True
+        return _l2_holds_weighted(fitting, usable, free0, vfs0)
 
     def _arrangement_detail(self, total: int, free_total: int) -> str:
         return (
