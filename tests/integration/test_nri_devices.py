@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import subprocess
-from typing import Any
 
 import pytest
 
 from rdma_cni.agent.nri import plugin
 from tests.integration.conftest import Cluster, plugin_command
+from tests.support.coldstart import AGENT_ONLY, LONG_RUNNING_ONLY, loaded_from, traced_modules
 
 
 def give_rdma_devices(cluster: Cluster) -> dict[str, str]:
@@ -137,30 +135,6 @@ def test_soft_rdma_devices_follow_the_kernels_port_to_netdev_tie_in_the_pod(
     assert {s.netns for s in kernel.sockets} == {alpha["CNI_NETNS"], beta["CNI_NETNS"]}
 
 
-def traced_modules(cluster: Cluster, command: str, pod: dict[str, str], conf: dict[str, Any]) -> set[str]:
-    """One cold run of the built binary under strace: the modules (.pyc files) it opened from its tree."""
-    strace = shutil.which("strace")
-    assert strace, "strace is needed to watch the binary's imports (make deps installs it)"
-    trace = os.path.join(cluster.tmp, f"{command}.trace")
-    proc = subprocess.run(
-        [strace, "-f", "-qq", "-e", "trace=openat", "-o", trace, *plugin_command()],
-        input=json.dumps(conf).encode(),
-        env={**cluster.env(command, pod), "RDMA_CNI_WARM": "0"},
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    modules = set()
-    with open(trace) as f:
-        for line in f:
-            # The tree's own _internal/ is the first one in the path (pydantic has one of its own).
-            match = re.search(r'"[^"]*?/_internal/([^"]+)\.pyc", [^)]*\) = \d+', line)
-            if match:
-                modules.add(match.group(1).removesuffix("/__init__").replace("/", "."))
-    return modules
-
-
 @pytest.mark.skipif(not os.environ.get("RDMA_CNI_BINARY"), reason="watches the built binary's imports")
 def test_a_cold_add_and_del_load_neither_the_nri_plugin_nor_protobuf(cluster: Cluster) -> None:
     # The agent's NRI messages are generated protobuf code, packed in the same tree as the verbs:
@@ -169,7 +143,16 @@ def test_a_cold_add_and_del_load_neither_the_nri_plugin_nor_protobuf(cluster: Cl
     pod = cluster.pod([{}], name="cold")
     give_rdma_devices(cluster)
     for command in ("ADD", "DEL"):
-        modules = traced_modules(cluster, command, pod, conf)
+        modules = traced_modules(
+            plugin_command(),
+            json.dumps(conf).encode(),
+            {**cluster.env(command, pod), "RDMA_CNI_WARM": "0"},
+            os.path.join(cluster.tmp, f"{command}.trace"),
+        )
         assert {"rdma_cni.cli", "rdma_cni.kernel.netlink"} <= modules  # the trace sees the verb's imports
-        assert sorted(m for m in modules if m.startswith(("google", "rdma_cni.agent"))) == [], command
+        assert loaded_from(modules, AGENT_ONLY) == [], command
+        if command == "ADD":
+            # ADD reads its pod from the API stand-in, through the plugin's own GET only.
+            assert "rdma_cni.kube.podget" in modules
+            assert loaded_from(modules, LONG_RUNNING_ONLY) == []
     assert cluster.records == []

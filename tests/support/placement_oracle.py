@@ -6,6 +6,7 @@ code with the module, so that agreement with it means something.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from rdma_cni.shared.placement import PfState, Request
@@ -46,3 +47,41 @@ def assignment_ok(
         if load[name] and pf.reserved_mbps + load[name] > (pf.capacity_mbps or 0):
             return False
     return True
+
+
+def brute_force(
+    requests: Sequence[Request], pfs: Sequence[PfState], different_pfs: bool = False
+) -> tuple[str, ...] | None:
+    """Some valid placement, trying every PF for every request, or None."""
+    for names in itertools.product([pf.name for pf in pfs], repeat=len(requests)):
+        if assignment_ok(requests, pfs, names, different_pfs):
+            return names
+    return None
+
+
+def reference_fits(requests: Sequence[Request], pfs: Sequence[PfState], different_pfs: bool = False) -> bool:
+    """Exact but plain: request by request, every PF, memo on the full (unsorted) state.
+
+    For inputs too large for :func:`brute_force`; ``different_pfs`` is one VF per PF.
+    """
+    failed: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
+
+    def go(i: int, state: tuple[tuple[int, int], ...]) -> bool:
+        if i == len(requests):
+            return True
+        if (i, state) in failed:
+            return False
+        req = requests[i]
+        for j, pf in enumerate(pfs):
+            vfs, load = state[j]
+            if not vfs or not allowed_on(req, pf):
+                continue
+            if req.min_tx_rate and pf.reserved_mbps + load + req.min_tx_rate > (pf.capacity_mbps or 0):
+                continue
+            nxt = (*state[:j], (vfs - 1, load + req.min_tx_rate), *state[j + 1 :])
+            if go(i + 1, nxt):
+                return True
+        failed.add((i, state))
+        return False
+
+    return go(0, tuple((min(pf.free_vfs, 1) if different_pfs else pf.free_vfs, 0) for pf in pfs))

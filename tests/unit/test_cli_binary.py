@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 import pytest
 
 from rdma_cni import __version__
+from tests.support.coldstart import AGENT_ONLY, LONG_RUNNING_ONLY, loaded_from, traced_modules
 from tests.support.simnode import add_netns, del_netns
 
 SUPPORTED = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
@@ -209,8 +208,6 @@ def test_many_unknown_keys_under_the_limit_cost_little(binary: str, sysfs: Path,
 # PyInstaller's runtime hooks used to import (build.spec drops them; inspect
 # stays, dataclasses imports it).
 NOT_AT_START = ("zipfile", "pkgutil", "multiprocessing", "pydantic", "pyroute2", "prometheus_client")
-# The node agent's NRI plugin and its generated messages: in the tree, only the agent loads them.
-AGENT_ONLY = ("google", "rdma_cni.agent")
 # A config verb loads pydantic but not importlib.metadata and what it brings,
 # nor the other modules rdma_cni.startup defers (secrets and hashlib for
 # pydantic.types, multiprocessing for pyroute2.config), nor PyInstaller's
@@ -223,46 +220,18 @@ NOT_IN_CONFIG_VERBS = (
     "hashlib",
     "multiprocessing",
     "difflib",  # only a config with an unknown key needs it (rdma_cni.cni.config.suggest_field)
-    # The agent's and the extender's /metrics only: in the tree, never on a verb's path.
-    "prometheus_client",
-    "rdma_cni.kube.events",
-    # The long-running components' client: the plugin's pod GET is rdma_cni.kube.podget.
-    "rdma_cni.kube.client",
-    "rdma_cni.kube.pool",
 )
 
 
 def modules_loaded(binary: str, sysfs: Path, tmp_path: Path, stdin: bytes, **cni: str) -> set[str]:
     """Run one cold start under strace; the module names of the .pyc files it opened from its tree."""
-    strace = shutil.which("strace")
-    assert strace, "strace is needed to watch the binary's imports (make deps installs it)"
-    trace = tmp_path / "openat.trace"
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "RDMA_CNI_SYSFS_ROOT": str(sysfs),
         "RDMA_CNI_WARM": "0",
         **cni,
     }
-    proc = subprocess.run(
-        [strace, "-f", "-qq", "-e", "trace=openat", "-o", str(trace), binary],
-        input=stdin,
-        capture_output=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    modules = set()
-    for line in trace.read_text().splitlines():
-        # The tree's own _internal/ is the first one in the path (pydantic has one of its own).
-        match = re.search(r'"[^"]*?/_internal/([^"]+)\.pyc", [^)]*\) = \d+', line)
-        if match:
-            modules.add(match.group(1).removesuffix("/__init__").replace("/", "."))
-    return modules
-
-
-def loaded_from(modules: set[str], packages: tuple[str, ...]) -> list[str]:
-    return sorted(m for m in modules if any(m == p or m.startswith(p + ".") for p in packages))
+    return traced_modules([binary], stdin, env, str(tmp_path / "openat.trace"))
 
 
 def test_cold_version_loads_no_runtime_hook_modules(binary: str, sysfs: Path, tmp_path: Path) -> None:
@@ -281,7 +250,7 @@ def test_cold_config_verb_does_not_load_importlib_metadata(binary: str, sysfs: P
     finally:
         del_netns(name)
     assert {"rdma_cni.cni.config", "pydantic.types", "pyroute2.config"} <= modules
-    assert loaded_from(modules, NOT_IN_CONFIG_VERBS + AGENT_ONLY) == []
+    assert loaded_from(modules, NOT_IN_CONFIG_VERBS + AGENT_ONLY + LONG_RUNNING_ONLY) == []
 
 
 def test_the_tree_carries_the_agents_protobuf(binary: str) -> None:

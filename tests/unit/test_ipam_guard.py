@@ -1,4 +1,4 @@
-"""The IPAM guard (rdma_cni.node.ipam.run_guarded): output, timeouts, groups, outliving its caller."""
+"""The IPAM guard (rdma_cni.node.ipam_guard.run_guarded): output, timeouts, groups, outliving its caller."""
 
 from __future__ import annotations
 

@@ -32,48 +32,15 @@ from rdma_cni.shared.placement import (
     place,
     problem,
 )
-from tests.support.placement_oracle import allowed_on, assignment_ok
+from tests.support.placement_oracle import allowed_on, assignment_ok, brute_force, reference_fits
 
 ROOT = Path(__file__).resolve().parents[2]
 REASONS = {"vfs", "unknown_capacity", "max_rate", "bandwidth"}
 NAMES = ("enp1s0f0", "enp1s0f1", "enp2s0f0", "enp2s0f1", "ib0", "mlx5_3")
 
 # ---------------------------------------------------------------- the oracle
-# Written straight from the rules in the module docstring, sharing no code with
-# the module, so that agreement means something.
-
-
-def brute_force(requests: Sequence[Request], pfs: Sequence[PfState]) -> tuple[str, ...] | None:
-    """Some valid placement, trying every PF for every request, or None."""
-    for names in itertools.product([pf.name for pf in pfs], repeat=len(requests)):
-        if assignment_ok(requests, pfs, names):
-            return names
-    return None
-
-
-def reference_fits(requests: Sequence[Request], pfs: Sequence[PfState]) -> bool:
-    """Exact but plain: request by request, every PF, memo on the full (unsorted) state."""
-    failed: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
-
-    def go(i: int, state: tuple[tuple[int, int], ...]) -> bool:
-        if i == len(requests):
-            return True
-        if (i, state) in failed:
-            return False
-        req = requests[i]
-        for j, pf in enumerate(pfs):
-            vfs, load = state[j]
-            if not vfs or not allowed_on(req, pf):
-                continue
-            if req.min_tx_rate and pf.reserved_mbps + load + req.min_tx_rate > (pf.capacity_mbps or 0):
-                continue
-            nxt = (*state[:j], (vfs - 1, load + req.min_tx_rate), *state[j + 1 :])
-            if go(i + 1, nxt):
-                return True
-        failed.add((i, state))
-        return False
-
-    return go(0, tuple((pf.free_vfs, 0) for pf in pfs))
+# tests/support/placement_oracle.py: written straight from the rules in the
+# module docstring, sharing no code with the module, so agreement means something.
 
 
 def outcome(requests: Sequence[Request], pfs: Sequence[PfState], **kwargs: object) -> tuple[str, ...] | str:

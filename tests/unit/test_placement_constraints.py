@@ -6,10 +6,8 @@ the module docstring's rules and shares no code with the search.
 
 from __future__ import annotations
 
-import itertools
 import random
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from unittest.mock import patch
 
@@ -18,46 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rdma_cni.shared.placement import DEFAULT_MAX_STEPS, NoFit, PfState, Request, mixed, place
-from tests.support.placement_oracle import allowed_on, assignment_ok
+from tests.support.placement_oracle import assignment_ok, brute_force, reference_fits
 
 REASONS = {"vfs", "unknown_capacity", "max_rate", "bandwidth", "constraint"}
 NAMES = ("enp1s0f0", "enp1s0f1", "enp2s0f0", "enp2s0f1", "ib0")
 RAILS = (None, "rail-0", "rail-1")
-
-
-def brute_force(
-    requests: Sequence[Request], pfs: Sequence[PfState], different_pfs: bool
-) -> tuple[str, ...] | None:
-    """Some valid placement, trying every PF for every request, or None."""
-    for names in itertools.product([pf.name for pf in pfs], repeat=len(requests)):
-        if assignment_ok(requests, pfs, names, different_pfs):
-            return names
-    return None
-
-
-def reference_fits(requests: Sequence[Request], pfs: Sequence[PfState], different_pfs: bool) -> bool:
-    """Exact but plain: request by request, every PF, memo on the full state."""
-    failed: set[tuple[int, tuple[tuple[int, int], ...]]] = set()
-
-    def go(i: int, state: tuple[tuple[int, int], ...]) -> bool:
-        if i == len(requests):
-            return True
-        if (i, state) in failed:
-            return False
-        req = requests[i]
-        for j, pf in enumerate(pfs):
-            vfs, load = state[j]
-            if not vfs or not allowed_on(req, pf):
-                continue
-            if req.min_tx_rate and pf.reserved_mbps + load + req.min_tx_rate > (pf.capacity_mbps or 0):
-                continue
-            nxt = (*state[:j], (vfs - 1, load + req.min_tx_rate), *state[j + 1 :])
-            if go(i + 1, nxt):
-                return True
-        failed.add((i, state))
-        return False
-
-    return go(0, tuple((min(pf.free_vfs, 1) if different_pfs else pf.free_vfs, 0) for pf in pfs))
 
 
 @st.composite
