@@ -49,6 +49,24 @@ def _cls(name: str) -> Any:
     return _msgs[name]
 
 
+def neutral_vf_settings() -> dict[str, Any]:
+    """A VF's PF-side settings as the kernel gives a new VF (a fresh dict each call: values are lists).
+
+    The one definition: ADD takes a setting the driver does not report to be
+    this, and resets ``vlan`` and ``trust`` to it; the integration tier's VF
+    table (:class:`~rdma_cni.kernel.vfcontrol.FileVfControl`) starts from it.
+    The keys are :meth:`VfInfo.settings`' and :meth:`Rtnl.set_vf`'s.
+    """
+    return {
+        "rate": [0, 0],
+        "vlan": [0, 0],
+        "spoofchk": True,
+        "trust": False,
+        "link_state": "auto",
+        "mac": "00:00:00:00:00:00",
+    }
+
+
 @dataclass(frozen=True)
 class VfInfo:
     """A VF's PF-side settings as the kernel reports them (IFLA_VF_INFO)."""
