@@ -109,18 +109,7 @@ class FileVfControl:
         table = self._load().get("pfs", {}).get(pf, {})
         out = {}
         for vf in range(sysfs.num_vfs(pf)):
-            s = {**neutral_vf_settings(), **table.get(str(vf), {})}
-            out[vf] = VfInfo(
-                vf=vf,
-                mac=s["mac"],
-                vlan=s["vlan"][0],
-                qos=s["vlan"][1],
-                min_tx_rate=s["rate"][0],
-                max_tx_rate=s["rate"][1],
-                spoofchk=s["spoofchk"],
-                trust=s["trust"],
-                link_state=s["link_state"],
-            )
+            out[vf] = VfInfo.from_settings(vf, {**neutral_vf_settings(), **table.get(str(vf), {})})
         return out
 
     def apply(self, pf: str, vf: int, settings: dict[str, Any]) -> None:
