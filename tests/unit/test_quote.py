@@ -212,3 +212,13 @@ def test_node_state_errors_are_bounded() -> None:
         with pytest.raises(nodestate.NodeStateError) as info:
             nodestate.decode(json.dumps(doc))
         assert_tame(str(info.value), 1000)
+
+
+def test_no_fit_messages_escape_pf_names() -> None:
+    # A PF name the kernel allows (an ESC in it) reaches the extender's reasons through placement.
+    from rdma_cni.shared import placement
+
+    pfs = (placement.PfState("\x1b[2J\x1b[H", 0, 100, 0), placement.PfState("\u202eok", 0, None, 0))
+    with pytest.raises(placement.NoFit) as info:
+        placement.place((placement.Request(10, 0),), pfs)
+    assert info.value.message.isprintable() and "\\x1b[2J\\x1b[H: 0 VFs" in info.value.message
