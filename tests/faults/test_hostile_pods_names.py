@@ -69,6 +69,8 @@ HOSTILE = [
     "-x",
 ]
 FIELDS = ("pf", "network", "rail", "namespace", "pod", "uid", "updated")
+# PF names the kernel allows although no terminal should print them raw: such states are valid.
+KERNEL_VALID = ["\x1b]0;pwned\x07", "\x1b[2J\x1b[H", "\u202eeth0", "\u2028", "\x9b2J", "é" * 7, "\x1b[8m\x7f"]
 
 
 def _base(version: int) -> dict[str, Any]:
@@ -130,6 +132,10 @@ def _states(rng: random.Random, count: int) -> dict[str, str]:
     out = {}
     for i in range(count):
         doc = _base(rng.choice([1, 2]))
+        if rng.random() < 0.4:  # valid, with a PF name every printer must escape
+            _set(doc, "pf", rng.choice(KERNEL_VALID))
+            out[f"h{i}"] = json.dumps(doc)
+            continue
         for _ in range(rng.randint(1, 3)):
             _set(doc, rng.choice(FIELDS), rng.choice(HOSTILE))
         out[f"h{i}"] = json.dumps(doc)
