@@ -37,6 +37,7 @@ from rdma_cni.shared.podrequest import (
     RailLabel,
     format_errors,
 )
+from rdma_cni.shared.quote import quote
 
 log = logging.getLogger("rdma_cni.config")
 
@@ -72,7 +73,7 @@ def parse_mac(value: Any, source: str) -> str:
     """
     if not isinstance(value, str) or not _MAC.fullmatch(value):
         raise InvalidConfig(
-            f"{source}: {json.dumps(value)[:100]} is not a MAC address (six hex octets separated by ':')"
+            f"{source}: {quote(value)} is not a MAC address (six hex octets separated by ':')"
         )
     mac = value.lower()
     if int(mac[:2], 16) & 1:

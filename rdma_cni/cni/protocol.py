@@ -79,7 +79,7 @@ def check_version(version: object, verb: str) -> str:
     supported = ", ".join(SUPPORTED_VERSIONS)
     if not isinstance(version, str) or version not in SUPPORTED_VERSIONS:
         raise IncompatibleVersion(
-            f"incompatible CNI version {version!r}: supported versions are {supported}",
+            f"incompatible CNI version {quote(version)}: supported versions are {supported}",
             "0.1.0 and 0.2.0 cannot describe several interfaces and are not supported",
         )
     minimum = MIN_VERSION_FOR_VERB.get(verb)
@@ -133,7 +133,7 @@ def parse_cni_args(raw: str) -> dict[str, str]:
             continue
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise InvalidEnvironment(f"CNI_ARGS is malformed: {item!r} is not KEY=VALUE")
+            raise InvalidEnvironment(f"CNI_ARGS is malformed: {quote(item)} is not KEY=VALUE")
         args[key] = value
     return args
 
@@ -193,7 +193,7 @@ def parse_env(environ: Mapping[str, str]) -> CniEnv:
         raise InvalidEnvironment("CNI_COMMAND is not set: expected one of " + ", ".join(VERBS))
     if command not in VERBS:
         raise InvalidEnvironment(
-            f"CNI_COMMAND={command!r} is not a CNI verb: expected one of " + ", ".join(VERBS)
+            f"CNI_COMMAND={quote(command)} is not a CNI verb: expected one of " + ", ".join(VERBS)
         )
     for var in REQUIRED_ENV[command]:
         if not environ.get(var):
@@ -206,7 +206,7 @@ def parse_env(environ: Mapping[str, str]) -> CniEnv:
     container_id = read("CNI_CONTAINERID")
     if container_id and not _CONTAINER_ID.fullmatch(container_id):
         raise InvalidEnvironment(
-            f"CNI_CONTAINERID={container_id!r} is invalid: use 1-200 characters from "
+            f"CNI_CONTAINERID={quote(container_id)} is invalid: use 1-200 characters from "
             "[A-Za-z0-9_.-], starting with a letter or digit"
         )
     ifname = read("CNI_IFNAME")
@@ -214,7 +214,7 @@ def parse_env(environ: Mapping[str, str]) -> CniEnv:
         validate_ifname(ifname, "CNI_IFNAME")
     netns = read("CNI_NETNS")
     if netns and not netns.startswith("/"):
-        raise InvalidEnvironment(f"CNI_NETNS={netns!r} must be an absolute path")
+        raise InvalidEnvironment(f"CNI_NETNS={quote(netns)} must be an absolute path")
     path = tuple(p for p in read("CNI_PATH").split(":") if p)
     return CniEnv(
         command=command,

@@ -222,3 +222,34 @@ def test_no_fit_messages_escape_pf_names() -> None:
     with pytest.raises(placement.NoFit) as info:
         placement.place((placement.Request(10, 0),), pfs)
     assert info.value.message.isprintable() and "\\x1b[2J\\x1b[H: 0 VFs" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "code"),
+    [
+        ("CNI_ARGS", "IgnoreUnknown=1;" + HOSTILE.replace(";", ""), 4),
+        ("CNI_CONTAINERID", HOSTILE, 4),
+        ("CNI_NETNS", HOSTILE, 4),
+        ("CNI_COMMAND", HOSTILE, 4),
+    ],
+)
+def test_cni_environment_errors_are_bounded(key: str, value: str, code: int) -> None:
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": "/var/run/netns/x",
+        "CNI_IFNAME": "net1",
+        "CNI_PATH": "/opt/cni/bin",
+        key: value,
+    }
+    code_, doc = run_cni(env, json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "rdma-cni"}).encode())
+    assert code_ != 0 and doc is not None and doc["code"] == code
+    assert_tame(doc["msg"], 1000)
+
+
+def test_runtime_mac_error_is_bounded() -> None:
+    from rdma_cni.cni.config import parse_mac
+
+    with pytest.raises(InvalidConfig) as info:
+        parse_mac(HOSTILE, "runtimeConfig.mac")
+    assert_tame(info.value.msg, 1000)
