@@ -9,6 +9,7 @@ configuration and the node state cannot drift apart:
   kernel's own ``dev_valid_name``, for PF names read back from a node state
   (a PF is whatever the host calls it);
 - a rail label (:func:`valid_rail`): a Kubernetes label value;
+- a network's name (:func:`valid_network_name`): the CNI specification's;
 - a Kubernetes object name (:func:`dns_subdomain`, :func:`dns_label`).
 """
 
@@ -21,12 +22,15 @@ __all__ = [
     "IFNAMSIZ",
     "KERNEL_IFNAME_RULE",
     "LABEL_RULE",
+    "NETWORK_NAME_PATTERN",
+    "NETWORK_RULE",
     "RAIL_RULE",
     "SUBDOMAIN_RULE",
     "dns_label",
     "dns_subdomain",
     "kernel_ifname",
     "valid_ifname",
+    "valid_network_name",
     "valid_rail",
 ]
 
@@ -51,6 +55,17 @@ KERNEL_IFNAME_RULE = (
 # reuse their node or NIC labels.
 _RAIL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 RAIL_RULE = "1-63 characters: letters, digits, '-', '_' or '.', beginning and ending with a letter or digit"
+
+# A network's name, as the CNI specification has it: the configuration's `name` (cni/config) and the
+# node state's network names (shared/nodestate) keep to this one pattern, so an agent can never
+# publish a network name that readers refuse.
+NETWORK_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+_NETWORK = re.compile(NETWORK_NAME_PATTERN)
+MAX_NETWORK_NAME = 253
+NETWORK_RULE = (
+    f"1-{MAX_NETWORK_NAME} letters, digits, '_', '.' or '-', beginning with a letter or digit "
+    "(a CNI network name)"
+)
 
 # Kubernetes' DNS-1123 names (apimachinery's IsDNS1123Subdomain and IsDNS1123Label).
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -86,6 +101,11 @@ def kernel_ifname(name: object) -> bool:
 def valid_rail(value: object) -> bool:
     """Whether ``value`` is a rail label (:data:`RAIL_RULE`)."""
     return isinstance(value, str) and _RAIL.fullmatch(value) is not None
+
+
+def valid_network_name(value: object) -> bool:
+    """Whether ``value`` is a network's name (:data:`NETWORK_RULE`)."""
+    return isinstance(value, str) and len(value) <= MAX_NETWORK_NAME and _NETWORK.fullmatch(value) is not None
 
 
 def dns_label(value: object) -> bool:

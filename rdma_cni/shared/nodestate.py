@@ -89,7 +89,7 @@ _RULES: Mapping[str, tuple[Callable[[str], bool], str]] = MappingProxyType(
     {
         "pf": (names.kernel_ifname, f"an interface name the kernel allows: {names.KERNEL_IFNAME_RULE}"),
         "rail": (names.valid_rail, f"a rail label: {names.RAIL_RULE}"),
-        "network": (names.dns_subdomain, f"a NetworkAttachmentDefinition name: {names.SUBDOMAIN_RULE}"),
+        "network": (names.valid_network_name, f"a network name: {names.NETWORK_RULE}"),
         "namespace": (_empty_or(names.dns_label), f"empty or a namespace name: {names.LABEL_RULE}"),
         "pod": (_empty_or(names.dns_subdomain), f"empty or a Pod name: {names.SUBDOMAIN_RULE}"),
         "uid": (
