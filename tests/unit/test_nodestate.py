@@ -513,3 +513,24 @@ def test_names_within_their_rules_decode(field: str, value: str) -> None:
 def test_a_bad_name_is_refused_saying_its_rule(field: str, value: str, rule: str) -> None:
     with pytest.raises(NodeStateError, match=re.escape(rule)):
         nodestate.decode(_with(_V2, V2_NAMES[field], value))
+
+
+@pytest.mark.parametrize(
+    "name", ["rdma-a", "RDMA_A", "net.1", "a" * 253, "-x", "a b", "a\n", "é", "a" * 254, ""]
+)
+def test_network_names_follow_the_configurations_rule(name: str) -> None:
+    # An agent publishes its configurations' names: the state must accept exactly what the config does.
+    from rdma_cni.cni.config import load_netconf
+    from rdma_cni.cni.errors import InvalidConfig
+
+    try:
+        load_netconf({"cniVersion": "1.0.0", "name": name, "type": "rdma-cni"})
+        config_ok = len(name) <= 253  # the state's bound on every name (the config has none)
+    except InvalidConfig:
+        config_ok = False
+    try:
+        nodestate.decode(_with(_V2, V2_NAMES["network"], name))
+        state_ok = True
+    except NodeStateError:
+        state_ok = False
+    assert state_ok == config_ok
