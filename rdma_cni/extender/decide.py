@@ -329,10 +329,8 @@ class Decider:
 
     @staticmethod
     def _empty(state: nodestate.NodeState) -> tuple[placement.PfState, ...]:
-        return tuple(
-            placement.PfState(pf.name, pf.capacity_vfs, pf.capacity_tx_rate, 0, pf.numa_node)
-            for pf in state.pfs
-        )
+        # The published state's one conversion (nodestate.pf_state), as if no pod held anything.
+        return tuple(nodestate.pf_state(pf, empty=True) for pf in state.pfs)
 
     def fill(self, demand: Demand, view: NodeView, table: dict[int, Verdict]) -> Verdict:
         """:meth:`verdict` without reservations, for filter's first look at a state (its hot path)."""
