@@ -12,10 +12,12 @@ is not ours.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rdma_cni.extender.bounded import Bounded
 from rdma_cni.extender.wire import pod_annotations, pod_identity
 from rdma_cni.shared import placement
 from rdma_cni.shared.attachments import ARGS_KEY, Selection, attachment_request, selections
@@ -24,7 +26,12 @@ from rdma_cni.shared.podrequest import PodRequest, parse_request
 __all__ = ["NETWORKS_ANNOTATION", "Demand", "Demands", "selected_networks"]
 
 NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+# Annotation texts whose parse is kept, and the bytes they may hold: an annotation is up to 256 KiB
+# (the API's limit for all of a pod's annotations), so a count alone would let 4,096 of them hold 1 GiB.
 _MEMO_LIMIT = 4096
+_MEMO_BYTES = 16 * 1024 * 1024
+# A parsed interface's objects, estimated (a PodRequest, its InterfaceRequest, their strings).
+_INTERFACE_BYTES = 512
 
 
 @dataclass(frozen=True)
@@ -134,7 +141,7 @@ class Demands:
         # "name" matches the network in any namespace, "ns/name" only there.
         self.networks = networks
         self.default_request = default_request
-        self._memo: dict[str, PodRequest] = {}
+        self._memo: Bounded[str, PodRequest] = Bounded(_MEMO_LIMIT, _MEMO_BYTES)
 
     def _ours(self, namespace: str, annotations: Mapping[str, Any]) -> list[Selection]:
         return [
@@ -148,9 +155,8 @@ class Demands:
         if request is None:
             request = parse_request(raw, source)
             if isinstance(raw, str):
-                if len(self._memo) >= _MEMO_LIMIT:
-                    self._memo.clear()
-                self._memo[raw] = request
+                weight = sys.getsizeof(raw) + _INTERFACE_BYTES * (1 + len(request.interfaces))
+                self._memo.put(raw, request, weight)
         return request
 
     def of_pod(self, pod: Mapping[str, Any]) -> Demand | None:
