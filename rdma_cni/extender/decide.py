@@ -205,7 +205,7 @@ def cannot_fit(demand: Demand, pfs: Sequence[placement.PfState]) -> str:
                 free_total += pf.free_mbps  # type: ignore[operator]
     if vfs < len(demand.requests):
         return f"rdma-cni: needs {len(demand.requests)} free VFs, the node has {vfs}"
-    for low, high in demand.wants:
+    for low, high in demand.distinct_wants:
         for pf in pfs:
             if not pf.free_vfs:
                 continue

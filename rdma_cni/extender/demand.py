@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any
 
 from rdma_cni.extender.bounded import Bounded
@@ -51,6 +52,8 @@ class Demand:
     different_pfs: tuple[bool, ...] = ()
     # Derived once, read per node: (min, max) largest first (best fit's order), the min rates' sum.
     wants: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
+    # ``wants`` without repeats (same order): what the necessary conditions check per node.
+    distinct_wants: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
     min_total: int = field(init=False, repr=False, compare=False)
     # One attachment without constraints: judged by the fast paths that know only rates.
     simple: bool = field(init=False, repr=False, compare=False)
@@ -58,6 +61,7 @@ class Demand:
     def __post_init__(self) -> None:
         rates = sorted((r.min_tx_rate, r.max_tx_rate) for r in self.requests)
         object.__setattr__(self, "wants", tuple(rates[::-1]))
+        object.__setattr__(self, "distinct_wants", tuple(dict.fromkeys(self.wants)))
         object.__setattr__(self, "min_total", sum(low for low, _ in rates))
         constrained = any(self.different_pfs) or any(
             r.pf is not None or r.rail is not None for r in self.requests
@@ -78,15 +82,31 @@ class Demand:
         """The demand of a pod's attachments, ``(network, request, source)`` each, in ADD order."""
         reqs = tuple(r for _, request, _ in parts for r in _requests(request))
         networks = tuple((network, len(request.interfaces)) for network, request, _ in parts)
-        # The ADDs run one after the other, each on what the ones before left: order matters.
-        key = tuple((network, request.different_pfs, _shape(request)) for network, request, _ in parts)
+        # The ADDs run one after the other, each on what the ones before left: order matters. Runs of
+        # the same attachment are one entry with their count: a key's size does not grow with repeats.
+        key = tuple(
+            (part, len(list(run)))
+            for part, run in groupby(
+                (network, request.different_pfs, _shape(request)) for network, request, _ in parts
+            )
+        )
         sources = {source: None for _, _, source in parts}
         return cls(
             reqs, key, "; ".join(sources), networks, tuple(request.different_pfs for _, request, _ in parts)
         )
 
     def attachments(self) -> list[tuple[str | None, tuple[placement.Request, ...], bool]]:
-        """(network or None, requests, different_pfs) of each attachment, in the order ADD runs them."""
+        """(network or None, requests, different_pfs) of each attachment, in the order ADD runs them.
+
+        Built once per demand (decisions read it per node state); callers must not change the list.
+        """
+        got = self.__dict__.get("_attachments")
+        if got is None:
+            got = self._attachments()
+            object.__setattr__(self, "_attachments", got)
+        return got
+
+    def _attachments(self) -> list[tuple[str | None, tuple[placement.Request, ...], bool]]:
         if not self.networks:
             return [(None, self.requests, any(self.different_pfs))]
         out = []

@@ -145,10 +145,16 @@ class Extender:
         reserved = reservations.nodes()
         table = decider.table(demand)
         deadline = deadline or NEVER
-        return [
-            admit(demand, view, now, reservations.extra(name) if name in reserved else None, table, deadline)
-            for name, view in zip(names, views, strict=True)
-        ]
+        out: list[Verdict] = []
+        for i, (name, view) in enumerate(zip(names, views, strict=True)):
+            if not i & 255:  # computing verdicts checks it too; this bounds a run of cheap ones
+                deadline.check()
+            out.append(
+                admit(
+                    demand, view, now, reservations.extra(name) if name in reserved else None, table, deadline
+                )
+            )
+        return out
 
     def _decide(
         self, demand: Demand, names: list[str], views: list[NodeView | None], deadline: Deadline | None = None
