@@ -212,3 +212,52 @@ def test_kept_scores_are_bounded_in_bytes() -> None:
         ext.filter_encoded(so.args_names(pod, names))
     assert ext._scores.weight <= verbs._SCORES_BYTES
     assert len(ext._scores) < 300
+
+
+# -- style: one settings object, one per-node rule
+
+
+def test_every_option_is_a_setting_and_reaches_the_parts() -> None:
+    from dataclasses import fields
+
+    from rdma_cni.extender.options import parser, settings
+
+    names = {f.name for f in fields(Settings)}
+    dests = {a.dest for a in parser()._actions if a.dest != "help"}
+    assert dests - names == {"client_name"}  # repeatable --client-name is the set client_names
+    got = settings(
+        ["--listen", "127.0.0.1:0", "--http-timeout", "4", "--networks", "a, b", "--policy", "spread"]
+    )
+    assert got.http_timeout == 4 and got.decision_timeout == 2 and got.networks == frozenset({"a", "b"})
+    assert got.default_request is not None  # a network without a request gets [{}]
+    decider = Decider(settings=got)
+    assert decider.policy == "spread" and decider.settings is got
+    with pytest.raises(SystemExit):
+        settings(["--listen", "127.0.0.1:0", "--http-timeout", "9999"])
+
+
+def test_filter_bind_and_preempt_share_one_per_node_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rdma_cni.extender import preempt
+    from rdma_cni.extender.bind import Binder
+    from rdma_cni.extender.wire import BindArgs
+
+    ext, names = make(3)
+    refused = decide.Verdict(False, False, "rdma-cni: a node rule says no", 0)
+    real = Decider.admit
+    monkeypatch.setattr(
+        Decider,
+        "admit",
+        lambda self, demand, view, *a, **kw: (
+            refused if view is ext.view_of(names[0]) else real(self, demand, view, *a, **kw)
+        ),
+    )
+    pod = so.rdma_pod("p", [(0, 0)])
+    assert ext.filter(so.args_names(pod, names))["FailedNodes"] == {names[0]: refused.reason}
+    got = ext.demands.of_pod(pod)
+    assert got is not None
+    binder = Binder(None, ext.decider, ext.demands, ext.reservations, ext.view_of)
+    problem, reason = binder._reserve(BindArgs("p", "team-a", "uid-p", names[0]), got)
+    assert reason == "no_fit" and "a node rule says no" in problem
+    assert binder._reserve(BindArgs("p", "team-a", "uid-p", names[1]), got) == ("", "")
+    kept = preempt.keep_nodes(got, {n: ("x",) for n in names}, ext.view_of, ext.reservations, ext.decider)
+    assert set(kept) == set(names[1:])
