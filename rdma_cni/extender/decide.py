@@ -395,10 +395,14 @@ class Decider:
         by their fingerprint. ``table`` is :meth:`table` of the demand, when
         the caller already has it.
         """
-        problem = self.unusable(view, now)
-        if problem:
-            return Verdict(False, True, problem, 0)
-        assert view is not None
+        # unusable(), its common case inlined: filter calls this for every node.
+        age = self.max_state_age
+        if (
+            view is None
+            or view.problem
+            or (age is not None and not now - age <= view.updated <= now + FUTURE_SKEW)
+        ):
+            return Verdict(False, True, self.unusable(view, now), 0)
         if extra:
             return self.verdict(demand, view, extra, table, deadline)
         if table is None:

@@ -47,7 +47,7 @@ log = logging.getLogger("rdma_cni.extender.server")
 # Scores from a pod's filter, reused by its prioritize when it comes within this many seconds.
 _SCORES_FRESH = 5.0
 # Pods whose scores are kept, and the bytes they may hold: scores of a full-Node request are a dict per
-# passing node, and a kept answer's are its verdicts (see _score_weight).
+# passing node, and a kept answer's are its verdicts (see _remember).
 _SCORES_KEPT = 1024
 _SCORES_BYTES = 32 * 1024 * 1024
 # A node's share of what kept scores hold: a dict entry or a verdict, its name's share of a list.
@@ -143,17 +143,17 @@ class Extender:
         now = decider.now()
         reservations = self.reservations
         reserved = reservations.nodes()
+        extra = reservations.extra
         table = decider.table(demand)
         deadline = deadline or NEVER
         out: list[Verdict] = []
-        for i, (name, view) in enumerate(zip(names, views, strict=True)):
-            if not i & 255:  # computing verdicts checks it too; this bounds a run of cheap ones
-                deadline.check()
-            out.append(
-                admit(
-                    demand, view, now, reservations.extra(name) if name in reserved else None, table, deadline
-                )
-            )
+        # In runs of 256 nodes, the deadline checked before each (computing a verdict checks it too).
+        for at in range(0, len(names), 256):
+            deadline.check()
+            out += [
+                admit(demand, view, now, extra(name) if name in reserved else None, table, deadline)
+                for name, view in zip(names[at : at + 256], views[at : at + 256], strict=True)
+            ]
         return out
 
     def _decide(
