@@ -74,7 +74,8 @@ def test_an_oversized_name_at_5000_nodes_is_one_short_error() -> None:
 def test_every_reason_in_a_filter_answer_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     # Defence in depth: whatever a reason quotes, an answer is at most nodes x (name + MAX_REASON).
     ext, names = make(1_000)
-    monkeypatch.setattr(Decider, "unusable", lambda self, view, now: "rdma-cni: " + "y" * 100_000)
+    long = decide.Verdict(False, True, "rdma-cni: " + "y" * 100_000, 0)
+    monkeypatch.setattr(Decider, "admit", lambda self, *args, **kw: long)
     for pod in (so.rdma_pod("p", [(0, 0)]), so.rdma_pod("q", [(1, 0)])):
         body, _ = filter_bytes(ext, pod, names)
         assert len(body) <= len(names) * (len(names[0]) + wire.MAX_REASON + 8), len(body)
