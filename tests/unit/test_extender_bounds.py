@@ -209,7 +209,9 @@ def test_kept_scores_are_bounded_in_bytes() -> None:
     # 1,024 pods' scores at 5,000 nodes could hold ~1 GiB; a byte bound keeps far fewer.
     ext, names = make()
     for i in range(300):
-        pod = so.rdma_pod(f"p{i}", [(1, 0)], uid=f"uid-{i}")
+        # Distinct large valid annotations, one shape: each filter answered from the kept answer.
+        text = '[{"min_tx_rate": 1}]' + " " * (60_000 + i)
+        pod = so.pod(f"p{i}", {"rdma_interfaces_required": text}, uid=f"uid-{i}")
         ext.filter_encoded(so.args_names(pod, names))
     assert ext._scores.weight <= verbs._SCORES_BYTES
     assert len(ext._scores) < 300
