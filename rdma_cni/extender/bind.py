@@ -28,6 +28,7 @@ from rdma_cni.extender import metrics
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.reservations import Reservations
+from rdma_cni.extender.settings import Settings
 from rdma_cni.extender.wire import BindArgs, clip
 from rdma_cni.shared import nodestate, placement
 
@@ -35,7 +36,8 @@ __all__ = ["DEFAULT_SCHEDULER_NAMES", "Binder", "binding_outcome_unknown"]
 
 log = logging.getLogger("rdma_cni.extender.bind")
 
-DEFAULT_SCHEDULER_NAMES = frozenset({"rdma-scheduler"})
+# One definition, the settings' default.
+DEFAULT_SCHEDULER_NAMES = Settings().scheduler_names
 
 
 class _Refused(Exception):
