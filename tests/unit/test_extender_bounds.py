@@ -264,3 +264,26 @@ def test_filter_bind_and_preempt_share_one_per_node_rule(monkeypatch: pytest.Mon
     assert binder._reserve(BindArgs("p", "team-a", "uid-p", names[1]), got) == ("", "")
     kept = preempt.keep_nodes(got, {n: ("x",) for n in names}, ext.view_of, ext.reservations, ext.decider)
     assert set(kept) == set(names[1:])
+
+
+def test_a_prioritize_past_its_deadline_scores_nothing() -> None:
+    ext, names = make(600)
+    pod = so.pod("p", {NETWORKS: "rdma-a,rdma-b," * 8, "rdma_interfaces_required": '[{"min_tx_rate": 5}]'})
+    assert ext.prioritize(so.args_names(pod, names), Deadline(0)) == b"[]"
+    assert json.loads(ext.prioritize(so.args_names(pod, names[:3])))  # with time left: scores
+
+
+def test_a_bind_refusal_quoting_the_pod_is_capped() -> None:
+    ext, names = make(2)
+
+    class Api:
+        def get(self, path: str) -> dict[str, Any]:
+            pod = so.pod("p", {"rdma_interfaces_required": json.dumps([{"name": "x" * 60_000}])}, uid="u")
+            return pod
+
+    from rdma_cni.extender.bind import Binder
+    from rdma_cni.extender.wire import BindArgs
+
+    binder = Binder(Api(), ext.decider, ext.demands, ext.reservations, ext.view_of)
+    error = binder.bind(BindArgs("p", "team-a", "u", names[0]))
+    assert error.startswith("rdma-cni: pod team-a/p annotation") and len(error) <= wire.MAX_REASON
