@@ -1,4 +1,4 @@
-"""The thick design end to end: the static shim, the agent's CNI server, the real plugin on the simulated node.
+"""The thick design end to end: the static shim, the agent's CNI server, the plugin on the simulated node.
 
 The shim is what a runtime executes (launcher/shim.c, built from source); the
 server is ``rdma-cni cni-server`` of the plugin under test, which runs each

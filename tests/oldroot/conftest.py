@@ -1,4 +1,4 @@
-"""The old-root tier: the host side in a Debian 11 root (glibc 2.31), against the server in the project's userspace.
+"""The old-root tier: the host side in a Debian 11 root (glibc 2.31), the server in the project's userspace.
 
 The root is debootstrapped once by scripts/oldroot.sh and kept outside the
 tree (/var/cache/rdma-cni-build/bullseye-root-v1). The shim is installed into

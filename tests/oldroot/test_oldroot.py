@@ -38,6 +38,24 @@ exec chroot "$root" "$@"
 """
 
 
+def entered(root: str, binds: list[str], argv: list[str]) -> list[str]:
+    """The command line running ``argv`` chrooted in ``root`` with ``binds`` (source, target pairs)."""
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        _ENTER,
+        "sh",
+        root,
+        *binds,
+        "--",
+        *argv,
+    ]
+
+
 def glibc_versions(path: str) -> set[tuple[int, ...]]:
     """The GLIBC_x.y symbol versions an ELF file needs (readelf's version-needs section)."""
     out = subprocess.run(["readelf", "-VW", path], capture_output=True, text=True, check=False).stdout
@@ -66,20 +84,7 @@ class OldHost:
             binds += [netns, inside]
             env = {**env, "CNI_NETNS": inside}
         proc = subprocess.run(
-            [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                _ENTER,
-                "sh",
-                self.root,
-                *binds,
-                "--",
-            ]
-            + ["/opt/cni/bin/rdma-cni"],
+            entered(self.root, binds, ["/opt/cni/bin/rdma-cni"]),
             input=stdin,
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", **env},
             capture_output=True,
@@ -97,8 +102,10 @@ def old_host(old_root: str, binary: str, tmp_path: Any) -> Iterator[OldHost]:
     (sa / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
     # Installed as the DaemonSet's installer installs it, into the root's /opt/cni/bin.
     proc = subprocess.run(
-        [binary, "install", "--once", "--mode", "shim", "--cni-bin-dir", f"{old_root}/opt/cni/bin"]
-        + ["--kubeconfig-path", str(tmp_path / "kubeconfig"), "--serviceaccount-dir", str(sa)],
+        [
+            *(binary, "install", "--once", "--mode", "shim", "--cni-bin-dir", f"{old_root}/opt/cni/bin"),
+            *("--kubeconfig-path", str(tmp_path / "kubeconfig"), "--serviceaccount-dir", str(sa)),
+        ],
         env={**os.environ, "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"},
         capture_output=True,
         text=True,
@@ -171,8 +178,7 @@ def test_the_fat_binary_would_not_start_there(old_host: OldHost, binary: str) ->
     inside = work[len(old_host.root) :]
     try:
         proc = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", _ENTER, "sh", old_host.root]
-            + ["/proc", "/proc", "--", f"{inside}/rdma-cni"],
+            entered(old_host.root, ["/proc", "/proc"], [f"{inside}/rdma-cni"]),
             env={
                 "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
                 "CNI_COMMAND": "VERSION",
