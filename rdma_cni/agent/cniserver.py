@@ -26,6 +26,7 @@ records, rollback, the IPAM guard, warm start) is the plugin's own, unchanged.
 
 from __future__ import annotations
 
+import argparse
 import array
 import contextlib
 import fcntl
@@ -329,21 +330,25 @@ def _read_request(conn: socket.socket) -> tuple[Request, int | None]:
     return Request(env=env, stdin=stdin, netns_errno=header.netns_errno), fd
 
 
-def main(argv: list[str]) -> int:
-    """``rdma-cni cni-server``: the CNI server alone (podman or cnitool with the shim, no DaemonSet)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    """The options of ``rdma-cni cni-server``."""
+    p = argparse.ArgumentParser(
         prog="rdma-cni cni-server", description="Run the CNI verbs the rdma-cni shim hands over."
     )
-    parser.add_argument("--socket", default=DEFAULT_SOCKET, help="default: %(default)s")
-    parser.add_argument(
-        "--plugin", metavar="PATH", help="the plugin executable to run (default: this executable)"
-    )
-    parser.add_argument(
+    p.add_argument("--socket", default=DEFAULT_SOCKET, help="default: %(default)s")
+    p.add_argument("--plugin", metavar="PATH", help="the plugin executable to run (default: this executable)")
+    p.add_argument(
         "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="default: %(default)s"
     )
-    args = parser.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """``rdma-cni cni-server``: the CNI server alone (podman or cnitool with the shim, no DaemonSet)."""
+    args = parser().parse_args(argv)
+    if args.max_connections < 1:
+        sys.stderr.write("rdma-cni cni-server: error: --max-connections must be at least 1\n")
+        return 2
     logging.basicConfig(level=logging.INFO, format="rdma-cni cni-server: %(message)s")
     server = CniServer(
         args.socket, [args.plugin] if args.plugin else None, max_connections=args.max_connections
