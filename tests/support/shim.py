@@ -70,7 +70,8 @@ def write_echo_plugin(path: str) -> str:
     """A plugin stand-in that answers with what it was given (environment, stdin, the namespace it opens).
 
     Its stdin picks a behaviour: ``{"exit": N}`` exits N, ``{"sleep": S, "pidfile": P}``
-    writes its pid to P and sleeps S seconds first.
+    writes its pid to P and sleeps S seconds first, ``{"big": N}`` prints N bytes,
+    ``{"kill": SIG}`` kills itself with SIG.
     """
     body = textwrap.dedent(
         """\
@@ -80,6 +81,11 @@ def write_echo_plugin(path: str) -> str:
             conf = json.loads(raw or b"{}")
         except ValueError:
             conf = {}
+        if conf.get("big"):
+            sys.stdout.write("x" * conf["big"])
+            sys.exit(0)
+        if conf.get("kill"):
+            os.kill(os.getpid(), conf["kill"])
         if conf.get("pidfile"):
             with open(conf["pidfile"], "w") as f:
                 f.write(str(os.getpid()))

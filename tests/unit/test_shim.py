@@ -426,3 +426,69 @@ def test_the_plugin_opens_the_passed_namespace_for_its_cni_netns(monkeypatch: py
     monkeypatch.setenv("RDMA_CNI_NETNS_VIA", "errno:2")
     with pytest.raises(FileNotFoundError):
         open_pod_netns("/nonexistent/pod")
+
+
+def test_the_spool_is_bounded(shim: str, sockdir: str) -> None:
+    spool = delspool.spool_dir(sock(sockdir))
+    os.makedirs(sockdir, mode=0o700)
+    os.makedirs(spool, mode=0o700)
+    for i in range(4096):
+        open(os.path.join(spool, f"del-c{i}-00.req"), "w").close()
+    out = run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "DEL"})
+    assert out.code == 1 and out.doc is not None and out.doc["code"] == 11
+    assert out.doc["details"] == "the spool is full"
+    # A DEL already spooled replaces its own file, full or not.
+    os.rename(os.path.join(spool, "del-c0-00.req"), os.path.join(spool, "del-ctr0001-6e657431.req"))
+    assert run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "DEL"}).code == 0
+
+
+def test_bounds_of_what_the_shim_sends(shim: str, sockdir: str) -> None:
+    huge = run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "ADD", "CNI_ARGS": "K=" + "v" * 70000})
+    assert huge.code == 1 and huge.doc is not None and huge.doc["code"] == 4
+    assert "environment is too large" in huge.doc["msg"]
+    long_path = "/tmp/" + "d" * 120 + "/cni.sock"
+    add = run_shim(shim, long_path, {**POD_ENV, "CNI_COMMAND": "ADD"})
+    assert add.doc is not None and add.doc["code"] == 11 and "File name too long" in add.doc["details"]
+    dele = run_shim(shim, long_path, {**POD_ENV, "CNI_COMMAND": "DEL"})
+    assert dele.doc is not None and dele.doc["code"] == 11
+    assert dele.doc["details"] == "the socket path is too long"
+    assert run_shim(shim, long_path, {"CNI_COMMAND": "VERSION"}).code == 0
+    assert subprocess.run([shim, "--version"], capture_output=True, check=False).returncode == 0
+
+
+def test_what_the_plugin_ends_with_is_relayed(shim: str, sockdir: str, serve: Any) -> None:
+    serve()
+    killed = run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "ADD"}, b'{"kill": 9}')
+    assert killed.code == 128 + 9
+    big = run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "ADD"}, b'{"big": 5000000}')
+    assert big.code == 1 and big.doc is not None and big.doc["code"] == 999
+    assert "too large to relay" in big.doc["msg"]
+
+
+def test_unusable_spooled_files_are_set_aside(sockdir: str, tmp_path: Any) -> None:
+    spool = str(tmp_path / "spool")
+    os.makedirs(spool, mode=0o700)
+    good = shimwire.encode_request({**POD_ENV, "CNI_COMMAND": "DEL"}, b"{}")
+    cases = {
+        "del-open-00.req": (good, 0o644),  # readable by others: not one the shim wrote
+        "del-add-00.req": (shimwire.encode_request({**POD_ENV, "CNI_COMMAND": "ADD"}, b"{}"), 0o600),
+        "del-cut-00.req": (good[:-1], 0o600),
+        "del-huge-00.req": (good + b" " * delspool.MAX_FILE, 0o600),
+        "del-env-00.req": (shimwire.encode_request({"LD_PRELOAD": "x"}, b""), 0o600),
+    }
+    for name, (raw, mode) in cases.items():
+        path = os.path.join(spool, name)
+        with open(path, "wb") as f:
+            f.write(raw)
+        os.chmod(path, mode)
+    ran: list[Any] = []
+    assert delspool.run_spool(spool, lambda req: ran.append(req) or 0) == (0, 0)
+    assert ran == []
+    assert sorted(os.listdir(spool)) == sorted(f".bad-{n}" for n in cases)
+    assert delspool.run_spool(str(tmp_path / "none"), lambda req: 0) == (0, 0)
+
+
+def test_a_socket_path_too_long_for_unix_sockets(tmp_path: Any, echo: str) -> None:
+    d = tmp_path / ("d" * 100)
+    with pytest.raises(ServerError, match="longer than a unix socket allows"):
+        CniServer(str(d / "cni.sock"), [echo]).start()
