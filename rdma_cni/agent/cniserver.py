@@ -78,6 +78,25 @@ def default_plugin() -> list[str]:
     return [sys.executable, "-m", "rdma_cni"]
 
 
+def plugin_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a verb inherits from the server: its environment, less what is the caller's or the bundle's.
+
+    The caller's ``CNI_*`` variables are the only ones a verb gets from outside. The built
+    binary's bootloader sets ``LD_LIBRARY_PATH`` to its own libraries (and ``_PYI_*`` for its
+    children): a verb must start as a runtime starts the plugin, and the IPAM plugins it runs
+    must load their own libraries, not the bundle's.
+    """
+    env = {
+        k: v
+        for k, v in environ.items()
+        if not k.startswith(("CNI_", "_PYI_", "_MEI")) and k not in (VIA_ENV, "LD_LIBRARY_PATH")
+    }
+    env.pop("LD_LIBRARY_PATH_ORIG", None)
+    if environ.get("LD_LIBRARY_PATH_ORIG"):
+        env["LD_LIBRARY_PATH"] = environ["LD_LIBRARY_PATH_ORIG"]
+    return env
+
+
 def _private_dir(path: str) -> None:
     """Create ``path`` 0700 if missing; ServerError unless it is ours and closed to others."""
     try:
@@ -113,9 +132,7 @@ class CniServer:
         self.socket_path = os.path.abspath(socket_path)
         self.plugin = list(plugin or default_plugin())
         self.verb_timeout = verb_timeout
-        base = dict(os.environ if environ is None else environ)
-        # The caller's CNI_* variables are the only ones a verb gets from outside.
-        self.base_env = {k: v for k, v in base.items() if not k.startswith("CNI_") and k != VIA_ENV}
+        self.base_env = plugin_environment(os.environ if environ is None else environ)
         self._slots = threading.BoundedSemaphore(max_connections)
         self._spool_lock = threading.Lock()
         self._sock: socket.socket | None = None

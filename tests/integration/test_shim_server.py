@@ -132,3 +132,25 @@ def test_a_del_spooled_while_the_agent_is_down_runs_when_it_starts(
         assert call(shim, socket_path, cluster, "DEL", other, conf).code == 0
     finally:
         server.stop()
+
+
+def test_a_verb_starts_as_a_runtime_starts_the_plugin(shim: str, socket_path: str, cluster: Cluster) -> None:
+    # The built binary's bootloader points LD_LIBRARY_PATH at its own libraries: the server's
+    # children (the plugin, and the IPAM plugins it runs) must not inherit that.
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_LIBRARY_PATH_ORIG": "/opt/own/lib"}
+    proc = subprocess.Popen(
+        [*plugin_command(), "cni-server", "--socket", socket_path, "--plugin", "/usr/bin/env"],
+        env=env,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline()) == {"listening": socket_path}
+        out = run_shim(shim, socket_path, {"CNI_COMMAND": "VERSION"}, b"")
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    seen = dict(line.split("=", 1) for line in out.stdout.splitlines())
+    assert seen["CNI_COMMAND"] == "VERSION"
+    assert seen.get("LD_LIBRARY_PATH") == "/opt/own/lib"
+    assert not [k for k in seen if k.startswith(("_PYI_", "_MEI"))]
