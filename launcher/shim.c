@@ -220,7 +220,8 @@ static int recv_all(int s, char *p, size_t n, long long deadline)
     return 0;
 }
 
-/* Connect; -1 with errno when no server takes the call. */
+/* Connect; -1 with errno when no server takes the call. Non-blocking: a server
+ * whose backlog is full (hung) answers EAGAIN at once instead of holding the runtime. */
 static int connect_server(const char *path)
 {
     struct sockaddr_un addr;
@@ -231,7 +232,7 @@ static int connect_server(const char *path)
         return -1;
     }
     strcpy(addr.sun_path, path);
-    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s < 0)
         return -1;
     if (connect(s, (struct sockaddr *)&addr, sizeof addr) < 0) {

@@ -492,3 +492,31 @@ def test_a_socket_path_too_long_for_unix_sockets(tmp_path: Any, echo: str) -> No
     d = tmp_path / ("d" * 100)
     with pytest.raises(ServerError, match="longer than a unix socket allows"):
         CniServer(str(d / "cni.sock"), [echo]).start()
+
+
+def test_a_hung_server_does_not_hold_the_runtime(shim: str, sockdir: str) -> None:
+    os.makedirs(sockdir, mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock(sockdir))
+    listener.listen(0)  # never accepts: its backlog fills
+    waiting = []
+    while True:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.setblocking(False)
+        try:
+            c.connect(sock(sockdir))
+        except BlockingIOError:
+            c.close()
+            break
+        waiting.append(c)
+    try:
+        started = time.monotonic()
+        add = run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "ADD"}, timeout=20)
+        assert time.monotonic() - started < 10
+        assert add.doc is not None and add.doc["code"] == 11
+        assert "Resource temporarily unavailable" in add.doc["details"]
+        assert run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "DEL"}, timeout=20).code == 0
+    finally:
+        for c in waiting:
+            c.close()
+        listener.close()
