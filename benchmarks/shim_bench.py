@@ -1,11 +1,13 @@
-"""Warm ADD+DEL through the host shim, beside the fat binary run directly and Go host-device, in one run.
+"""ADD+DEL through the host shim, beside the fat binary run directly and Go host-device, in one run.
 
 The thick design's cost: the shim (launcher/shim.c) connects to the agent's
 CNI server (``rdma-cni cni-server``), which starts the plugin as a runtime
 would; the plugin then goes through its warm server as usual. The fat binary
 is run the way the runtime runs it today (the launcher hands the call to the
 same warm server). host-device moves the same kind of device with the same
-IPAM (benchmarks/datapath_bench.py). Interleaved, medians of wall time.
+IPAM (benchmarks/datapath_bench.py). Warm and cold (``RDMA_CNI_WARM=0``, for
+the shim in the agent's environment, where the plugin runs). Interleaved,
+medians of wall time.
 Root needed. A script, not a timed test.
 """
 
@@ -44,9 +46,11 @@ def main() -> int:
     cache, tree = private_cache(tmp, binary)
     ours_env = {**rig.env, "RDMA_CNI_CACHE_DIR": cache}
     socket_path = os.path.join(tmp, "agent", "cni.sock")
+    cold_socket = os.path.join(tmp, "agent-cold", "cni.sock")
     # The server has the node's environment (as the DaemonSet has); the shim only what a runtime sets.
     server_env = {k: v for k, v in ours_env.items() if not k.startswith("CNI_")}
     shim_env = {k: v for k, v in rig.env.items() if k.startswith("CNI_")}
+    cold_shim_env = {**shim_env, "RDMA_CNI_SHIM_SOCKET": cold_socket}
     shim_env.update(RDMA_CNI_SHIM_SOCKET=socket_path)
     theirs = {
         "cniVersion": "1.0.0",
@@ -58,15 +62,23 @@ def main() -> int:
     modes = {
         "rdma-cni fat binary (warm start)": ([binary], ours_env, rig.conf),
         "rdma-cni shim -> agent (warm start)": ([shim], shim_env, rig.conf),
+        "rdma-cni fat binary (cold, RDMA_CNI_WARM=0)": (
+            [binary],
+            {**ours_env, "RDMA_CNI_WARM": "0"},
+            rig.conf,
+        ),
+        "rdma-cni shim -> agent (cold, RDMA_CNI_WARM=0 in the agent)": ([shim], cold_shim_env, rig.conf),
         "host-device (Go)": (["/usr/lib/cni/host-device"], rig.cni_env, theirs),
     }
     results: dict[str, dict[str, list[float]]] = {m: {"ADD": [], "DEL": []} for m in modes}
-    server = subprocess.Popen(
-        [binary, "cni-server", "--socket", socket_path], env=server_env, stdout=subprocess.PIPE
-    )
+    servers = [
+        subprocess.Popen([binary, "cni-server", "--socket", path], env=env, stdout=subprocess.PIPE)
+        for path, env in ((socket_path, server_env), (cold_socket, {**server_env, "RDMA_CNI_WARM": "0"}))
+    ]
     try:
-        assert server.stdout is not None
-        json.loads(server.stdout.readline())
+        for server in servers:
+            assert server.stdout is not None
+            json.loads(server.stdout.readline())
         timed([binary], {**ours_env, "CNI_COMMAND": "VERSION"}, rig.conf)  # starts the warm server
         wait_for_warm_server(tree)
         for cmd, env, conf in modes.values():  # one untimed cycle each
@@ -77,8 +89,9 @@ def main() -> int:
                 for verb in ("ADD", "DEL"):
                     results[mode][verb].append(timed(cmd, {**env, "CNI_COMMAND": verb}, conf))
     finally:
-        server.terminate()
-        server.wait(20)
+        for server in servers:
+            server.terminate()
+            server.wait(20)
         stop_private_cache(cache, tree)
         ip("link", "del", rig.node.vf_wire(0, 0), check=False)
         rig.down()
