@@ -134,6 +134,8 @@ class CniServer:
         self.verb_timeout = verb_timeout
         self.base_env = plugin_environment(os.environ if environ is None else environ)
         self._slots = threading.BoundedSemaphore(max_connections)
+        # Calls told "busy" are bounded too: beyond these, a call is closed unanswered.
+        self._busy_slots = threading.BoundedSemaphore(max_connections)
         self._spool_lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._lock_fd = -1
@@ -199,7 +201,10 @@ class CniServer:
                     continue
                 conn.settimeout(None)
                 if not self._slots.acquire(blocking=False):
-                    threading.Thread(target=self._busy, args=(conn,), daemon=True).start()
+                    if self._busy_slots.acquire(blocking=False):
+                        threading.Thread(target=self._busy, args=(conn,), daemon=True).start()
+                    else:
+                        conn.close()
                     continue
                 threading.Thread(target=self._handle, args=(conn,), name="cni-call", daemon=True).start()
         finally:
@@ -214,7 +219,13 @@ class CniServer:
 
     def _busy(self, conn: socket.socket) -> None:
         with conn:
-            conn.settimeout(REQUEST_SECONDS)
+            try:
+                self._answer_busy(conn)
+            finally:
+                self._busy_slots.release()
+
+    def _answer_busy(self, conn: socket.socket) -> None:
+        if _peer_allowed(conn):
             with contextlib.suppress(OSError, WireError):
                 # The request is read (and its fd closed) so that the shim's send completes.
                 _request, fd = _read_request(conn)
@@ -229,7 +240,6 @@ class CniServer:
             with conn:
                 if not _peer_allowed(conn):
                     return
-                conn.settimeout(REQUEST_SECONDS)
                 try:
                     request, fd = _read_request(conn)
                 except (OSError, WireError) as exc:
@@ -314,9 +324,13 @@ def _hung_up(conn: socket.socket) -> bool:
     return bool(poller.poll(0))
 
 
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
+def _recv_exact(conn: socket.socket, n: int, deadline: float) -> bytes:
     chunks = bytearray()
     while len(chunks) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise WireError(f"the request did not arrive within {REQUEST_SECONDS:.0f} s")
+        conn.settimeout(left)
         chunk = conn.recv(min(n - len(chunks), 1 << 16))
         if not chunk:
             raise WireError("the caller closed the connection mid-request")
@@ -325,7 +339,12 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
 
 
 def _read_request(conn: socket.socket) -> tuple[Request, int | None]:
-    """The request and the namespace fd that came with it (the caller closes it)."""
+    """The request and the namespace fd that came with it (the caller closes it).
+
+    The whole request must arrive within REQUEST_SECONDS, however it trickles in.
+    """
+    deadline = time.monotonic() + REQUEST_SECONDS
+    conn.settimeout(REQUEST_SECONDS)
     fds = array.array("i")
     raw, ancdata, _flags, _ = conn.recvmsg(REQUEST_HEADER.size, socket.CMSG_SPACE(4 * fds.itemsize))
     for level, kind, data in ancdata:
@@ -333,12 +352,12 @@ def _read_request(conn: socket.socket) -> tuple[Request, int | None]:
             fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
     try:
         if len(raw) < REQUEST_HEADER.size:
-            raw += _recv_exact(conn, REQUEST_HEADER.size - len(raw))
+            raw += _recv_exact(conn, REQUEST_HEADER.size - len(raw), deadline)
         header = parse_header(raw)
         if len(fds) > (1 if header.has_netns else 0):
             raise WireError("more file descriptors than a request carries")
-        env = parse_env(_recv_exact(conn, header.env_len))
-        stdin = _recv_exact(conn, header.stdin_len)
+        env = parse_env(_recv_exact(conn, header.env_len, deadline))
+        stdin = _recv_exact(conn, header.stdin_len, deadline)
     except BaseException:
         for fd in fds:
             os.close(fd)

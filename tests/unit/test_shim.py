@@ -520,3 +520,28 @@ def test_a_hung_server_does_not_hold_the_runtime(shim: str, sockdir: str) -> Non
         for c in waiting:
             c.close()
         listener.close()
+
+
+def test_a_request_that_trickles_in_is_dropped(
+    sockdir: str, serve: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rdma_cni.agent import cniserver
+
+    monkeypatch.setattr(cniserver, "REQUEST_SECONDS", 1.5)
+    serve()
+    marker = tmp_path / "ran"
+    raw = shimwire.encode_request(
+        {**POD_ENV, "CNI_COMMAND": "CHECK"}, json.dumps({"pidfile": str(marker)}).encode()
+    )
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sock(sockdir))
+    started = time.monotonic()
+    closed = False
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        for i in range(len(raw)):  # a byte every 0.1 s: each read is quick, the whole is not
+            s.send(raw[i : i + 1])
+            time.sleep(0.1)
+    closed = time.monotonic() - started < len(raw) * 0.1
+    s.close()
+    assert closed, "a request trickled in for longer than the request deadline"
+    assert not marker.exists()
