@@ -145,18 +145,30 @@ class CniServer:
         """The directory of spooled DELs."""
         return spool_dir(self.socket_path)
 
-    def start(self) -> None:
-        """Make the directory, take its lock, bind and listen; ServerError when it cannot."""
+    def start(self, wait: threading.Event | None = None) -> None:
+        """Make the directory, take its lock, bind and listen; ServerError when it cannot.
+
+        With ``wait``, a lock held by another server (the old agent of a rolling update with
+        surge) is waited for until that server stops or ``wait`` is set (ServerError then).
+        """
         directory = os.path.dirname(self.socket_path)
         _private_dir(directory)
         if len(self.socket_path.encode()) > 107:
             raise ServerError(f"the socket path {self.socket_path} is longer than a unix socket allows")
         fd = os.open(os.path.join(directory, "cni.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ServerError(f"another CNI server serves {self.socket_path}") from None
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if wait is None or wait.is_set():
+                    os.close(fd)
+                    raise ServerError(f"another CNI server serves {self.socket_path}") from None
+            if not told:
+                log.warning("another CNI server serves %s: waiting for it to stop", self.socket_path)
+                told = True
+            wait.wait(0.5)
         self._lock_fd = fd
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)  # a dead server's: we hold the lock

@@ -354,7 +354,8 @@ def _start_cni_server(socket_path: str, stop: threading.Event, out: TextIO) -> t
 
     server = CniServer(socket_path)
     try:
-        server.start()
+        # During a rolling update with surge the old agent still serves: take over when it stops.
+        server.start(wait=stop)
     except ServerError as exc:
         raise InstallError(f"CNI server: {exc}") from None
     thread = threading.Thread(target=server.serve, args=(stop,), name="cni-server", daemon=True)

@@ -545,3 +545,33 @@ def test_a_request_that_trickles_in_is_dropped(
     s.close()
     assert closed, "a request trickled in for longer than the request deadline"
     assert not marker.exists()
+
+
+def test_a_second_server_can_wait_for_the_first_to_stop(
+    shim: str, sockdir: str, serve: Any, echo: str
+) -> None:
+    first = serve()
+    second = CniServer(sock(sockdir), [echo])
+    giving_up = threading.Event()
+    took_over = threading.Event()
+
+    def start_second() -> None:
+        with contextlib.suppress(ServerError):
+            second.start(wait=giving_up)
+            took_over.set()
+
+    t = threading.Thread(target=start_second, daemon=True)
+    t.start()
+    time.sleep(1)
+    assert not took_over.is_set()
+    assert run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "CHECK"}).code == 0  # the first serves
+    first.close()
+    t.join(10)
+    assert took_over.is_set()
+    second.close()
+    # Waiting ends when told to: nothing is left held.
+    third = serve()
+    giving_up.set()
+    with pytest.raises(ServerError, match="another CNI server"):
+        CniServer(sock(sockdir), [echo]).start(wait=giving_up)
+    third.close()
