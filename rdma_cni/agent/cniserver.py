@@ -27,16 +27,13 @@ records, rollback, the IPAM guard, warm start) is the plugin's own, unchanged.
 from __future__ import annotations
 
 import argparse
-import array
 import contextlib
 import fcntl
 import json
 import logging
 import os
-import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -44,20 +41,13 @@ import time
 from collections.abc import Mapping, Sequence
 
 from rdma_cni.agent.delspool import run_spool, spool_dir
-from rdma_cni.agent.shimwire import (
-    REQUEST_HEADER,
-    Request,
-    WireError,
-    encode_answer,
-    parse_env,
-    parse_header,
-)
+from rdma_cni.agent.shimconn import REQUEST_SECONDS, hung_up, peer_allowed, read_request
+from rdma_cni.agent.shimwire import Request, WireError, encode_answer
 
 log = logging.getLogger("rdma_cni.agent.cniserver")
 
 DEFAULT_SOCKET = "/run/rdma-cni/agent/cni.sock"
 VIA_ENV = "RDMA_CNI_NETNS_VIA"  # rdma_cni.kernel.netns.NETNS_VIA_ENV (the agent does not import the plugin)
-REQUEST_SECONDS = 10.0
 # Below the shim's wait (300 s) so that the shim hears the timeout as an answer.
 VERB_TIMEOUT = 270.0
 MAX_OUTPUT = 4 << 20
@@ -237,10 +227,10 @@ class CniServer:
                 self._busy_slots.release()
 
     def _answer_busy(self, conn: socket.socket) -> None:
-        if _peer_allowed(conn):
+        if peer_allowed(conn):
             with contextlib.suppress(OSError, WireError):
                 # The request is read (and its fd closed) so that the shim's send completes.
-                _request, fd = _read_request(conn)
+                _request, fd = read_request(conn)
                 if fd is not None:
                     os.close(fd)
                 msg = "the rdma-cni agent is serving too many calls at once; try again later"
@@ -250,10 +240,10 @@ class CniServer:
         fd: int | None = None
         try:
             with conn:
-                if not _peer_allowed(conn):
+                if not peer_allowed(conn):
                     return
                 try:
-                    request, fd = _read_request(conn)
+                    request, fd = read_request(conn)
                 except (OSError, WireError) as exc:
                     log.warning("dropped a call: %s", exc)
                     return
@@ -300,7 +290,7 @@ class CniServer:
                 break
             except subprocess.TimeoutExpired:
                 stdin = None  # already written
-            gone = conn is not None and _hung_up(conn)
+            gone = conn is not None and hung_up(conn)
             if gone or time.monotonic() > deadline:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -318,64 +308,6 @@ class CniServer:
             return 1, cni_error(999, "the plugin's answer is too large to relay"), b""
         status = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         return status, out, err[-(64 << 10) :]
-
-
-def _peer_allowed(conn: socket.socket) -> bool:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", creds)
-    if uid in (0, os.geteuid()):
-        return True
-    log.warning("refused a call from uid %d (pid %d): only root may run CNI verbs", uid, pid)
-    return False
-
-
-def _hung_up(conn: socket.socket) -> bool:
-    """Whether the shim closed its end (it sends nothing after its request)."""
-    poller = select.poll()
-    poller.register(conn.fileno(), select.POLLIN | select.POLLHUP | select.POLLRDHUP)
-    return bool(poller.poll(0))
-
-
-def _recv_exact(conn: socket.socket, n: int, deadline: float) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < n:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise WireError(f"the request did not arrive within {REQUEST_SECONDS:.0f} s")
-        conn.settimeout(left)
-        chunk = conn.recv(min(n - len(chunks), 1 << 16))
-        if not chunk:
-            raise WireError("the caller closed the connection mid-request")
-        chunks += chunk
-    return bytes(chunks)
-
-
-def _read_request(conn: socket.socket) -> tuple[Request, int | None]:
-    """The request and the namespace fd that came with it (the caller closes it).
-
-    The whole request must arrive within REQUEST_SECONDS, however it trickles in.
-    """
-    deadline = time.monotonic() + REQUEST_SECONDS
-    conn.settimeout(REQUEST_SECONDS)
-    fds = array.array("i")
-    raw, ancdata, _flags, _ = conn.recvmsg(REQUEST_HEADER.size, socket.CMSG_SPACE(4 * fds.itemsize))
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-    try:
-        if len(raw) < REQUEST_HEADER.size:
-            raw += _recv_exact(conn, REQUEST_HEADER.size - len(raw), deadline)
-        header = parse_header(raw)
-        if len(fds) > (1 if header.has_netns else 0):
-            raise WireError("more file descriptors than a request carries")
-        env = parse_env(_recv_exact(conn, header.env_len, deadline))
-        stdin = _recv_exact(conn, header.stdin_len, deadline)
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
-    fd = fds[0] if fds else None
-    return Request(env=env, stdin=stdin, netns_errno=header.netns_errno), fd
 
 
 def parser() -> argparse.ArgumentParser:

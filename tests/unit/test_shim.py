@@ -525,9 +525,9 @@ def test_a_hung_server_does_not_hold_the_runtime(shim: str, sockdir: str) -> Non
 def test_a_request_that_trickles_in_is_dropped(
     sockdir: str, serve: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rdma_cni.agent import cniserver
+    from rdma_cni.agent import shimconn
 
-    monkeypatch.setattr(cniserver, "REQUEST_SECONDS", 1.5)
+    monkeypatch.setattr(shimconn, "REQUEST_SECONDS", 1.5)
     serve()
     marker = tmp_path / "ran"
     raw = shimwire.encode_request(
