@@ -36,7 +36,8 @@ def old_root() -> str:
 @pytest.fixture(scope="session")
 def binary() -> str:
     """The fat binary under test; the shim lies beside it (make build)."""
-    path = os.environ.get("RDMA_CNI_BINARY")
-    if not path:
-        pytest.fail("the old-root tier drives the built binary: run it through make oldroot", pytrace=False)
+    path = os.environ.get("RDMA_CNI_BINARY") or os.path.join(REPO, "dist", "rdma-cni")
+    shim = os.path.join(os.path.dirname(path), "rdma-cni-shim")
+    if not (os.path.exists(path) and os.path.exists(shim)):
+        pytest.fail(f"{path} and {shim} are not built: run make oldroot", pytrace=False)
     return path
