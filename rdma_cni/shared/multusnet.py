@@ -34,6 +34,7 @@ import ipaddress
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,13 +73,22 @@ _GO_FOLD = {"\u017f": "S", "\u212a": "K"}
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _IFNAME_BAD = frozenset(" \t\n\v\f\r/")
 _IFNAMSIZ = 15
+# Python's parser (and the walk over what it returns) stops at its recursion limit, about 1,000
+# levels; Go's allows 10,000. Deeper text is refused rather than read differently.
+_TOO_DEEP = (
+    "nested deeper than the extender reads (about 1,000 levels); it cannot count what Multus would attach"
+)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _MAC = re.compile(r"[0-9A-Fa-f]{2}(?:([:-])[0-9A-Fa-f]{2})(?:\1[0-9A-Fa-f]{2})*")
+_MAC_DOTS = re.compile(r"[0-9A-Fa-f]{4}(?:\.[0-9A-Fa-f]{4})*")
 _PLAIN_IP = re.compile(r"[0-9A-Fa-f:.]+(/(0|[1-9][0-9]{0,2}))?")
 
 # NetworkSelectionElement's JSON names (Go struct tags), by Go fold.
 _STRING_FIELDS = ("name", "namespace", "interface", "interfaceRequest", "mac", "infiniband-guid", "deviceID")
-_UNMODELLED = ("portMappings", "bandwidth", "default-route")
+# PortMapEntry and BandwidthEntry: Multus does not check their values, only Go's types.
+_PORT_MAP = {"hostPort": int, "containerPort": int, "protocol": str, "hostIP": str}
+_BANDWIDTH = {"ingressRate": int, "ingressBurst": int, "egressRate": int, "egressBurst": int}
+_INT64 = re.compile(r"-?(0|[1-9][0-9]{0,18})")
 
 
 class MultusFails(Exception):
@@ -120,7 +130,10 @@ def _fold(key: str) -> str:
     return "".join(_GO_FOLD.get(c, c.upper() if c.isascii() else c) for c in key)
 
 
-_FIELDS = {_fold(name): name for name in (*_STRING_FIELDS, "ips", "cni-args", *_UNMODELLED)}
+_FIELDS = {
+    _fold(name): name
+    for name in (*_STRING_FIELDS, "ips", "cni-args", "portMappings", "bandwidth", "default-route")
+}
 
 
 def _go_trim(text: str) -> str:
@@ -137,12 +150,7 @@ def _go_string(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)
 
 
-def _go_value(value: Any, where: str) -> Any:
-    """A JSON value as Go's interface{} holds it, and so as Go marshals it into the plugin's args.cni."""
-    if isinstance(value, _Object):  # an object: Go keeps the last of a repeated key
-        return {_go_string(k): _go_value(v, where) for k, v in value}
-    if isinstance(value, list):
-        return [_go_value(v, where) for v in value]
+def _go_scalar(value: Any, where: str) -> Any:
     if isinstance(value, _Num):
         number = float(value.text)
         if math.isinf(number):
@@ -157,6 +165,34 @@ def _go_value(value: Any, where: str) -> Any:
     return value  # true, false, null
 
 
+def _go_value(value: Any, where: str) -> Any:
+    """A JSON value as Go's interface{} holds it, and so as Go marshals it into the plugin's args.cni.
+
+    Walked with a stack of its own, not recursion: as deep as the parser went.
+    """
+
+    def made(item: Any, todo: list[tuple[Any, Any]]) -> Any:
+        if isinstance(item, _Object):
+            todo.append((item, {}))
+        elif isinstance(item, list):
+            todo.append((item, []))
+        else:
+            return _go_scalar(item, where)
+        return todo[-1][1]
+
+    todo: list[tuple[Any, Any]] = []
+    root = made(value, todo)
+    while todo:
+        source, target = todo.pop()
+        if isinstance(target, dict):  # an object: Go keeps the last of a repeated key
+            for key, item in source:
+                target[_go_string(key)] = made(item, todo)
+        else:
+            for item in source:
+                target.append(made(item, todo))
+    return root
+
+
 class _Object(list):  # type: ignore[type-arg]
     """An object's (key, value) pairs in order, duplicates kept (Go sees every one)."""
 
@@ -169,10 +205,6 @@ def _loads(text: str) -> Any:
         return json.loads(
             text, object_pairs_hook=_Object, parse_int=_Num, parse_float=_Num, parse_constant=constant
         )
-    except RecursionError:
-        raise UnreadableNetworks(
-            "nested deeper than the extender reads; it cannot count what Multus would attach"
-        ) from None
     except ValueError as exc:
         raise MultusFails(f"not valid JSON: {str(exc)[:120]}") from None
 
@@ -187,7 +219,7 @@ def _element(item: Any, index: int) -> tuple[Selection, str | None]:
     strings: dict[str, str] = dict.fromkeys(_STRING_FIELDS, "")
     args: dict[str, Any] | None = None
     doubt: str | None = None
-    seen: set[str] = set()
+    addresses: dict[str, list[Any]] = {}  # ips, default-route: every value given, in order
     for key, value in item:
         name = _FIELDS.get(_fold(key))
         if name is None:
@@ -207,18 +239,15 @@ def _element(item: Any, index: int) -> tuple[Selection, str | None]:
                     args[_go_string(k)] = _go_value(v, f"{where} cni-args")
             else:
                 raise MultusFails(f"{where}: cni-args is not an object")
-        elif name == "ips":
-            if value is not None and (not isinstance(value, list) or isinstance(value, _Object)):
-                raise MultusFails(f"{where}: ips is not a list")
-            if value is not None and any(not isinstance(v, str) and v is not None for v in value):
-                raise MultusFails(f"{where}: ips holds a value that is not a string")
-            if name in seen or (value is not None and None in value):
-                doubt = f"{where}: ips repeated or holding null"
-            elif value is not None and not all(_clearly_ip(v) for v in value):
-                doubt = f"{where}: ips holds an address the extender does not check as Go does"
-        elif value is not None:  # portMappings, bandwidth, default-route: not modelled here
-            doubt = f"{where}: {name} is set (the extender does not check it as Multus does)"
-        seen.add(name)
+        elif name in ("ips", "default-route"):
+            _go_list(value, where, name, lambda v: _string_or_null(v, where))
+            addresses.setdefault(name, []).append(value)
+        elif name == "portMappings":
+            _go_list(value, where, name, lambda v: _go_struct(v, _PORT_MAP, where, "portMappings"))
+        else:
+            _go_struct(value, _BANDWIDTH, where, name)
+    for name, values in addresses.items():
+        doubt = _addresses(values, name, where) or doubt
     for mac in ("mac", "infiniband-guid"):
         if strings[mac] and not _clearly_mac(strings[mac]):
             doubt = f"{where}: {mac} is not a plain colon or dash separated address"
@@ -227,14 +256,65 @@ def _element(item: Any, index: int) -> tuple[Selection, str | None]:
     return Selection(strings["namespace"], strings["name"], args, interface), doubt
 
 
+def _go_list(value: Any, where: str, name: str, each: Callable[[Any], None]) -> None:
+    """A Go slice: null or a list (any other JSON value is a type error), ``each`` run on its items."""
+    if value is None:
+        return
+    if not isinstance(value, list) or isinstance(value, _Object):
+        raise MultusFails(f"{where}: {name} is not a list")
+    for item in value:
+        each(item)
+
+
+def _go_struct(value: Any, fields: dict[str, type], where: str, name: str) -> None:
+    """Type errors of a pointer to a struct of int and string fields (null: a nil pointer)."""
+    if value is None:
+        return
+    if not isinstance(value, _Object):
+        raise MultusFails(f"{where}: {name} is not an object")
+    folded = {_fold(k): t for k, t in fields.items()}
+    for key, item in value:
+        kind = folded.get(_fold(key))
+        if kind is None or item is None:
+            continue
+        if kind is int and not (isinstance(item, _Num) and _go_int(item.text)):
+            raise MultusFails(f"{where}: {name}.{key[:40]} is not an integer Go's int holds")
+        if kind is str and not isinstance(item, str):
+            raise MultusFails(f"{where}: {name}.{key[:40]} is not a string")
+
+
+def _go_int(text: str) -> bool:
+    return _INT64.fullmatch(text) is not None and -(2**63) <= int(text) < 2**63
+
+
+def _string_or_null(item: Any, where: str) -> None:
+    if item is not None and not isinstance(item, str):
+        raise MultusFails(f"{where}: an address is not a string")
+
+
+def _addresses(values: list[Any], name: str, where: str) -> str | None:
+    """Multus' check of ``ips`` ([]string) or ``default-route`` (*[]net.IP), types checked; the doubt left."""
+    if len(values) > 1:
+        # A second list is decoded over the first one's elements (null keeps an old one): not modelled.
+        return f"{where}: {name} is repeated"
+    for item in values[0] or ():
+        if name == "ips" and not item:
+            raise MultusFails(f"{where}: ips holds an empty address")  # null decodes as ""
+        if item and not _clearly_ip(item, prefix=name == "ips"):
+            return f"{where}: {name} holds an address the extender does not check as Go does"
+    return None
+
+
 def _clearly_mac(text: str) -> bool:
-    """Forms Go's net.ParseMAC surely accepts (6, 8 or 20 octets, one separator)."""
-    return _MAC.fullmatch(text) is not None and (len(text) + 1) // 3 in (6, 8, 20)
+    """Forms Go's net.ParseMAC accepts: 6, 8 or 20 octets, by twos with one separator, or by fours."""
+    if _MAC.fullmatch(text) is not None:
+        return (len(text) + 1) // 3 in (6, 8, 20)
+    return _MAC_DOTS.fullmatch(text) is not None and (len(text) + 1) // 5 in (3, 4, 10)
 
 
-def _clearly_ip(text: str) -> bool:
-    """Plain addresses and prefixes that Go's net.ParseIP / ParseCIDR surely accept."""
-    if _PLAIN_IP.fullmatch(text) is None:
+def _clearly_ip(text: str, prefix: bool) -> bool:
+    """Plain addresses (and prefixes, when allowed) that Go's net.ParseIP / ParseCIDR surely accept."""
+    if _PLAIN_IP.fullmatch(text) is None or ("/" in text and not prefix):
         return False
     try:
         if "/" in text:
@@ -276,25 +356,35 @@ def read_networks(value: str | None, default_namespace: str) -> Reading:
     if not value:
         return Reading(())
     _check_size(value)
-    doubt = None
     if any(c in value for c in '[{"'):  # Multus' own test for the JSON form
-        items = _loads(value)
-        if items is None:
-            return Reading(())
-        if not isinstance(items, list) or isinstance(items, _Object):
-            raise MultusFails("the JSON form is not a list")
-        selections = []
-        for index, item in enumerate(items):
-            selection, element_doubt = _element(item, index)
-            doubt = doubt or element_doubt
-            selections.append(selection)
-    else:
-        selections = [_comma_item(item) for item in value.split(",")]
-    out = tuple(
-        s if s.namespace else Selection(default_namespace, s.name, s.cni_args, s.interface)
-        for s in selections
-    )
-    return Reading(out, doubt)
+        try:
+            return _json_form(value, default_namespace)
+        except RecursionError:
+            raise UnreadableNetworks(_TOO_DEEP) from None
+    selections = [_comma_item(item) for item in value.split(",")]
+    return Reading(tuple(_in_namespace(s, default_namespace) for s in selections))
+
+
+def _in_namespace(selection: Selection, default_namespace: str) -> Selection:
+    if selection.namespace:
+        return selection
+    return Selection(default_namespace, selection.name, selection.cni_args, selection.interface)
+
+
+def _json_form(value: str, default_namespace: str) -> Reading:
+    """The JSON form, decoded as Go decodes it into []*NetworkSelectionElement."""
+    items = _loads(value)
+    if items is None:
+        return Reading(())
+    if not isinstance(items, list) or isinstance(items, _Object):
+        raise MultusFails("the JSON form is not a list")
+    doubt = None
+    selections = []
+    for index, item in enumerate(items):
+        selection, element_doubt = _element(item, index)
+        doubt = doubt or element_doubt
+        selections.append(_in_namespace(selection, default_namespace))
+    return Reading(tuple(selections), doubt)
 
 
 def read_default_network(value: str | None, multus_namespace: str) -> Reading | None:

@@ -249,6 +249,20 @@ def hand_cases() -> list[Case]:
         '[{"name": "rdma-a", "bandwidth": null}]',
         '[{"name": "rdma-a", "default-route": ["10.0.0.1"]}]',
         '[{"name": "rdma-a", "deviceID": 3}]',
+        '[{"name": "rdma-a", "mac": "0000.5e00.5301", "infiniband-guid": "00:11:22:33:44:55:66:77"}]',
+        '[{"name": "rdma-a", "ips": ["10.0.0.1/24", "fd00::1"], "default-route": ["10.0.0.1", "", null]}]',
+        '[{"name": "rdma-a", "bandwidth": {"ingressRate": 1, "X": 1.5}, '
+        '"portMappings": [{"hostPort": 8}, null]}]',
+        '[{"name": "rdma-a", "cni-args": {"x": ' + "[" * 800 + "]" * 800 + "}}]",
+        '[{"name": "rdma-a", "bandwidth": {"ingressRate": 1.5}}]',
+        '[{"name": "rdma-a", "portMappings": [{"protocol": 6}]}]',
+        '[{"name": "rdma-a", "portMappings": {}}]',
+        '[{"name": "rdma-a", "default-route": [5]}]',
+        '[{"name": "rdma-a", "mac": "02:00:00:00:00"}]',
+        '[{"Name": "rdma-a", "IPs": [null, "fe80::1%x"], "ips": []}]',
+        '[{"Name": "rdma-a", "IPs": [5], "ips": []}]',
+        '[{"name": "rdma-a", "bandwidth": {"egressBurst": 9223372036854775808}}]',
+        '[{"name": "rdma-a", "bandwidth": {"egressBurst": -9223372036854775808}}]',
         ",".join(["rdma-a"] * 40),
         json.dumps([{"name": "rdma-a"}] * 40),
     ]
@@ -287,6 +301,11 @@ _KEYS = [
     "deviceID",
     "bandwidth",
     "portMappings",
+    "PORTMAPPINGS",
+    "Bandwidth",
+    "default-route",
+    "IPs",
+    "infiniband-guid",
     "unknown",
     "nam\u212a",
     "\u212aey",
@@ -294,6 +313,19 @@ _KEYS = [
     "n\u0061me",
 ]
 _NAMES = ["rdma-a", "rdma-b", "Rdma-a", "rdma-\u212a", "", " rdma-a", "x", "rdma_a", "a" * 70]
+_ADDRESSES = [
+    "10.0.0.1",
+    "10.0.0.1/24",
+    "fd00::1",
+    "",
+    None,
+    5,
+    "fe80::1%x",
+    "010.0.0.1",
+    "::ffff:1.2.3.4",
+    "x",
+]
+_NUMBERISH = [80, 1.5, "80", None, 1e2, 9223372036854775807, 9223372036854775808, -0, True, "tcp"]
 _SPACES = ["", " ", "\t", "\n", "\u00a0", "\x1c", "\u2003", "\u0085", "\u200b"]
 
 
@@ -309,6 +341,24 @@ def _value(rng: random.Random, key: str, depth: int = 0) -> Any:
             rng.choice(["rdma_interfaces_required", "a", "A", "\u212a"]): _value(rng, "any", depth + 1)
             for _ in range(rng.randint(0, 3))
         }
+    low = key.lower()
+    if low in ("ips", "default-route") and roll < 0.8:
+        return [rng.choice(_ADDRESSES) for _ in range(rng.randint(0, 2))]
+    if low in ("portmappings", "bandwidth") and roll < 0.8:
+        fields = [
+            "hostPort",
+            "containerPort",
+            "protocol",
+            "hostIP",
+            "HOSTPORT",
+            "ingressRate",
+            "EgressBurst",
+            "x",
+        ]
+        entry = {rng.choice(fields): rng.choice(_NUMBERISH) for _ in range(rng.randint(0, 3))}
+        return [entry, None][: rng.randint(0, 2)] if low == "portmappings" else entry
+    if low in ("mac", "infiniband-guid") and roll < 0.8:
+        return rng.choice(["02:00:00:00:00:01", "02-00-00-00-00-01", "0200.0000.0001", "x", "", 5])
     choices = [None, True, 5, 1.5, "s", [], [1, "x", None], {"k": 1}, 1e300]
     if depth < 3 and rng.random() < 0.3:
         return {"n": _value(rng, "any", depth + 1)}

@@ -50,6 +50,13 @@ def count(annotations: dict[str, str], *networks: str) -> int:
         '[{"name": "other", "name": "rdma-a"}]',
         '[{"name": "rdma-a", "name": null}]',  # null leaves a Go string as it was
         '[{"name": "rdma-a"}]' + " " * (70 * 1024),  # past the old 64 KiB, under the API's 256 KiB
+        # Fields Multus checks, each in a form it accepts.
+        '[{"name": "rdma-a", "mac": "0000.5e00.5301", "infiniband-guid": "00:11:22:33:44:55:66:77"}]',
+        '[{"name": "rdma-a", "ips": ["10.0.0.1/24", "fd00::1"], "default-route": ["10.0.0.1", "", null]}]',
+        '[{"name": "rdma-a", "bandwidth": {"ingressRate": 1, "X": 1.5}, '
+        '"portMappings": [{"hostPort": 8}, null]}]',
+        # cni-args nested 800 deep: walked without recursion, as deep as the parser goes.
+        '[{"name": "rdma-a", "cni-args": {"x": ' + "[" * 800 + "]" * 800 + "}}]",
     ],
 )
 def test_forms_multus_reads_are_counted(value: str) -> None:
@@ -88,6 +95,11 @@ def test_the_default_network_is_an_attachment_and_comes_first() -> None:
         {NETS: '[{"name": "rdma-a"}, null]'},  # Multus dereferences the null and panics
         {NETS: '[{"name": "rdma-a", "interface": 5}]'},  # a type error fails the whole annotation
         {NETS: '[{"name": "rdma-a", "cni-args": {"n": 1e400}}]'},  # overflows float64
+        {NETS: '[{"name": "rdma-a", "bandwidth": {"ingressRate": 1.5}}]'},  # not an int
+        {NETS: '[{"name": "rdma-a", "portMappings": [{"protocol": 6}]}]'},  # not a string
+        {NETS: '[{"name": "rdma-a", "portMappings": {}}]'},  # not a list
+        {NETS: '[{"name": "rdma-a", "ips": [null]}]'},  # null decodes as "", which is no address
+        {NETS: '[{"name": "rdma-a", "default-route": [5]}]'},  # not a string
     ],
 )
 def test_a_pod_multus_fails_has_no_attachment(annotations: dict[str, str]) -> None:
@@ -107,9 +119,12 @@ def test_the_reader_says_multus_fails() -> None:
     [
         ('[{"name": "rdma-a", "x": ' + "[" * 3000 + "]" * 3000 + "}]", "nested deeper"),
         ("rdma-a" + " " * (256 * 1024), "over the API server's 262144"),
-        ('[{"name": "rdma-a", "bandwidth": {"ingressRate": 1}}]', "bandwidth is set"),
         ('[{"name": "rdma-a", "ips": ["fe80::1%eth0"]}]', "ips holds an address"),
-        ('[{"name": "rdma-a", "mac": "0000.5e00.5301"}]', "mac is not a plain"),
+        (
+            '[{"name": "rdma-a", "default-route": ["10.0.0.1"], "default-route": []}]',
+            "default-route is repeated",
+        ),
+        ('[{"name": "rdma-a", "mac": "02:00:00:00:00"}]', "mac is not a plain"),
     ],
 )
 def test_what_cannot_be_read_as_multus_does_refuses_the_pod(value: str, phrase: str) -> None:
@@ -123,7 +138,7 @@ def test_what_cannot_be_read_as_multus_does_refuses_the_pod(value: str, phrase: 
 
 
 def test_a_doubt_refuses_only_a_pod_that_selects_an_rdma_network() -> None:
-    value = '[{"name": "macvlan", "bandwidth": {"ingressRate": 1}}]'
+    value = '[{"name": "macvlan", "ips": ["fe80::1%eth0"]}]'
     assert demands("rdma-a").of_pod(so.pod("p", {NETS: value})) is None
 
 
