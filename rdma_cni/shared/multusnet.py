@@ -43,6 +43,7 @@ from rdma_cni.cni.errors import InvalidPodRequest
 __all__ = [
     "DEFAULT_NETWORK_ANNOTATION",
     "MAX_ANNOTATIONS_BYTES",
+    "MAX_ELEMENTS",
     "MULTUS_VERSION",
     "NETWORKS_ANNOTATION",
     "MultusFails",
@@ -59,6 +60,9 @@ DEFAULT_NETWORK_ANNOTATION = "v1.multus-cni.io/default-network"
 # The API server refuses a pod whose annotations (keys and values) exceed 256 KiB in all:
 # no real annotation is longer, so a longer text did not come through it.
 MAX_ANNOTATIONS_BYTES = 256 * 1024
+# Networks one annotation may select, any network (each is an interface in the pod): the reader's
+# work is per element, and 256 KiB of "a,a,..." is 131,072 of them.
+MAX_ELEMENTS = 1024
 
 # Go's unicode.IsSpace (strings.TrimSpace trims these): ASCII space and \t\n\v\f\r, NEL, NBSP and
 # the White_Space property's others. Python's str.strip() differs (it also strips \x1c-\x1f).
@@ -88,6 +92,7 @@ _STRING_FIELDS = ("name", "namespace", "interface", "interfaceRequest", "mac", "
 # PortMapEntry and BandwidthEntry: Multus does not check their values, only Go's types.
 _PORT_MAP = {"hostPort": int, "containerPort": int, "protocol": str, "hostIP": str}
 _BANDWIDTH = {"ingressRate": int, "ingressBurst": int, "egressRate": int, "egressBurst": int}
+_SMALL_INT = re.compile(r"-?[1-9][0-9]{0,14}|0")
 _INT64 = re.compile(r"-?(0|[1-9][0-9]{0,18})")
 
 
@@ -147,11 +152,13 @@ def _go_trim(text: str) -> str:
 
 def _go_string(text: str) -> str:
     # Go decodes a lone surrogate escape to U+FFFD; Python keeps the surrogate.
-    return _SURROGATE.sub("\ufffd", text)
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 def _go_scalar(value: Any, where: str) -> Any:
     if isinstance(value, _Num):
+        if _SMALL_INT.fullmatch(value.text):
+            return int(value.text)  # exact in a float64 as it is
         number = float(value.text)
         if math.isinf(number):
             raise MultusFails(f"{where}: number {value.text[:40]} overflows float64")
@@ -361,6 +368,7 @@ def read_networks(value: str | None, default_namespace: str) -> Reading:
             return _json_form(value, default_namespace)
         except RecursionError:
             raise UnreadableNetworks(_TOO_DEEP) from None
+    _check_count(value.count(",") + 1)
     selections = [_comma_item(item) for item in value.split(",")]
     return Reading(tuple(_in_namespace(s, default_namespace) for s in selections))
 
@@ -378,6 +386,7 @@ def _json_form(value: str, default_namespace: str) -> Reading:
         return Reading(())
     if not isinstance(items, list) or isinstance(items, _Object):
         raise MultusFails("the JSON form is not a list")
+    _check_count(len(items))
     doubt = None
     selections = []
     for index, item in enumerate(items):
@@ -414,3 +423,8 @@ def _check_size(value: str) -> None:
         raise UnreadableNetworks(
             f"is {size} bytes, over the API server's {MAX_ANNOTATIONS_BYTES} for all of a pod's annotations"
         )
+
+
+def _check_count(count: int) -> None:
+    if count > MAX_ELEMENTS:
+        raise UnreadableNetworks(f"selects {count} networks; the extender reads at most {MAX_ELEMENTS}")

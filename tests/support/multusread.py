@@ -264,6 +264,8 @@ def hand_cases() -> list[Case]:
         '[{"name": "rdma-a", "bandwidth": {"egressBurst": 9223372036854775808}}]',
         '[{"name": "rdma-a", "bandwidth": {"egressBurst": -9223372036854775808}}]',
         ",".join(["rdma-a"] * 40),
+        ",".join(["a"] * 1025),
+        ",".join(["a"] * 1024),
         json.dumps([{"name": "rdma-a"}] * 40),
     ]
     cases = [Case(t) for t in texts]
