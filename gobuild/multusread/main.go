@@ -4,10 +4,10 @@
 // (rdma_cni/shared/multusnet.py): each line of standard input is one JSON
 // case, each line of standard output the answer for it, in order.
 //
-// Input:  {"namespace": "team-a", "networks": "<k8s.v1.cni.cncf.io/networks>",
-//          "default_network": "<v1.multus-cni.io/default-network>", "multus_namespace": "kube-system"}
+// Input, one object a line ("networks" and "default_network" absent when the
+// annotation is not set):
 //
-//	("networks" and "default_network" may be absent: the annotation is not set.)
+//	{"namespace": "team-a", "networks": "...", "default_network": "...", "multus_namespace": "kube-system"}
 //
 // Output: {"networks": <answer>, "default_network": <answer or null when absent>}
 // where an answer is {"ok": true, "selections": [{"namespace", "name", "interface", "cni_args"}]}
