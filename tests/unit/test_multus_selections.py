@@ -13,7 +13,7 @@ import json
 import pytest
 
 from rdma_cni.cni.errors import InvalidPodRequest
-from rdma_cni.extender.demand import Demands
+from rdma_cni.extender.demand import Demands, selected_networks
 from rdma_cni.shared import placement
 from rdma_cni.shared.attachments import MAX_ATTACHMENTS, TooManyAttachments, pod_selections
 from rdma_cni.shared.multusnet import (
@@ -162,3 +162,12 @@ def test_attachments_per_pod_are_bounded() -> None:
     assert count({NETS: ",".join(["macvlan"] * 1000 + ["rdma-a"])}) == 1
     one = demands("rdma-a").of_pod(so.pod("q", {NETS: "rdma-a"}))
     assert one is not None and one.requests == (placement.Request(0, 0),)
+
+
+def test_text_no_api_server_sends_refuses() -> None:
+    with pytest.raises(UnreadableNetworks, match="lone surrogate"):
+        read_networks("\ud800rdma-a", "team-a")
+    with pytest.raises(UnreadableNetworks, match="is not a string"):
+        selected_networks("team-a", 5)
+    with pytest.raises(UnreadableNetworks, match=f"annotation {DEFAULT} is not a string"):
+        demands("rdma-a").of_pod(so.pod("p", {DEFAULT: 5}))  # type: ignore[dict-item]
