@@ -6,22 +6,24 @@ decodes ``k8s.v1.cni.cncf.io/networks`` with Go's ``encoding/json`` into its
 ``NetworkSelectionElement``, or splits the comma form. The extender must count
 what Multus will attach, so this module repeats Go's rules rather than
 Python's: keys match a field exactly or by Go's simple case folding (``Name``,
-``CNI-ARGS``, ``cni-arg`` with U+017F for s), a repeated string field keeps the last non-null
-value, a repeated ``cni-args`` object merges into the same map, a type error
-anywhere fails the whole annotation, numbers in ``cni-args`` become float64
-(an overflow fails it), lone surrogate escapes become U+FFFD.
+``CNI-ARGS``, ``cni-arg`` with U+017F for s), a repeated string field keeps
+the last non-null value, a repeated ``cni-args`` object merges into the same
+map, a type error anywhere fails the whole annotation, numbers in ``cni-args``
+become float64 (an overflow fails it), lone surrogate escapes become U+FFFD.
 
 Each reading ends in one of three ways:
 
 - a list of :class:`Selection` (what Multus selects), with ``doubt`` set when
-  a field rdma-cni does not model (``ips``, ``mac``, ``portMappings`` ...) may
-  make Multus refuse the pod: the caller refuses the pod if it selects an
-  rdma-cni network, so the doubt never under-counts;
+  Multus may refuse the pod for a value not checked here exactly as Go checks
+  it (an ``ips`` or ``default-route`` address that is not plain, a ``mac`` in
+  no ParseMAC form, an address list given twice): the caller refuses the pod if
+  it selects an rdma-cni network, so a doubt never under-counts;
 - :class:`MultusFails`: Multus fails the pod's sandbox on this text (a parse
   error, a type error, a panic in Multus): nothing of the pod is attached;
 - :class:`UnreadableNetworks` (an :class:`InvalidPodRequest`): the text cannot
-  be read here exactly as Multus would (nested deeper than Python's parser
-  goes, over the API server's 256 KiB): the extender refuses the pod.
+  be read here exactly as Multus would, or past this reader's bounds (nested
+  deeper than Python's parser goes, over the API server's 256 KiB, more than
+  :data:`MAX_ELEMENTS` networks): the extender refuses the pod.
 
 ``tests/integration/test_multus_differential.py`` checks this against
 Multus' own code, built from the module at the version above.
