@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rdma_cni.cni.errors import InvalidPodRequest
+from rdma_cni.shared.errors import InvalidPodRequest
 from rdma_cni.shared.multusnet import (
     DEFAULT_NETWORK_ANNOTATION,
     NETWORKS_ANNOTATION,
@@ -79,7 +79,7 @@ def attachment_request(
     In order: ``args.cni.rdma_interfaces_required`` (this attachment's own),
     the pod-wide annotation (from ``pod_wide``), then ``default`` (None when the
     caller has none: the attachment then asks for nothing). Raises
-    :class:`~rdma_cni.cni.errors.InvalidPodRequest` for a malformed request.
+    :class:`~rdma_cni.shared.errors.InvalidPodRequest` for a malformed request.
     """
     present, raw = args_request(cni_args)
     if present:

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdma_cni.cni.errors import InvalidPodRequest
+from rdma_cni.shared.errors import InvalidPodRequest
 
 __all__ = [
     "DEFAULT_NETWORK_ANNOTATION",
