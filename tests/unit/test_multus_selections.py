@@ -171,3 +171,21 @@ def test_text_no_api_server_sends_refuses() -> None:
         selected_networks("team-a", 5)
     with pytest.raises(UnreadableNetworks, match=f"annotation {DEFAULT} is not a string"):
         demands("rdma-a").of_pod(so.pod("p", {DEFAULT: 5}))  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize(
+    ("value", "phrase"),
+    [
+        (",".join(["rdma-a"] * 3000), "selects 3000 networks; the extender reads at most 1024"),
+        (",".join(["rdma-a"] * 33), "selects rdma-cni networks 33 times"),
+        ('[{"name": "rdma-a", "x": ' + "[" * 3000 + "]" * 3000 + "}]", "nested deeper"),
+    ],
+)
+def test_the_filter_answers_a_refusal_once_at_5000_nodes(value: str, phrase: str) -> None:
+    from tests.unit.test_extender_bounds import filter_bytes, make
+
+    ext, names = make()
+    body, _ = filter_bytes(ext, so.pod("p", {NETS: value}), names)
+    out = json.loads(body)
+    assert out["Error"].startswith("rdma-cni: pod team-a/p") and phrase in out["Error"]
+    assert out["FailedAndUnresolvableNodes"] == {} and len(body) < 2048
