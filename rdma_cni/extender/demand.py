@@ -21,12 +21,12 @@ from typing import Any
 from rdma_cni.extender.bounded import Bounded
 from rdma_cni.extender.wire import pod_annotations, pod_identity
 from rdma_cni.shared import placement
-from rdma_cni.shared.attachments import ARGS_KEY, Selection, attachment_request, selections
+from rdma_cni.shared.attachments import ARGS_KEY, Selection, attachment_request, pod_selections, selections
+from rdma_cni.shared.multusnet import NETWORKS_ANNOTATION
 from rdma_cni.shared.podrequest import PodRequest, parse_request
 
 __all__ = ["NETWORKS_ANNOTATION", "Demand", "Demands", "selected_networks"]
 
-NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 # Annotation texts whose parse is kept, and the bytes they may hold: an annotation is up to 256 KiB
 # (the API's limit for all of a pod's annotations), so a count alone would let 4,096 of them hold 1 GiB.
 _MEMO_LIMIT = 4096
@@ -163,12 +163,15 @@ class Demands:
         self.default_request = default_request
         self._memo: Bounded[str, PodRequest] = Bounded(_MEMO_LIMIT, _MEMO_BYTES)
 
-    def _ours(self, namespace: str, annotations: Mapping[str, Any]) -> list[Selection]:
-        return [
-            sel
-            for sel in selections(namespace, annotations.get(NETWORKS_ANNOTATION))
-            if sel.name in self.networks or f"{sel.namespace}/{sel.name}" in self.networks
-        ]
+    def _ours(self, who: str, namespace: str, annotations: Mapping[str, Any]) -> list[Selection]:
+        return pod_selections(who, namespace, annotations, self._is_ours)
+
+    def _is_ours(self, sel: Selection) -> bool:
+        if sel.name in self.networks or f"{sel.namespace}/{sel.name}" in self.networks:
+            return True
+        # An unqualified default network is looked up in Multus' namespace, which the extender
+        # is not told: it counts as ours in any namespace (never fewer than Multus attaches).
+        return not sel.namespace and any(n.rpartition("/")[2] == sel.name for n in self.networks)
 
     def _parse(self, raw: Any, source: str) -> PodRequest:
         request = self._memo.get(raw) if isinstance(raw, str) else None
@@ -197,7 +200,7 @@ class Demands:
         def pod_wide() -> tuple[Any, str]:
             return (raw, annotation_source) if raw is not None else (None, default_source)
 
-        ours = self._ours(namespace, annotations)
+        ours = self._ours(f"pod {namespace}/{name}", namespace, annotations)
         if not ours:
             if raw is None:
                 return None
