@@ -139,6 +139,7 @@ def one_size(rig: Rig, links: int) -> dict[str, object]:
     proc = subprocess.run(
         [sys.executable, "-c", PROOF, str(rig.conf["stateDir"]), "bench-a"],
         env=env,
+        cwd=rig.source,  # `python -c` imports from its working directory first
         capture_output=True,
         text=True,
         check=True,
