@@ -1,4 +1,4 @@
-"""The fault tier's "hostile pods" family, namespace side: pods that fill their netns with links and hide their VFs.
+"""The fault tier's "hostile pods" family, namespace side: netns full of links, VFs renamed and hidden.
 
 Each case is a real namespace on the simulated node, filled with thousands
 of links (tests/support/linkflood.py), with the pod's VF renamed, decoys
@@ -57,6 +57,12 @@ def judge_proof(bench: Bench, label: str, got: dict[str, Any], allowed: list[str
         bench.fail(f"{label}: NRI proved {got['proven']}, the pod holds {allowed}")
 
 
+def late_add(bench: Bench, pod: dict[str, str], conf: dict[str, Any], label: str) -> None:
+    """Another pod's ADD, started while a DEL runs (it waits for the node lock)."""
+    time.sleep(0.1)
+    bench.run("ADD", pod, conf, label)
+
+
 def test_namespaces_full_of_links(cluster: Cluster) -> None:
     bench = Bench(cluster, FAMILY)
     log = os.path.join(cluster.tmp, "rdma-cni.log")
@@ -75,9 +81,7 @@ def test_namespaces_full_of_links(cluster: Cluster) -> None:
         if len(got["proven"]) != len(doc["vfs"]):
             bench.fail(f"{label}: NRI proved {got['proven']} of the pod's own {len(doc['vfs'])} VFs")
         seen = len(lock_lines(log))
-        racer = threading.Thread(
-            target=lambda: (time.sleep(0.1), bench.run("ADD", other, conf, f"{label}, the other pod"))
-        )
+        racer = threading.Thread(target=late_add, args=(bench, other, conf, f"{label}, the other pod"))
         racer.start()
         bench.run("DEL", full, conf, label)
         racer.join()
