@@ -185,7 +185,6 @@ class VfFinder:
         self._by_identity: dict[str, dict[str, list[Link]]] = {}
         self._home: dict[str, Link | None] = {}
         self._in_pod: dict[str, Link | None] = {}
-        self.pod_walk: linkscan.Scan | None = None
         self.identity = identity_for(self._host_link)
 
     def _host_link(self, name: str) -> Link | None:
@@ -200,18 +199,7 @@ class VfFinder:
             if where == "pod":
                 assert self.pod is not None
                 view = self.pod
-                walked = linkscan.walk(self.pod.fd, lambda link: self.identity.of(link, view) is not None,
-                                       self.bound)  # fmt: skip
-                if not walked.complete:
-                    log.warning(
-                        "the links of %s were walked only in part (%s, %d examined): a VF beyond them is "
-                        "not found here (it returns to the host when the namespace is deleted)",
-                        self.pod.path,
-                        walked.stopped,
-                        walked.examined,
-                    )
-                self.pod_walk = walked
-                links = walked.kept
+                links = self._walk_pod(view)
             else:
                 if self._host_links is None:
                     self._host_links = self.host.links()
@@ -223,6 +211,23 @@ class VfFinder:
                     table.setdefault(ident, []).append(link)
             self._by_identity[where] = table
         return self._by_identity[where]
+
+    def _walk_pod(self, pod: Netns) -> list[Link]:
+        """The pod's links with a VF identity, from a walk within :attr:`bound`."""
+
+        def has_vf_identity(link: Link) -> bool:
+            return self.identity.of(link, pod) is not None
+
+        walked = linkscan.walk(pod.fd, has_vf_identity, self.bound)
+        if not walked.complete:
+            log.warning(
+                "the links of %s were walked only in part (%s, %d examined): a VF beyond them is not "
+                "found here (it returns to the host when the namespace is deleted)",
+                pod.path,
+                walked.stopped,
+                walked.examined,
+            )
+        return walked.kept
 
     def _match(self, where: str, pci: str) -> Link | None:
         want = self.identity.expected(pci)

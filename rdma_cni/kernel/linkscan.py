@@ -67,8 +67,7 @@ IFLA_IFALIAS = 20
 IFLA_LINK_NETNSID = 37
 IFLA_PARENT_DEV_NAME = 56
 IFLA_PARENT_DEV_BUS_NAME = 57
-_TEXT = {IFLA_IFNAME: "name", IFLA_IFALIAS: "alias", IFLA_PARENT_DEV_NAME: "parent_dev",
-         IFLA_PARENT_DEV_BUS_NAME: "parent_bus"}  # fmt: skip
+_TEXT = (IFLA_IFNAME, IFLA_IFALIAS, IFLA_PARENT_DEV_NAME, IFLA_PARENT_DEV_BUS_NAME)
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,10 @@ def decode_link(data: bytes) -> Link:
     if len(data) < start + _IFINFO.size:
         raise ValueError("RTM_NEWLINK message too short")
     _family, _type, index, flags, _change = _IFINFO.unpack_from(data, start)
-    values: dict[str, object] = {}
+    text: dict[int, str] = {}
+    mac = ""
+    mtu = link_index = 0
+    netnsid: int | None = None
     offset, end = start + _IFINFO.size, len(data)
     while offset + _NLA.size <= end:
         length, kind = _NLA.unpack_from(data, offset)
@@ -107,27 +109,28 @@ def decode_link(data: bytes) -> Link:
         kind &= NLA_TYPE_MASK
         payload = data[offset + _NLA.size : offset + length]
         if kind in _TEXT:
-            values[_TEXT[kind]] = payload.split(b"\0", 1)[0].decode("utf-8", "replace")
+            text[kind] = payload.split(b"\0", 1)[0].decode("utf-8", "replace")
         elif kind == IFLA_ADDRESS:
-            values["mac"] = ":".join(f"{b:02x}" for b in payload)
-        elif kind == IFLA_MTU and len(payload) >= 4:
-            values["mtu"] = _U32.unpack_from(payload)[0]
-        elif kind == IFLA_LINK and len(payload) >= 4:
-            values["link_index"] = _U32.unpack_from(payload)[0]
-        elif kind == IFLA_LINK_NETNSID and len(payload) >= 4:
-            values["link_netnsid"] = _S32.unpack_from(payload)[0]
+            mac = ":".join(f"{b:02x}" for b in payload)
+        elif len(payload) >= 4 and kind in (IFLA_MTU, IFLA_LINK, IFLA_LINK_NETNSID):
+            if kind == IFLA_LINK_NETNSID:
+                netnsid = _S32.unpack_from(payload)[0]
+            elif kind == IFLA_MTU:
+                mtu = _U32.unpack_from(payload)[0]
+            else:
+                link_index = _U32.unpack_from(payload)[0]
         offset += (length + 3) & ~3
     return Link(
         index=index,
-        name=str(values.get("name", "")),
-        mac=str(values.get("mac", "")),
-        mtu=int(values.get("mtu", 0)),  # type: ignore[call-overload]
+        name=text.get(IFLA_IFNAME, ""),
+        mac=mac,
+        mtu=mtu,
         up=bool(flags & IFF_UP),
-        alias=str(values.get("alias", "")),
-        parent_dev=str(values.get("parent_dev", "")),
-        parent_bus=str(values.get("parent_bus", "")),
-        link_index=int(values.get("link_index", 0)),  # type: ignore[call-overload]
-        link_netnsid=values.get("link_netnsid"),  # type: ignore[arg-type]
+        alias=text.get(IFLA_IFALIAS, ""),
+        parent_dev=text.get(IFLA_PARENT_DEV_NAME, ""),
+        parent_bus=text.get(IFLA_PARENT_DEV_BUS_NAME, ""),
+        link_index=link_index,
+        link_netnsid=netnsid,
     )
 
 
