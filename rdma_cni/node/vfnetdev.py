@@ -77,7 +77,6 @@ def move_out(host: Rtnl, finder: VfFinder, vf: VfRecord) -> None:
     netns was deleted is back in the host under its pod-side name; identity
     finds it there too.
     """
-    spare = fallback_name(vf.pci)
     for fallback in (False, True):
         found = finder.find(vf.pci, vf.host_name, pod_index=vf.pod_index, pod_name=vf.pod_name)
         if found is None:
@@ -93,7 +92,9 @@ def move_out(host: Rtnl, finder: VfFinder, vf: VfRecord) -> None:
         mtu = vf.host_mtu if vf.mtu and vf.host_mtu else None
         name = vf.host_name if link.name != vf.host_name or where == "pod" else None
         try:
-            _send_home(host, finder, where, link, name=spare if fallback else name, mac=mac, mtu=mtu)
+            _send_home(
+                host, finder, where, link, name=fallback_name(vf.pci) if fallback else name, mac=mac, mtu=mtu
+            )
             return
         except NetlinkError as exc:
             if exc.errno != errno.EEXIST or fallback:
@@ -105,7 +106,9 @@ def move_out(host: Rtnl, finder: VfFinder, vf: VfRecord) -> None:
             # refused the rename, and its old index in the pod may by now be
             # a device the pod made. So the next try finds the VF again, by
             # identity, wherever it is.
-            log.warning("host name %s of VF %s is taken; naming it %s", vf.host_name, vf.pci, spare)
+            log.warning(
+                "host name %s of VF %s is taken; naming it %s", vf.host_name, vf.pci, fallback_name(vf.pci)
+            )
             finder.forget()
 
 
