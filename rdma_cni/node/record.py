@@ -69,6 +69,10 @@ class VfRecord:
     ipam: dict[str, Any] | None = None  # the IPAM result for this interface
     rdma_device: str = ""  # the VF's RDMA device, if it has one
     rdma_action: str = ""  # "moved" into the pod, "shared" (left in host), or "" (none/off)
+    # Its ifindex inside the pod, as the kernel reported it after the move
+    # (0: not known yet, or a record written before this field existed).
+    # Where to ask first; identity still decides (rdma_cni.kernel.identity).
+    pod_index: int = 0
 
 
 @dataclass
@@ -126,6 +130,8 @@ def parse_attachment(text: str) -> Attachment:
     for v in att.vfs:
         if not isinstance(v.pci, str) or not isinstance(v.vf, int) or not isinstance(v.pf, str):
             raise TypeError("vf entries need pf (str), vf (int) and pci (str)")
+        if type(v.pod_index) is not int or not 0 <= v.pod_index < 1 << 31:
+            raise TypeError(f"vf {v.pci}: pod_index must be an ifindex (an integer from 0 to 2^31-1)")
     return att
 
 
