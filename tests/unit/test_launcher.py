@@ -146,7 +146,7 @@ def in_read_only_root(script: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="root: the default cache and a mount namespace")
 def test_root_on_a_read_only_root_unpacks_into_tmp() -> None:
-    """root's default cache, /var/cache/rdma-cni, cannot be made on a read-only root: /tmp/rdma-cni-0 is used."""
+    """root's default cache, /var/cache/rdma-cni, cannot be made on a read-only root: /tmp/rdma-cni-0 is."""
     assert BINARY
     got = in_read_only_root(f"{BINARY} --version\nls /tmp/rdma-cni-0\nstat -c %a /tmp/rdma-cni-0")
     assert got.returncode == 0, got.stderr
