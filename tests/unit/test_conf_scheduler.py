@@ -48,6 +48,12 @@ SERVED_VERBS = {
     "bindVerb": "bind",
 }
 
+# An extended resource name (validateExtendedResourceName): a DNS-subdomain prefix with a dot,
+# then a qualified name; kubernetes.io prefixes are native resources.
+_EXTENDED_RESOURCE = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+
 # Go's time.ParseDuration grammar, as metav1.Duration parses it.
 _DURATION = re.compile(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+")
 
@@ -172,6 +178,15 @@ def validation_errors(doc: dict[str, Any]) -> list[str]:
             errors.append(f"extenders[{i}].weight: must have a positive weight applied to it")
         if not ext.get("urlPrefix"):
             errors.append(f"extenders[{i}].urlPrefix: required")
+        names = [r.get("name") for r in ext.get("managedResources") or [] if isinstance(r, dict)]
+        for j, name in enumerate(names):
+            where = f"extenders[{i}].managedResources[{j}].name"
+            if not isinstance(name, str) or not _EXTENDED_RESOURCE.fullmatch(name):
+                errors.append(f"{where}: {name!r} is not a valid extended resource name")
+            elif name.split("/", 1)[0].endswith("kubernetes.io"):
+                errors.append(f"{where}: {name!r} is a native resource name, not an extended one")
+            if names.count(name) > 1:
+                errors.append(f"{where}: duplicate extender managed resource name {name!r}")
     return errors
 
 
@@ -442,6 +457,18 @@ def test_scheduler_config_is_valid(where: str) -> None:
         (lambda d: d["profiles"][0].update(percentageOfNodesToScore=101), "must be in [0, 100]"),
         (lambda d: d.update(apiVersion="kubescheduler.config.k8s.io/v1beta3"), "apiVersion/kind"),
         (lambda d: d.update(extenders={}), "extenders: expected a list"),
+        (
+            lambda d: d["extenders"][0]["managedResources"][0].update(name="interfaces"),
+            "is not a valid extended resource name",
+        ),
+        (
+            lambda d: d["extenders"][0]["managedResources"][0].update(name="kubernetes.io/rdma"),
+            "is a native resource name",
+        ),
+        (
+            lambda d: d["extenders"][0]["managedResources"].append(d["extenders"][0]["managedResources"][0]),
+            "duplicate extender managed resource name",
+        ),
     ],
 )
 def test_broken_scheduler_config_is_rejected(change: Any, expected: str) -> None:
