@@ -175,13 +175,28 @@ def image(tier: Tier, host: str) -> Iterator[tuple[Podman, str]]:
         Path(base).write_bytes(glibc_base_tar())
         runtime("import", base, BASE_IMAGE)
         context = os.path.join(tier.root, "context")
-        os.makedirs(os.path.join(context, "dist"))
-        shutil.copy(BINARY, os.path.join(context, "dist", "rdma-cni"))
+        for source in containerfile_sources():  # a small context: the repository holds .venv
+            os.makedirs(os.path.join(context, os.path.dirname(source)), exist_ok=True)
+            built = BINARY if source == "dist/rdma-cni" else os.path.join(REPO, source)
+            assert os.path.isfile(built), f"{source} is not built: make build"
+            shutil.copy(built, os.path.join(context, source))
         (name,) = {c["image"] for c in daemonset_pod()["containers"]}
         runtime("build", "--from", BASE_IMAGE, "-f", str(CONTAINERFILE), "-t", name, context, timeout=300)
         yield runtime, name
     finally:
         runtime.stop()
+
+
+def containerfile_sources() -> dict[str, str]:
+    """What conf/Containerfile copies into the image: context path -> path in the image."""
+    out = {}
+    for line in CONTAINERFILE.read_text().splitlines():
+        words = [w for w in line.split() if not w.startswith("--")]
+        if words[:1] == ["COPY"]:
+            *sources, target = words[1:]
+            out.update({src: target if len(sources) == 1 else os.path.join(target, src) for src in sources})
+    assert out, "conf/Containerfile copies nothing"
+    return out
 
 
 def wait_for(what: str, check: Any, timeout: float, logs: Any, alive: Any) -> Any:
@@ -237,8 +252,12 @@ def test_the_daemonset_starts_as_shipped(
             "ready", lambda: podman("exec", container, *probe, check=False).returncode == 0, 180, logs, alive
         )
 
-        # Installed: the image's binary on the host's CNI path, a kubeconfig from the token.
-        assert filecmp.cmp(os.path.join(host, "opt/cni/bin/rdma-cni"), BINARY, shallow=False)
+        # Installed: a file of the image on the host's CNI path, a kubeconfig from the token.
+        installed = os.path.join(host, "opt/cni/bin/rdma-cni")
+        copied = [
+            BINARY if src == "dist/rdma-cni" else os.path.join(REPO, src) for src in containerfile_sources()
+        ]
+        assert any(filecmp.cmp(installed, f, shallow=False) for f in copied), "not a file of the image"
         kubeconfig = Path(host, "etc/cni/net.d/rdma-cni.d/rdma-cni.kubeconfig")
         assert oct(kubeconfig.stat().st_mode & 0o777) == "0o600"
         assert f"https://127.0.0.1:{api_server.port}" in kubeconfig.read_text()
