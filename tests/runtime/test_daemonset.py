@@ -15,6 +15,7 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -60,6 +61,15 @@ def daemonset_pod() -> dict[str, Any]:
 def _quantity_bytes(text: str) -> int:
     units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
     return int(text[:-2]) * units[text[-2:]] if text[-2:] in units else int(text)
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """kubelet's $(VAR) expansion of command, args and env values ($$ escapes; unknown names stay)."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        text,
+    )
 
 
 def podman_run_args(
@@ -109,27 +119,33 @@ def podman_run_args(
         args.append(f"--volume={source}:{mount['mountPath']}" + (f":{','.join(options)}" if options else ""))
     if pod.get("automountServiceAccountToken", True):
         args.append(f"--volume={os.path.join(host, 'serviceaccount')}:{SERVICE_ACCOUNT_DIR}:ro")
+    # The downward API's fields as kubelet fills them for a host-network pod on this stand-in node.
+    fields = {"spec.nodeName": node, "status.hostIP": "127.0.0.1", "status.podIP": "127.0.0.1"}
+    fields |= {"metadata.name": f"rdma-cni-{node}", "metadata.namespace": "kube-system"}
+    values: dict[str, str] = {}
     for item in ctr.get("env", []):
         if "value" in item:
-            value = item["value"]
+            values[item["name"]] = expand(item["value"], values)
         else:
-            assert item["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, item
-            value = node
-        args.append(f"--env={item['name']}={value}")
+            path = item["valueFrom"].get("fieldRef", {}).get("fieldPath")
+            assert path in fields, f"translate env {item}"
+            values[item["name"]] = fields[path]
+        args.append(f"--env={item['name']}={values[item['name']]}")
     args += [f"--env={k}={v}" for k, v in env.items()]
     limits = ctr.get("resources", {}).get("limits", {})
     if "memory" in limits:
         args.append(f"--memory={_quantity_bytes(limits['memory'])}")
     if "cpu" in limits:
         args.append(f"--cpus={int(limits['cpu'].removesuffix('m')) / 1000}")
+    command = [expand(a, values) for a in ctr["command"]]
     command = [
         f"{a.split('=', 1)[0]}={a.split('=', 1)[1].rsplit(':', 1)[0]}:{metrics}"
         if a.startswith("--metrics-listen=")
         else a
-        for a in ctr["command"]
+        for a in command
     ]
     args.append(f"--entrypoint={json.dumps(command)}")
-    return [*args, ctr["image"], *ctr.get("args", [])]
+    return [*args, ctr["image"], *[expand(a, values) for a in ctr.get("args", [])]]
 
 
 class NriRuntime:
