@@ -41,6 +41,8 @@ EXPECTED_FILES = {
     "scheduler-extender.yaml",
     "scheduler-extender-mtls.yaml",
     "kube-scheduler-default.yaml",
+    # conf/monitoring/prometheus-rules.yaml, checked in test_conf_monitoring.py.
+    "monitoring",
 }
 
 NAD_API_VERSION = "k8s.cni.cncf.io/v1"

@@ -257,7 +257,7 @@ def test_requests_and_limits_match_the_measured_figures() -> None:
 _FILE = re.compile(r"(?:conf/)?\b([\w.-]+\.(?:yaml|conflist|json))\b")
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in CONF.iterdir()))
+@pytest.mark.parametrize("name", sorted(str(p.relative_to(CONF)) for p in CONF.rglob("*") if p.is_file()))
 def test_every_file_a_conf_file_names_exists(name: str) -> None:
     comments = "\n".join(
         line.split("#", 1)[1] for line in (CONF / name).read_text().splitlines() if "#" in line
@@ -265,7 +265,7 @@ def test_every_file_a_conf_file_names_exists(name: str) -> None:
     named = {m.group(1) for m in _FILE.finditer(comments)}
     # Files that are not conf/'s: kubeadm's kubeconfig, Multus' manifest, the installed conflist.
     elsewhere = {"scheduler.conf", "multus-daemonset-thick.yml", "99-rdma-cni.conflist", "rdma-net.conflist"}
-    missing = sorted(n for n in named - elsewhere if not (CONF / n).exists())
+    missing = sorted(n for n in named - elsewhere if not any(CONF.rglob(n)))
     assert missing == [], f"conf/{name} names {missing}"
 
 
