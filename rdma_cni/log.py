@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import stat
 import sys
 
 _FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
@@ -50,11 +51,13 @@ def rotate_if_large(path: str, limit: int | None = None) -> bool:
     """
     limit = ROTATE_BYTES if limit is None else limit
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        # O_NONBLOCK: a FIFO by that name must not hold the verb here.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return False  # none yet (or not a plain file): nothing to rotate
+        return False  # none yet (or a symlink): nothing to rotate
     try:
-        if os.fstat(fd).st_size < limit:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < limit:
             return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:

@@ -106,3 +106,13 @@ def test_a_symlink_is_not_followed(tmp_path: Path) -> None:
     path.symlink_to(target)
     assert log.rotate_if_large(str(path), limit=10) is False
     assert path.is_symlink() and target.read_text() == "z" * 20
+
+
+def test_a_fifo_or_a_directory_is_not_rotated_nor_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)
+    assert log.rotate_if_large(str(fifo), limit=0) is False  # returns at once: no writer needed
+    directory = tmp_path / "dir.log"
+    directory.mkdir()
+    assert log.rotate_if_large(str(directory), limit=0) is False
+    assert fifo.exists() and directory.is_dir() and not (tmp_path / "dir.log.1").exists()
