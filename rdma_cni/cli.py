@@ -94,13 +94,15 @@ def run_cni(environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict[str, An
         )
         return 0, result
     except CniError as exc:
+        answer = exc.to_dict(_error_version(doc))
+        # The document's msg and details, bounded and escaped: they may quote what a pod wrote.
         log.error(
             "%s failed: %s%s",
             environ.get("CNI_COMMAND", "?"),
-            exc.msg,
-            f" ({exc.details})" if exc.details else "",
+            answer["msg"],
+            f" ({answer['details']})" if answer["details"] else "",
         )
-        return 1, exc.to_dict(_error_version(doc))
+        return 1, answer
     except Exception as exc:  # a bug: still answer with a CNI error document
         log.error("unexpected error:\n%s", traceback.format_exc())
         err = InternalError(

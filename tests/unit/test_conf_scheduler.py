@@ -526,6 +526,14 @@ def test_extender_binds_the_pods_of_the_profile_that_calls_it(name: str, where: 
     assert args.scheduler_names == [p["schedulerName"] for p in doc["profiles"]]
 
 
+@pytest.mark.parametrize(("name", "where"), [(SIDECAR, "sidecar"), (MTLS, "kube-scheduler-default.yaml")])
+def test_extender_knows_the_http_timeout_kube_scheduler_gives_it(name: str, where: str) -> None:
+    # The extender abandons deciding at half of it: the two must be the same number.
+    (extender,) = scheduler_config(where)["extenders"]
+    args = extender_parser().parse_args(extender_args(name))
+    assert extender["httpTimeout"] == f"{args.http_timeout:g}s"
+
+
 def test_default_scheduler_config_keeps_the_default_profile() -> None:
     doc = scheduler_config("kube-scheduler-default.yaml")
     assert [p["schedulerName"] for p in doc["profiles"]] == ["default-scheduler"]

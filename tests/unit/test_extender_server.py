@@ -128,15 +128,15 @@ def test_pod_without_the_annotation_passes_everywhere(served: tuple[Extender, Cl
     assert client.post("/prioritize", so.args_nodes(so.pod("web"), nodes)) == []
 
 
-def test_malformed_annotation_fails_every_node_with_the_parsers_message(
+def test_malformed_annotation_is_said_once_as_the_answers_error(
     served: tuple[Extender, Client],
 ) -> None:
+    # Invalid on every node: the parser's message once, in Error, not once per node (issue 29 item 2).
     _, client = served
     bad = so.pod("p", {"rdma_interfaces_required": '[{"min_tx_rate": -1}]'})
     out = client.post("/filter", so.args_names(bad, ["a", "b"]))
-    assert out["Error"] == "" and out["NodeNames"] == [] and out["FailedNodes"] == {}
-    assert set(out["FailedAndUnresolvableNodes"]) == {"a", "b"}
-    assert out["FailedAndUnresolvableNodes"]["a"].startswith(
+    assert out["NodeNames"] is None and out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}
+    assert out["Error"].startswith(
         "rdma-cni: pod team-a/p annotation rdma_interfaces_required: "
         "entry 0.min_tx_rate: Input should be greater"
     )
