@@ -22,7 +22,7 @@ RUNTIME_PACKAGES := podman runc conmon containerd
 DEB_PACKAGES     := $(DEMO_PACKAGES) $(RUNTIME_PACKAGES) openssl strace \
 	debootstrap busybox-static cpio xz-utils zstd golang-go golang-github-appc-cni-dev
 
-.PHONY: all deps deps-check venv proto build demo test unit integration e2e runtime faults oldroot bench lint clean
+.PHONY: all deps deps-check venv proto build cnitool demo test unit integration e2e runtime faults oldroot bench lint clean
 
 all: build
 
@@ -66,6 +66,21 @@ $(BINARY): $(VENV)/.stamp $(SRC) launcher/launcher.c launcher/warm.c launcher/wa
 	$(CC) -O2 -Wall -Wextra -Werror -static -o build/launcher launcher/launcher.c launcher/warm.c launcher/guard.c
 	$(BIN)/python scripts/pack_launcher.py --launcher build/launcher --tree dist/rdma-cni-dir --output $(BINARY)
 
+# Go programs the tests run, built with Go 1.26 (by its full path: Debian's Go 1.19,
+# /usr/bin/go, builds tests/e2e/cnirun) from the project's own go.mod/go.sum under
+# gobuild/, into a cache outside the tree keyed by version: a warm cache is a no-op.
+GO1_26      := /usr/local/go/bin/go
+BUILD_CACHE := /var/cache/rdma-cni-build
+CNITOOL_VERSION := v1.3.0
+CNITOOL     := $(BUILD_CACHE)/cnitool-$(CNITOOL_VERSION)/cnitool
+
+cnitool: $(CNITOOL)  ## cnitool (containernetworking/cni) for the docs and the integration tier
+$(CNITOOL):
+	mkdir -p $(@D)
+	cd gobuild/cnitool && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=readonly \
+		$(GO1_26) build -trimpath -ldflags='-s -w' -o $@.tmp github.com/containernetworking/cni/cnitool
+	mv $@.tmp $@
+
 # deps-check first, then build (a sub-make, so that -j cannot build before the
 # packages are there).
 demo: deps-check  ## a simulated node, then VERSION, STATUS, inventory, ADD, CHECK, DEL through dist/rdma-cni
@@ -74,13 +89,13 @@ demo: deps-check  ## a simulated node, then VERSION, STATUS, inventory, ADD, CHE
 
 # The README's test command: unit and integration tiers, the integration tier
 # driving the built binary.
-test: build
+test: build cnitool
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/unit tests/integration
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
 
-integration: build
+integration: build cnitool
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q tests/integration
 
 # Real container runtimes (root; packages from make deps): containerd over CRI

@@ -42,6 +42,9 @@ from rdma_cni.shared.quote import quote
 
 log = logging.getLogger("rdma_cni.config")
 
+# The network the built-in conflist (install --write-conf), conf/ and the node agent without
+# --network-config describe: the plugin's defaults under the sample network's name.
+DEFAULT_NETWORK_NAME = "rdma-net"
 DEFAULT_STATE_DIR = "/var/lib/cni/rdma-cni"
 DEFAULT_LOCK_FILE = "/run/rdma-cni/rdma-cni.lock"
 

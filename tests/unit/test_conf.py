@@ -42,6 +42,8 @@ EXPECTED_FILES = {
     "scheduler-extender.yaml",
     "scheduler-extender-mtls.yaml",
     "kube-scheduler-default.yaml",
+    # conf/monitoring/prometheus-rules.yaml, checked in test_conf_monitoring.py.
+    "monitoring",
 }
 
 NAD_API_VERSION = "k8s.cni.cncf.io/v1"
@@ -135,7 +137,7 @@ def test_broken_daemonset_fails_validation(path: tuple[str | int, ...], value: A
 
 def test_broken_pod_fails_validation() -> None:
     doc = copy.deepcopy(one("pod.yaml", "Pod"))
-    doc["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = "IPC_LOCK"  # not a list
+    doc["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": "IPC_LOCK"}}  # not a list
     with pytest.raises(kubernetes_validate.ValidationError):
         validate_k8s(doc, K8S_VERSIONS[0])
 
@@ -222,10 +224,21 @@ def test_broken_pod_request_is_rejected() -> None:
         parse_request('[{"min_tx_rate": 15000, "max_tx_rat": 20000}]', "mutated")
 
 
-def test_pod_has_ipc_lock_and_rdma_device_resource() -> None:
-    (container,) = one("pod.yaml", "Pod")["spec"]["containers"]
-    assert "IPC_LOCK" in container["securityContext"]["capabilities"]["add"]
-    assert container["resources"]["limits"]["rdma/hca_shared_devices_a"] == 1
+def test_pod_works_with_nri_and_rdma_scheduler() -> None:
+    """The sample pod needs what rdma-cni gives it and nothing else: no device plugin, no IPC_LOCK."""
+    pod = one("pod.yaml", "Pod")
+    assert pod["spec"]["schedulerName"] == "rdma-scheduler"
+    for container in pod["spec"]["containers"]:
+        # The NRI plugin injects the VFs' device nodes and an unlimited memlock limit.
+        assert "IPC_LOCK" not in str(container.get("securityContext", {}))
+        resources = container.get("resources", {})
+        named = {*resources.get("requests", {}), *resources.get("limits", {})}
+        assert named <= {"cpu", "memory", "ephemeral-storage"}, named  # no device-plugin resource
+    ds = one("daemonset.yaml", "DaemonSet")
+    (agent,) = ds["spec"]["template"]["spec"]["containers"]
+    memlock = [a.split("=", 1)[1] for a in agent["command"] if a.startswith("--memlock")]
+    assert memlock in ([], ["unlimited"])  # the default, unlimited, is what lets IPC_LOCK go
+    assert "--nri-socket=" not in agent["command"]  # NRI on: it is what injects the devices
 
 
 # --------------------------------------------------------------------------
@@ -289,7 +302,11 @@ def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
 
 
 def test_rbac_gets_pods_and_patches_nodes_only() -> None:
-    role = one("rbac.yaml", "ClusterRole")
+    (role,) = [
+        d
+        for d in load_docs("rbac.yaml")
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "rdma-cni"
+    ]
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
