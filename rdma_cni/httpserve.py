@@ -1,0 +1,388 @@
+"""A threaded HTTP/1.1 server bounded under attack: what the extender and both ``/metrics`` pages share.
+
+One thread per connection, at most ``max_connections`` of them; each phase of
+a connection (TLS handshake, waiting for a request, reading it, writing the
+answer) has a deadline enforced by the accept loop's reaper as well as by the
+socket's timeout; a newcomer over the cap pushes out the oldest connection
+that never completed a request and is not being answered, so a flood of
+stalled connections never holds more threads than the cap nor pushes out a
+client that has been served before (kube-scheduler, Prometheus).
+
+Requests are read by ``h11`` (python-hyper's HTTP/1.1 protocol library),
+which refuses the framing errors of RFC 9112 by itself (conflicting
+``Content-Length`` headers, bad ``Transfer-Encoding``, a missing ``Host``);
+this module adds what it lets through: obsolete line folding, both
+``Content-Length`` and ``Transfer-Encoding``, heads over :data:`MAX_HEAD`
+bytes or :data:`MAX_HEADERS` fields. Each is answered 400 (414, 431) and the
+connection closed. Answers are written here, in one ``sendall``, as before.
+What a request means is the subclasses' (:mod:`rdma_cni.extender.server`,
+:mod:`rdma_cni.exporter`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import socket
+import socketserver
+import threading
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+import h11
+
+__all__ = ["BoundedHandler", "BoundedServer", "Request"]
+
+log = logging.getLogger("rdma_cni.httpserve")
+
+# Connections served at once (one thread each); see BoundedServer.verify_request for who makes room.
+MAX_CONNECTIONS = 256
+# Seconds: a TLS handshake; a request (line, headers and body) from its first byte; an idle keep-alive
+# connection (longer than the 90 s after which Go's client closes its own idle ones, so that the server
+# never closes a connection the client is about to reuse).
+HANDSHAKE_TIMEOUT = 5.0
+REQUEST_TIMEOUT = 10.0
+IDLE_TIMEOUT = 120.0
+# The request line and all header lines together (kube-scheduler's and Prometheus' are under 1 KiB),
+# and the number of header fields. At most this plus one read is held while a head is incomplete.
+MAX_HEAD = 64 * 1024
+MAX_HEADERS = 100
+# The memo of heads read (see Heads): a head is memoized up to this size, this many of them.
+MEMO_HEAD = 4096
+MEMO_HEADS = 256
+# Bytes asked of the socket at once: a head, or a slice of a body.
+_RECV = 64 * 1024
+_BODY_RECV = 1024 * 1024
+
+# The blank line that ends a head, and a header line that continues the one before (obs-fold).
+_HEAD_END = re.compile(rb"\n\r?\n")
+_OBS_FOLD = re.compile(rb"\n[ \t]")
+
+
+class BadRequest(Exception):
+    """The request cannot be read: answer ``status`` and close the connection."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a request's head says; its body (if any) is still to be read (:meth:`BoundedHandler.body`)."""
+
+    method: str
+    path: str  # without the query
+    keep: bool  # the client keeps the connection open after the answer
+    length: int | None  # Content-Length; None without one
+    chunked: bool  # Transfer-Encoding: chunked (never with a Content-Length)
+    expect: bool  # Expect: 100-continue
+
+
+# What a connection is doing, for the reaper and for eviction at the cap.
+HANDSHAKE, IDLE, READING, BUSY, WRITING = range(5)
+
+
+class Conn:
+    """One served connection: its phase, when that phase must end, and whether it ever completed a request."""
+
+    __slots__ = ("dead", "deadline", "phase", "proven", "since", "sock")
+
+    def __init__(self, sock: Any, deadline: float) -> None:
+        self.sock = sock
+        self.phase = HANDSHAKE
+        self.deadline = deadline
+        self.since = time.monotonic()
+        self.proven = False  # served a whole request: a client that has been answered before
+        self.dead = False
+
+
+def too_long(head: bytes) -> BadRequest:
+    """The refusal of a head over :data:`MAX_HEAD` bytes: 414 when its request line alone is."""
+    if b"\n" not in head[: MAX_HEAD + 1]:
+        return BadRequest(414, "request line too long")
+    return BadRequest(431, f"request head over {MAX_HEAD} bytes")
+
+
+def parse_head(event: h11.Request, head: bytes) -> Request:
+    """A :class:`Request` from h11's parsed head and its raw text; :class:`BadRequest` for what h11 allows."""
+    if len(head) > MAX_HEAD:
+        raise too_long(head)
+    if _OBS_FOLD.search(head):
+        # RFC 9112 section 5.2: refuse or unfold; what a proxy in front would make of it is unknown.
+        raise BadRequest(400, "obsolete line folding in a header")
+    if len(event.headers) > MAX_HEADERS:
+        raise BadRequest(431, f"more than {MAX_HEADERS} headers")
+    if not event.http_version.startswith(b"1."):
+        raise BadRequest(400, "not an HTTP/1.x request")
+    length = chunked = None
+    connection: list[bytes] = []
+    expect = False
+    for name, value in event.headers:
+        if name == b"content-length":
+            length = int(value)  # h11 made sure there is one value, all digits
+        elif name == b"transfer-encoding":
+            chunked = True  # h11 refused any other coding
+        elif name == b"connection":
+            connection.extend(token.strip().lower() for token in value.split(b","))
+        elif name == b"expect":
+            expect = value.lower() == b"100-continue"
+    if length is not None and chunked:
+        # RFC 9112 section 6.3: a request with both is a smuggling attempt.
+        raise BadRequest(400, "both Content-Length and Transfer-Encoding")
+    keep = b"close" not in connection if event.http_version == b"1.1" else b"keep-alive" in connection
+    path = event.target.decode("latin-1").split("?", 1)[0]
+    return Request(event.method.decode("latin-1"), path, keep, length, bool(chunked), expect)
+
+
+class Heads:
+    """Heads already read, by their exact bytes: kube-scheduler, the probes and Prometheus send the same
+    few again and again, and h11 takes tens of microseconds to read one.
+
+    Only heads that h11 accepted, of up to :data:`MEMO_HEAD` bytes, at most :data:`MEMO_HEADS` of them
+    (forgotten all at once when full): at most 1 MiB. A refused head is read again each time.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[bytes, Request] = {}
+
+    def parse(self, head: bytes, end: int) -> Request:
+        """The request ``head`` (up to and including its blank line, which starts at ``end``) makes."""
+        known = self._known.get(head)
+        if known is not None:
+            return known
+        parser = h11.Connection(h11.SERVER)
+        try:
+            parser.receive_data(head)
+            event = parser.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise BadRequest(400, str(exc)) from None
+        if not isinstance(event, h11.Request):
+            raise BadRequest(400, "not an HTTP/1.x request")
+        request = parse_head(event, head[:end])
+        if len(head) <= MEMO_HEAD:
+            if len(self._known) >= MEMO_HEADS:
+                self._known.clear()  # a few entries lost at once, never a lock on the request path
+            self._known[head] = request
+        return request
+
+
+class BoundedHandler(socketserver.BaseRequestHandler):
+    """A connection of a :class:`BoundedServer`: subclasses answer requests in :meth:`serve_one`.
+
+    The TLS handshake runs here, on the connection's thread, never in the accept
+    loop; :meth:`check_peer` may then refuse the connection.
+    """
+
+    server: BoundedServer
+    conn: Conn
+
+    def setup(self) -> None:
+        server = self.server
+        self.conn = server.tracked(self.request)
+        self.pending = b""  # received past the last request: the start of the next one
+        self.rest = b""  # received past the head of the request being read: the start of its body
+        self.request.settimeout(server.handshake_timeout)
+        if server.tls is not None:
+            self.request.do_handshake()  # an error ends the connection in handle_error, quietly
+            self.check_peer()
+
+    def check_peer(self) -> None:
+        """Raise to close a TLS connection whose peer may not call (the handshake is done)."""
+
+    def serve_one(self) -> bool:
+        """Read and answer one request; False when the connection is to be closed."""
+        raise NotImplementedError
+
+    def handle(self) -> None:
+        try:
+            while self.serve_one():
+                self.conn.proven = True
+        except (OSError, ValueError) as exc:  # reset connections, TLS failures, timeouts, a closed file
+            log.debug("%s: connection ended: %s", self.client_address[0], exc)
+
+    def phase(self, phase: int, seconds: float) -> None:
+        """Enter ``phase``, which must end within ``seconds`` (the reaper and the socket timeout)."""
+        self.conn.phase = phase
+        self.conn.deadline = time.monotonic() + seconds
+        self.request.settimeout(seconds)
+
+    def next_request(self) -> Request | None:
+        """Wait for the next request and read its head; None when the connection is to be closed.
+
+        A head that cannot be read is answered here (400, 414, 431) and gives None. Only the head
+        goes through h11 (it ends where h11's own reader ends it, at the first blank line): the
+        body, read by :meth:`body`, is never copied through its buffers.
+        """
+        server = self.server
+        data = self.pending
+        if not data:
+            self.phase(IDLE, server.idle_timeout)
+            data = self.request.recv(_RECV)
+            if not data:
+                return None
+        self.phase(READING, server.request_timeout)
+        end = _HEAD_END.search(data)
+        while end is None:
+            if len(data) > MAX_HEAD:
+                self._refuse(too_long(data))
+                return None
+            more = self.request.recv(_RECV)
+            if not more:
+                return None  # the client went away mid-head
+            data += more
+            end = _HEAD_END.search(data, max(0, len(data) - len(more) - 2))
+        head, self.rest = data[: end.end()], data[end.end() :]
+        self.pending = b""
+        try:
+            request = server.heads.parse(head, end.start())
+        except BadRequest as bad:
+            self._refuse(bad)
+            return None
+        if not request.length and not request.chunked:
+            self.pending, self.rest = self.rest, b""  # pipelined: the next request's first bytes
+        return request
+
+    def _refuse(self, bad: BadRequest) -> None:
+        self.send(bad.status, bad.text.encode() + b"\n", "text/plain", close=True)
+
+    def body(self, length: int) -> bytes | None:
+        """The ``length`` bytes of the request read last (its Content-Length, which h11 validated and
+        the caller bounded); None if the client went away first."""
+        have, self.rest = self.rest, b""
+        parts = [have[:length]]
+        got = len(parts[0])
+        while got < length:
+            data = self.request.recv(min(length - got, _BODY_RECV))
+            if not data:
+                return None
+            parts.append(data)
+            got += len(data)
+        self.pending = have[length:]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def send(self, status: int, body: bytes, content_type: str = "application/json", *, close: bool) -> None:
+        """Answer: status line, headers and body in one write (two writes meet Nagle and delayed ACKs)."""
+        close_header = "Connection: close\r\n" if close else ""
+        head = (
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n{close_header}\r\n"
+        )
+        self.phase(WRITING, self.server.request_timeout)
+        self.request.sendall(head.encode("latin-1") + body)
+
+
+class BoundedServer(ThreadingHTTPServer):
+    """A threaded HTTP server whose connections (threads) and their phases are bounded.
+
+    At most ``max_connections`` connections are served. Each phase of a
+    connection has a deadline: the TLS handshake ``handshake_timeout``, a request
+    from its first byte to its last ``request_timeout``, the wait for the next
+    request ``idle_timeout``; the accept loop's reaper (:meth:`service_actions`)
+    shuts down connections past their deadline. A new connection over the cap
+    takes the place of the oldest one that never completed a request and is not
+    being answered (a handshake, or headers or a body trickling in); when there
+    is none, the new one is closed at once.
+    """
+
+    daemon_threads = True
+    request_queue_size = 1024
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BoundedHandler],
+        *,
+        tls: Any = None,
+        max_connections: int = MAX_CONNECTIONS,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        request_timeout: float = REQUEST_TIMEOUT,
+        idle_timeout: float = IDLE_TIMEOUT,
+        bind_and_activate: bool = True,
+    ) -> None:
+        self.tls = tls
+        self.max_connections = max_connections
+        self.handshake_timeout = handshake_timeout
+        self.request_timeout = request_timeout
+        self.idle_timeout = idle_timeout
+        self._conns: dict[Any, Conn] = {}
+        self._conns_lock = threading.Lock()
+        self.heads = Heads()
+        # Counters (tests and the fault tier read them).
+        self.evicted = 0
+        self.refused = 0
+        self.reaped = 0
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, handler, bind_and_activate=bind_and_activate)
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, addr = super().get_request()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.tls is not None:
+            # The handshake happens on the handler's thread, with a timeout, not in the accept loop.
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """Admit the connection under the cap, making room if a connection can give way."""
+        now = time.monotonic()
+        with self._conns_lock:
+            live = [c for c in self._conns.values() if not c.dead]
+            if len(live) >= self.max_connections:
+                victims = [c for c in live if not c.proven and c.phase in (HANDSHAKE, IDLE, READING)]
+                # Threads of connections shut down but not yet ended count too: at most a quarter more.
+                if not victims or len(self._conns) >= self.max_connections + max(
+                    1, self.max_connections // 4
+                ):
+                    self.refused += 1
+                    return False
+                self._kill(min(victims, key=lambda c: c.since))
+                self.evicted += 1
+            self._conns[request] = Conn(request, now + self.handshake_timeout)
+        return True
+
+    def tracked(self, request: Any) -> Conn:
+        """The :class:`Conn` of ``request`` (made now if it was not admitted through verify_request)."""
+        with self._conns_lock:
+            conn = self._conns.get(request)
+            if conn is None:  # not admitted through verify_request (a test calling the handler)
+                conn = self._conns[request] = Conn(request, time.monotonic() + self.handshake_timeout)
+            return conn
+
+    def shutdown_request(self, request: Any) -> None:
+        # After every connection, admitted or not, its handler failed in the handshake or not.
+        with self._conns_lock:
+            self._conns.pop(request, None)
+        super().shutdown_request(request)
+
+    def connections(self) -> int:
+        """Connections being served (threads), including those shut down and ending."""
+        with self._conns_lock:
+            return len(self._conns)
+
+    @staticmethod
+    def _kill(conn: Conn) -> None:
+        # Wakes the thread blocked on the socket; its handler then ends and closes it. The plain
+        # socket's shutdown (not SSLSocket's, which would also drop its TLS state under the reader).
+        conn.dead = True
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
+
+    def service_actions(self) -> None:
+        """The reaper, run by the accept loop between polls: end connections past their deadline."""
+        now = time.monotonic()
+        with self._conns_lock:
+            for conn in self._conns.values():
+                if not conn.dead and conn.phase != BUSY and now > conn.deadline:
+                    self._kill(conn)
+                    self.reaped += 1
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A failed or timed-out TLS handshake, a reset: not worth a traceback.
+        log.debug("%s: connection failed", client_address[0] if client_address else "?", exc_info=True)
