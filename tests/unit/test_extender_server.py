@@ -278,6 +278,31 @@ def exchange(port: int, data: bytes, *, read_all: bool = True) -> bytes:
         ),
         (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", b"400"),
         (b"PUT /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", b"405"),
+        # Framing errors (RFC 9112 sections 3.2, 5.2, 6.1 and 6.3): 400, whatever the body says.
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 40\r\n\r\n{}", b"400"),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\nContent-Length: 2\r\n\r\n{}", b"400"),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2, 40\r\n\r\n{}", b"400"),
+        (
+            b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}",
+            b"400",
+        ),
+        (
+            b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}",
+            b"400",
+        ),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\r\n\tb\r\n\r\n", b"400"),
+        (
+            b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n",
+            b"400",
+        ),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", b"400"),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, identity\r\n\r\n", b"400"),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/1.1\r\n\r\n", b"400"),  # no Host
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", b"400"),
     ],
 )
 def test_requests_that_cannot_be_read_are_refused_and_closed(
