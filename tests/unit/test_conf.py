@@ -334,7 +334,9 @@ def test_metrics_service_reaches_the_port_the_component_serves(
     if template["spec"].get("hostNetwork"):
         # On the host's network 0.0.0.0 is every interface of the node: the node's own address only.
         assert listen[0] == "$(HOST_IP)"
-        env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
+        env = {
+            e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]
+        }
         assert env["HOST_IP"] == "status.hostIP"
     else:
         assert listen[0] == "0.0.0.0"  # the pod's own network namespace: its address and loopback
