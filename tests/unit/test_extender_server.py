@@ -266,6 +266,9 @@ def exchange(port: int, data: bytes, *, read_all: bool = True) -> bytes:
     ("request_bytes", "status"),
     [
         (b"GET /" + b"x" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", b"414"),
+        # Heads that never end: refused once they pass the limit, without waiting for the rest.
+        (b"GET /" + b"x" * 200_000, b"414"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"y" * 200_000, b"431"),
         (b"HELLO\r\n\r\n", b"400"),
         (b"GET /healthz SPDY/3\r\n\r\n", b"400"),
         (b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X: y\r\n" * 101 + b"\r\n", b"431"),
