@@ -137,7 +137,7 @@ def check_state_dir(state_dir: str) -> None:
 
 def fs_type(path: str, what: str) -> int:
     """``statfs``'s ``f_type`` of ``path``, or of its nearest ancestor that exists."""
-    import ctypes  # here: the data path has it already (kernel/netns), the other verbs only now
+    import ctypes  # here, not at the top: every verb has it loaded already (kernel/netns)
 
     libc = ctypes.CDLL(None, use_errno=True)
     buf = ctypes.create_string_buffer(_STATFS_SIZE)
