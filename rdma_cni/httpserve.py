@@ -14,9 +14,9 @@ which refuses the framing errors of RFC 9112 by itself (conflicting
 this module adds what it lets through: obsolete line folding, both
 ``Content-Length`` and ``Transfer-Encoding``, heads over :data:`MAX_HEAD`
 bytes or :data:`MAX_HEADERS` fields. Each is answered 400 (414, 431) and the
-connection closed. Answers are written here, in one ``sendall``, as before.
-What a request means is the subclasses' (:mod:`rdma_cni.extender.server`,
-:mod:`rdma_cni.exporter`).
+connection closed. Answers are written here, in one ``sendall``. What a
+request means is the subclasses' (:mod:`rdma_cni.extender.server`,
+:mod:`rdma_cni.metricspage`).
 """
 
 from __future__ import annotations
@@ -156,6 +156,8 @@ class Heads:
         known = self._known.get(head)
         if known is not None:
             return known
+        if head.count(b"\n") > MAX_HEADERS + 2:  # the request line, the headers, the blank line
+            raise BadRequest(431, f"more than {MAX_HEADERS} headers")
         parser = h11.Connection(h11.SERVER)
         try:
             parser.receive_data(head)
@@ -228,15 +230,20 @@ class BoundedHandler(socketserver.BaseRequestHandler):
                 return None
         self.phase(READING, server.request_timeout)
         end = _HEAD_END.search(data)
-        while end is None:
-            if len(data) > MAX_HEAD:
-                self._refuse(too_long(data))
-                return None
-            more = self.request.recv(_RECV)
-            if not more:
-                return None  # the client went away mid-head
-            data += more
-            end = _HEAD_END.search(data, max(0, len(data) - len(more) - 2))
+        if end is None:
+            # A head in pieces (as small as a byte each): gathered in a bytearray, whose appends
+            # do not copy what came before, and searched only where a piece may end it.
+            gathered = bytearray(data)
+            while end is None:
+                if len(gathered) > MAX_HEAD:
+                    self._refuse(too_long(bytes(gathered[: MAX_HEAD + 1])))
+                    return None
+                more = self.request.recv(_RECV)
+                if not more:
+                    return None  # the client went away mid-head
+                gathered += more
+                end = _HEAD_END.search(gathered, max(0, len(gathered) - len(more) - 2))
+            data = bytes(gathered)
         head, self.rest = data[: end.end()], data[end.end() :]
         self.pending = b""
         try:

@@ -318,6 +318,16 @@ def test_requests_that_cannot_be_read_are_refused_and_closed(
     assert out.count(b"HTTP/1.1 ") == 1 and b"\r\nConnection: close\r\n" in out
 
 
+def test_a_head_arriving_a_byte_at_a_time_is_read(served: tuple[Extender, Client]) -> None:
+    _, client = served
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: %s\r\n" % (b"p" * 2000) + b"\r\n"
+    with socket.create_connection(("127.0.0.1", client.conn.port), timeout=10) as raw:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(0, len(head), 7):
+            raw.sendall(head[i : i + 7])
+        assert raw.recv(100).startswith(b"HTTP/1.1 200 OK\r\n")
+
+
 def test_connections_are_kept_or_closed_as_the_client_asks(served: tuple[Extender, Client]) -> None:
     _, client = served
     port = client.conn.port
