@@ -342,6 +342,10 @@ def test_connections_are_kept_or_closed_as_the_client_asks(served: tuple[Extende
     ):
         out = exchange(port, first + health)
         assert out.count(b"HTTP/1.1 200 OK") == 1 and b"\r\nConnection: close\r\n" in out
+    # Requests with bodies sent back to back in one write: each body ends where its length says.
+    bind = b"POST /bind HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    out = exchange(port, bind + bind + health, read_all=True)
+    assert out.count(b"HTTP/1.1 200 OK") == 3, out
     # HTTP/1.0 asking for keep-alive gets it.
     assert (
         exchange(port, b"GET /readyz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" + health).count(b" 200 ")
