@@ -229,8 +229,10 @@ def _agent_options(agent: argparse._ArgumentGroup) -> None:
     agent.add_argument(
         "--metrics-listen",
         metavar="ADDR:PORT",
-        type=exporter.address_option("--metrics-listen", "0.0.0.0:9101"),
-        help="serve the agent's Prometheus /metrics here, plain HTTP (default: off)",
+        type=exporter.address_option("--metrics-listen", "10.0.0.5:9473"),
+        help="serve the agent's Prometheus /metrics here, plain HTTP: the node's own address "
+        "(conf/: $(HOST_IP) from the downward API), not 0.0.0.0, which on the host network is "
+        "every interface of the node (default: off)",
     )
 
 

@@ -431,8 +431,8 @@ def held_lock() -> int | None:
 @contextlib.contextmanager
 def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
     """Hold the node-wide lock (flock on ``lock_file``); code 11 after ``timeout`` seconds, code 5 at once
-    for a lockFile that can never be locked (under /proc or /sys, a directory, a FIFO) or that another
-    user owns or can write, or a symbolic link (see :mod:`rdma_cni.node.statedir`).
+    for a lockFile that can never be locked (on procfs, sysfs or another pseudo file system, a directory,
+    a FIFO) or that another user owns or can write, or a symbolic link (see :mod:`rdma_cni.node.statedir`).
 
     The lock lives on this process's open file description, so an IPAM guard
     forked while it is held keeps holding it after this process is killed

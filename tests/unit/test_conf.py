@@ -352,7 +352,16 @@ def test_metrics_service_reaches_the_port_the_component_serves(
         listen = install_command._parser().parse_args(command[2:]).metrics_listen
     else:
         listen = extender_parser().parse_args(command[2:]).metrics_listen
-    assert listen is not None and listen[0] == "0.0.0.0"
+    assert listen is not None
+    if template["spec"].get("hostNetwork"):
+        # On the host's network 0.0.0.0 is every interface of the node: the node's own address only.
+        assert listen[0] == "$(HOST_IP)"
+        env = {
+            e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]
+        }
+        assert env["HOST_IP"] == "status.hostIP"
+    else:
+        assert listen[0] == "0.0.0.0"  # the pod's own network namespace: its address and loopback
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     service = _metrics_service(component)
     assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
