@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TextIO
 
+from rdma_cni import cacheprune
+
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 EXIT_CODES = {OK: 0, SKIP: 0, WARN: 1, FAIL: 2}
 
@@ -33,8 +35,6 @@ TOKEN_WARN_SECONDS = 600
 CACHE_WARN_VERSIONS = 3
 DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_CACHE_DIR = "/var/cache/rdma-cni"
-TREE_ID_LEN = 16  # launcher/launcher.c: ID_LEN, the payload's content hash in hex
-COMPLETE_MARK = ".complete"  # launcher/launcher.c: COMPLETE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,9 +191,7 @@ def unpacked_trees(base: str) -> list[str]:
     return sorted(
         n
         for n in names
-        if len(n) == TREE_ID_LEN
-        and all(c in "0123456789abcdef" for c in n)
-        and os.path.exists(os.path.join(base, n, COMPLETE_MARK))
+        if cacheprune.is_tree_name(n) and os.path.exists(os.path.join(base, n, cacheprune.COMPLETE))
     )
 
 
@@ -216,7 +214,7 @@ def check_cache(base: str) -> Finding:
     size = tree_bytes(base)
     detail = f"{base}: {len(trees)} version(s) unpacked, {size / 1e6:.1f} MB"
     if len(trees) > CACHE_WARN_VERSIONS:
-        return Finding(name, WARN, detail + f" (more than {CACHE_WARN_VERSIONS}: old versions not pruned)")
+        return Finding(name, WARN, detail + f" (more than {CACHE_WARN_VERSIONS}: is a warm server pruning?)")
     return Finding(name, OK, detail)
 
 
