@@ -31,6 +31,8 @@ from rdma_cni.install.common import (
 )
 from rdma_cni.install.kubeconfig import write_kubeconfig
 from rdma_cni.install.netconf import write_conf
+from rdma_cni.install.uninstall import add_options as add_uninstall_options
+from rdma_cni.install.uninstall import run as run_uninstall
 
 
 def _set_ready(path: str | None, ready: bool) -> None:
@@ -156,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-iterations", type=int, help=argparse.SUPPRESS)  # tests only
     _agent_options(parser.add_argument_group("node agent (with --watch)"))
+    add_uninstall_options(parser)
     return parser
 
 
@@ -220,6 +223,8 @@ def main(argv: list[str], out: TextIO, err: TextIO | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _check_args(parser, args)
+    if args.uninstall:
+        return run_uninstall(args, out, err)
     source = args.source or _default_source()
     if source is None:
         err.write(
