@@ -41,7 +41,6 @@ EXPECTED_FILES = {
     "scheduler-extender.yaml",
     "scheduler-extender-mtls.yaml",
     "kube-scheduler-default.yaml",
-    "prometheusrule.yaml",  # checked in test_prometheusrule.py
 }
 
 NAD_API_VERSION = "k8s.cni.cncf.io/v1"
