@@ -8,8 +8,6 @@ Bad usage is argparse's 2 as well, before any check runs.
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
 import contextlib
 import ctypes
 import dataclasses
@@ -22,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TextIO
 
 from rdma_cni import cacheprune
+from rdma_cni.install.handover import jwt_claims
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 EXIT_CODES = {OK: 0, SKIP: 0, WARN: 1, FAIL: 2}
@@ -120,19 +119,6 @@ def check_glibc(version: str | None) -> Finding:
     return Finding(name, OK, f"glibc {version} (floor {floor})")
 
 
-def _jwt_claims(token: str) -> dict[str, Any] | None:
-    """The JWT's payload, decoded without checking its signature (only the API server can)."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return None
-    payload = parts[1] + "=" * (-len(parts[1]) % 4)
-    try:
-        claims = json.loads(base64.urlsafe_b64decode(payload))
-    except (binascii.Error, ValueError):
-        return None
-    return claims if isinstance(claims, dict) else None
-
-
 def check_token(path: str, now: float) -> Finding:
     """The node kubeconfig: present, with a token whose ``exp`` is not past nor close."""
     name = "kubeconfig-token"
@@ -148,7 +134,7 @@ def check_token(path: str, now: float) -> Finding:
         return Finding(name, FAIL, f"{path} is not a kubeconfig the installer writes (no token)")
     if not isinstance(token, str) or not token:
         return Finding(name, FAIL, f"{path} has an empty token")
-    claims = _jwt_claims(token)
+    claims = jwt_claims(token)
     if claims is None:
         return Finding(name, WARN, f"{path}: the token is not a JWT; its expiry is unknown")
     exp = claims.get("exp")

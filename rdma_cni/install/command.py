@@ -29,6 +29,7 @@ from rdma_cni.install.common import (
     say,
     write_bytes_atomic,
 )
+from rdma_cni.install.handover import refresh_keep
 from rdma_cni.install.kubeconfig import write_kubeconfig
 from rdma_cni.install.netconf import write_conf
 from rdma_cni.install.uninstall import add_options as add_uninstall_options
@@ -77,10 +78,12 @@ def watch(
     """
     ticks = 0
     failing = False
+    # The pod that started last took the file over in run_once; leave it to it (install/handover).
+    keep = refresh_keep(opts.serviceaccount_dir, opts.environ)
     while not stop.wait(opts.interval):
         ticks += 1
         try:
-            if write_kubeconfig(opts.kubeconfig_path, opts.serviceaccount_dir, opts.environ):
+            if write_kubeconfig(opts.kubeconfig_path, opts.serviceaccount_dir, opts.environ, keep=keep):
                 say(out, f"service account changed: rewrote kubeconfig {opts.kubeconfig_path}")
             if failing:
                 say(out, "kubeconfig refresh works again")
