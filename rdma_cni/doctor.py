@@ -11,11 +11,13 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import datetime
 import json
 import os
 import stat
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TextIO
 
@@ -150,13 +152,53 @@ def check_token(path: str, now: float) -> Finding:
     return Finding(name, OK, f"{path}: the token expires in {int(left)} s")
 
 
-def check_state_age() -> Finding:
-    """The node state's age: published on the Node object, which no file on the node mirrors."""
-    return Finding(
-        "node-state-age",
-        SKIP,
-        "the node state lives on the Node object only: `rdma-cni nodes` shows its age",
-    )
+def read_node_state(kubeconfig: str, node: str) -> tuple[str | None, str | None]:
+    """This Node's node-state annotation, with the node kubeconfig: (text or None, error or None)."""
+    from rdma_cni.cni.errors import CniError
+    from rdma_cni.kube import client as kubeapi
+    from rdma_cni.shared.nodestate import ANNOTATION
+
+    try:
+        with kubeapi.ApiClient.from_kubeconfig(kubeconfig) as api:
+            doc = api.get(f"/api/v1/nodes/{urllib.parse.quote(node, safe='')}")
+    except CniError as exc:
+        return None, exc.msg
+    except kubeapi.ApiError as exc:
+        return None, f"cannot read Node {node}: {exc.message}"
+    annotations = (doc.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(ANNOTATION), None
+
+
+def check_state_age(
+    node: str,
+    max_age: float,
+    now: float,
+    read: Callable[[], tuple[str | None, str | None]],
+) -> Finding:
+    """The age of the state this node's agent last published: FAIL past ``max_age``, WARN past a third."""
+    name = "node-state-age"
+    if not node:
+        return Finding(name, SKIP, "no --node (or NODE_NAME): which Node's state to read is unknown")
+    from rdma_cni.shared import nodestate
+    from rdma_cni.shared.quote import bounded
+
+    text, error = read()
+    if error is not None:
+        return Finding(name, WARN, bounded(error, 300))
+    if text is None:
+        return Finding(name, FAIL, f"Node {node} has no {nodestate.ANNOTATION}: is the agent running here?")
+    try:
+        state = nodestate.decode(text)
+        updated = datetime.datetime.fromisoformat(state.updated).timestamp()
+    except (nodestate.NodeStateError, ValueError) as exc:
+        return Finding(name, FAIL, f"Node {node}'s state cannot be read: {bounded(str(exc), 300)}")
+    age = max(0.0, now - updated)
+    detail = f"Node {node}: state {int(age)} s old (generation {state.generation})"
+    if age > max_age:
+        return Finding(name, FAIL, f"{detail}, over {int(max_age)} s: is the agent publishing?")
+    if age > max_age / 3:
+        return Finding(name, WARN, f"{detail}: a heartbeat was missed")
+    return Finding(name, OK, detail)
 
 
 def cache_dir(environ: Mapping[str, str]) -> str:
@@ -233,7 +275,9 @@ def run_checks(
         check_nri_socket(args.nri_socket),
         check_glibc(glibc_version()),
         check_token(args.kubeconfig, now()),
-        check_state_age(),
+        check_state_age(
+            args.node, args.max_state_age, now(), lambda: read_node_state(args.kubeconfig, args.node)
+        ),
         check_cache(args.cache_dir or cache_dir(environ)),
     ]
 
@@ -249,6 +293,17 @@ def _parser() -> argparse.ArgumentParser:
         "--nri-socket", default=DEFAULT_NRI_SOCKET, help="default: %(default)s; '' skips the check"
     )
     parser.add_argument(
+        "--node",
+        default=os.environ.get("NODE_NAME", ""),
+        help="this node's name, whose published state to read (default: $NODE_NAME)",
+    )
+    parser.add_argument(
+        "--max-state-age",
+        type=float,
+        default=900.0,
+        help="a state older than this, in seconds, fails; a third of it warns (default: %(default)s)",
+    )
+    parser.add_argument(
         "--cache-dir", help="the launcher's cache (default: $RDMA_CNI_CACHE_DIR, else /var/cache/rdma-cni)"
     )
     return parser
@@ -256,7 +311,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str], out: TextIO, environ: Mapping[str, str] | None = None) -> int:
     """Entry point of ``rdma-cni doctor``: the worst finding's exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.max_state_age > 0:
+        parser.error("--max-state-age must be positive")
     from rdma_cni.startup import quiet_pydantic
 
     quiet_pydantic()

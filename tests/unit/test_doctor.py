@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime
 import io
 import json
 import os
@@ -131,6 +132,8 @@ def test_main_prints_every_check_and_exits_with_the_worst(tmp_path, monkeypatch,
         kubeconfig(tmp_path, jwt({"exp": 4_000_000_000})),
         "--nri-socket",
         "",
+        "--node",
+        "",
         "--cache-dir",
         str(tmp_path / "cache"),
     ]
@@ -164,3 +167,56 @@ def test_cli_dispatches_doctor(monkeypatch) -> None:
     monkeypatch.setattr(doctor, "main", lambda argv, out: seen.append(argv) or 1)
     assert cli.main(["doctor", "--json"], stdout=io.StringIO()) == 1
     assert seen == [["--json"]]
+
+
+def state_text(updated: float) -> str:
+    from rdma_cni.shared import nodestate
+    from rdma_cni.shared.nodestate import NodeState, PfSummary
+
+    stamp = datetime.datetime.fromtimestamp(updated, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    state = NodeState(
+        version=2,
+        generation=4,
+        updated=stamp,
+        pfs=(PfSummary("ens1f0", 100_000, 0, 8, 0, 0),),
+        allocations=(),
+    )
+    return nodestate.encode(state)
+
+
+def test_state_age() -> None:
+    def check(read: tuple[str | None, str | None], node: str = "n1") -> Finding:
+        return doctor.check_state_age(node, 900.0, NOW, lambda: read)
+
+    assert check((None, None), node="").status == SKIP
+    fresh = check((state_text(NOW - 30), None))
+    assert fresh.status == OK and "30 s old (generation 4)" in fresh.detail
+    assert check((state_text(NOW - 400), None)).status == WARN
+    stale = check((state_text(NOW - 1000), None))
+    assert stale.status == FAIL and "over 900 s" in stale.detail
+    missing = check((None, None))
+    assert missing.status == FAIL and "no rdma-cni.io/node-state" in missing.detail
+    assert check(("{not a state", None)).status == FAIL
+    unreachable = check((None, "cannot read Node n1: Forbidden"))
+    assert unreachable.status == WARN and "Forbidden" in unreachable.detail
+
+
+def test_state_age_read_from_the_api(tmp_path) -> None:
+    from tests.support.apiserver import ApiServer
+
+    with ApiServer() as api:
+        kc = api.write_kubeconfig(tmp_path / "kc.json")
+        api.add_node("n1", annotations={"rdma-cni.io/node-state": state_text(NOW - 5)})
+        api.add_node("n2")
+        text, error = doctor.read_node_state(kc, "n1")
+        assert error is None and doctor.check_state_age("n1", 900.0, NOW, lambda: (text, error)).status == OK
+        assert doctor.read_node_state(kc, "n2") == (None, None)
+        text, error = doctor.read_node_state(kc, "gone")
+        assert text is None and error is not None and "gone" in error
+    assert doctor.read_node_state(str(tmp_path / "none.json"), "n1")[1]
+
+
+def test_max_state_age_must_be_positive() -> None:
+    with pytest.raises(SystemExit) as exc:
+        doctor.main(["--max-state-age", "0"], io.StringIO())
+    assert exc.value.code == 2
