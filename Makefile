@@ -5,6 +5,8 @@ CC     ?= cc
 VENV   := .venv
 BIN    := $(VENV)/bin
 BINARY := dist/rdma-cni
+# The host side of the thick design: static, runs on any glibc (docs/deploy.md).
+SHIM   := dist/rdma-cni-shim
 # The agent's NRI and ttrpc messages: compiled from the package's own .proto
 # files by grpcio-tools (a test and build dependency) into *_pb2.py next to them,
 # which are not committed (.gitignore) and never linted. Everything that imports
@@ -20,7 +22,7 @@ RUNTIME_PACKAGES := podman runc conmon containerd
 DEB_PACKAGES     := $(DEMO_PACKAGES) $(RUNTIME_PACKAGES) openssl strace \
 	debootstrap busybox-static cpio xz-utils zstd golang-go golang-github-appc-cni-dev
 
-.PHONY: all deps deps-check venv proto build demo test unit integration e2e runtime faults bench lint clean
+.PHONY: all deps deps-check venv proto build demo test unit integration e2e runtime faults oldroot bench lint clean
 
 all: build
 
@@ -52,7 +54,12 @@ proto: $(GENERATED)
 $(GENERATED): %_pb2.py: %.proto $(VENV)/.stamp
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. $<
 
-build: $(BINARY)
+build: $(BINARY) $(SHIM)
+# Static and without glibc's name service (no getpw*, getaddrinfo): no PT_INTERP,
+# no DT_NEEDED, nothing of the host's libc loaded (tests/oldroot checks).
+$(SHIM): launcher/shim.c launcher/shim.h
+	mkdir -p dist
+	$(CC) -O2 -Wall -Wextra -Werror -static -o $@ launcher/shim.c
 $(BINARY): $(VENV)/.stamp $(SRC) launcher/launcher.c launcher/warm.c launcher/warm.h launcher/guard.c launcher/guard.h scripts/pack_launcher.py
 	PYINSTALLER_CONFIG_DIR=$(CURDIR)/build/pyinstaller-cache $(BIN)/pyinstaller --noconfirm --clean --log-level WARN build.spec
 	mkdir -p build
@@ -85,6 +92,13 @@ runtime: build
 # pods; RDMA_CNI_FAULT_SEED replays a run, RDMA_CNI_FAULT_SCALE sizes it.
 faults: build
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/faults
+
+# The host side in a Debian 11 root (glibc 2.31, debootstrapped once into
+# /var/cache/rdma-cni-build/bullseye-root-v1 by scripts/oldroot.sh): the shim
+# installed there as the installer would, verbs run from inside it against the
+# CNI server on the simulated node; the glibc floor of what the host loads.
+oldroot: build
+	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/oldroot
 
 e2e: build  ## QEMU guest with an emulated SR-IOV NIC (igb), driven by a libcni runtime
 	$(BIN)/pytest -q -p no:cacheprovider -m e2e tests/e2e

@@ -45,6 +45,8 @@ Operator subcommands:
                                                   per node: free bandwidth and VFs, where a request fits
   rdma-cni scheduler-extender --listen ADDR:PORT [options]
                                                   kube-scheduler extender (see docs/scheduling.md)
+  rdma-cni cni-server [--socket PATH] [--plugin PATH]
+                                                  run the verbs the host's shim hands over (docs/deploy.md)
   rdma-cni --version
 
 The launcher also starts `rdma-cni warm-server` by itself (see docs/architecture.md).
@@ -166,6 +168,10 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         from rdma_cni.nodes_cli import main as run_subcommand
     elif name == "scheduler-extender":
         from rdma_cni.extender.main import main as run_subcommand
+    elif name == "cni-server":
+        from rdma_cni.agent.cniserver import main as run_server
+
+        return run_server(rest)
     elif name == "warm-server":
         from rdma_cni.warm import main as run_warm
 

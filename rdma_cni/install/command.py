@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from rdma_cni import __version__, exporter
+from rdma_cni.agent.cniserver import DEFAULT_SOCKET
 from rdma_cni.install.binary import install_binary
 from rdma_cni.install.common import (
     DEFAULT_CNI_BIN_DIR,
@@ -150,6 +151,25 @@ def _parser() -> argparse.ArgumentParser:
         "--conf-source", metavar="PATH", help="configuration to write with --write-conf (default: built-in)"
     )
     parser.add_argument("--force", action="store_true", help="replace files this installer did not write")
+    parser.add_argument(
+        "--mode",
+        choices=("fat", "shim"),
+        default="fat",
+        help="what goes into --cni-bin-dir: 'shim', the static shim that hands verbs to this "
+        "agent's CNI server (any host glibc; needs --watch to serve), or 'fat', the whole plugin "
+        "(hosts with a glibc at least the build machine's) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shim-source",
+        metavar="FILE",
+        help="the shim to install with --mode shim (default: rdma-cni-shim beside --source)",
+    )
+    parser.add_argument(
+        "--cni-socket",
+        metavar="PATH",
+        default=DEFAULT_SOCKET,
+        help="with --mode shim --watch, serve CNI verbs here (default: %(default)s, the shim's own)",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="install and exit (the default)")
     mode.add_argument("--watch", action="store_true", help="install, then keep the kubeconfig fresh")
@@ -235,6 +255,8 @@ def main(argv: list[str], out: TextIO, err: TextIO | None = None) -> int:
             "pass --source PATH naming the executable to install\n"
         )
         return 1
+    if args.mode == "shim":
+        source = args.shim_source or os.path.join(os.path.dirname(source), "rdma-cni-shim")
     opts = Options(
         source=source,
         cni_bin_dir=args.cni_bin_dir,
@@ -282,30 +304,72 @@ def _run(args: argparse.Namespace, opts: Options, out: TextIO, err: TextIO) -> i
     # Handlers go in before the first write: a SIGTERM mid-install then lets
     # the atomic writes finish instead of leaving temporary files behind.
     with _stop_on_signals(stop):
-        try:
-            run_once(opts, out)
-        except (InstallError, OSError) as exc:
-            err.write(f"rdma-cni install: error: {exc}\n")
-            err.flush()
-            return 1
-        agent = None
-        if args.node_state:
+        server = None
+        if args.mode == "shim" and args.watch:
+            # Serving before the shim is in place: no call finds a shim without a server.
             try:
-                agent = _start_agent(args, opts, stop, out)
+                server = _start_cni_server(args.cni_socket, stop, out)
             except InstallError as exc:
                 err.write(f"rdma-cni install: error: {exc}\n")
                 err.flush()
                 return 1
-        _set_ready(opts.ready_file, True)
-        if not args.watch or stop.is_set():
-            return 0
-        say(out, f"watching {opts.serviceaccount_dir} every {opts.interval:g}s")
-        watch(opts, stop, out, max_iterations=args.max_iterations)
-        stop.set()
-        if agent is not None:
-            agent.join(timeout=10)
+        elif args.mode == "shim":
+            say(out, "--mode shim without --watch: run `rdma-cni cni-server` to serve the shim's calls")
+        try:
+            code = _install_and_watch(args, opts, stop, out, err)
+        finally:
+            stop.set()
+            if server is not None:
+                server.join(timeout=10)
+        if code is not None:
+            return code
     say(out, "stopping")
     return 0
+
+
+def _install_and_watch(
+    args: argparse.Namespace, opts: Options, stop: threading.Event, out: TextIO, err: TextIO
+) -> int | None:
+    """The install pass, the agent, and ``--watch``; an exit code to return early, None when stopped."""
+    try:
+        run_once(opts, out)
+    except (InstallError, OSError) as exc:
+        err.write(f"rdma-cni install: error: {exc}\n")
+        err.flush()
+        return 1
+    agent = None
+    if args.node_state:
+        try:
+            agent = _start_agent(args, opts, stop, out)
+        except InstallError as exc:
+            err.write(f"rdma-cni install: error: {exc}\n")
+            err.flush()
+            return 1
+    _set_ready(opts.ready_file, True)
+    if not args.watch or stop.is_set():
+        return 0
+    say(out, f"watching {opts.serviceaccount_dir} every {opts.interval:g}s")
+    watch(opts, stop, out, max_iterations=args.max_iterations)
+    stop.set()
+    if agent is not None:
+        agent.join(timeout=10)
+    return None
+
+
+def _start_cni_server(socket_path: str, stop: threading.Event, out: TextIO) -> threading.Thread:
+    """Serve the shim's calls in a thread until ``stop``; InstallError when the socket cannot be served."""
+    from rdma_cni.agent.cniserver import CniServer, ServerError
+
+    server = CniServer(socket_path)
+    try:
+        # During a rolling update with surge the old agent still serves: take over when it stops.
+        server.start(wait=stop)
+    except ServerError as exc:
+        raise InstallError(f"CNI server: {exc}") from None
+    thread = threading.Thread(target=server.serve, args=(stop,), name="cni-server", daemon=True)
+    thread.start()
+    say(out, f"serving CNI verbs for the shim on {server.socket_path} (plugin {server.plugin[0]})")
+    return thread
 
 
 def _start_agent(

@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from rdma_cni.agent import cniserver
 from rdma_cni.agent.nri import plugin as nri_plugin
 from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, load_netconf
 from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
@@ -233,7 +234,7 @@ def test_pod_has_ipc_lock_and_rdma_device_resource() -> None:
 # DaemonSet and RBAC semantics the schemas cannot see
 
 
-def test_daemonset_installs_with_least_privilege() -> None:
+def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
     ds = one("daemonset.yaml", "DaemonSet")
     assert ds["metadata"]["namespace"] == "kube-system"
     spec = ds["spec"]["template"]["spec"]
@@ -246,8 +247,10 @@ def test_daemonset_installs_with_least_privilege() -> None:
     assert not spec.get("hostPID") and not spec.get("hostIPC")
     (container,) = spec["containers"]
     assert container["command"][:3] == ["/usr/local/bin/rdma-cni", "install", "--watch"]
-    assert container["securityContext"].get("privileged") is False
-    assert container["securityContext"].get("allowPrivilegeEscalation") is False
+    # The shim in /opt/cni/bin; the verbs run in this container, which therefore is privileged.
+    assert "--mode=shim" in container["command"]
+    assert container["securityContext"].get("privileged") is True
+    assert "allowPrivilegeEscalation" not in container["securityContext"]  # refused with privileged
     assert container["resources"]["requests"] and container["resources"]["limits"]
     assert "readinessProbe" in container
 
@@ -261,6 +264,9 @@ def test_daemonset_installs_with_least_privilege() -> None:
             common.DEFAULT_CNI_CONF_DIR,
             DEFAULT_STATE_DIR,
             os.path.dirname(DEFAULT_LOCK_FILE),
+            # What the plugin's verbs write: host-local's allocations, the log.
+            "/var/lib/cni/networks",
+            "/var/log",
             # The NRI plugin: the runtime's socket, and the pods' namespaces to prove their VFs.
             os.path.dirname(nri_plugin.DEFAULT_SOCKET),
             "/var/run/netns",
@@ -268,11 +274,10 @@ def test_daemonset_installs_with_least_privilege() -> None:
     )
     for volume, host_path in host_paths.items():
         assert mounts[volume] == host_path
-    # The agent only reads the records; the lock directory is where it takes the node lock.
+    # The lock directory holds the node lock, the shim's socket and its DEL spool.
+    assert os.path.dirname(DEFAULT_LOCK_FILE) == os.path.dirname(os.path.dirname(cniserver.DEFAULT_SOCKET))
     read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
-    assert read_only == {DEFAULT_STATE_DIR, "/var/run/netns"}
-    # Entering a pod's netns is the one capability; everything else is dropped.
-    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert read_only == {"/var/run/netns"}
 
     # The node agent is on, and names its Node from the downward API.
     assert "--node-state" in container["command"]
