@@ -12,7 +12,7 @@ all of these hold:
 - its program has not been started for ``min_idle`` seconds (its atime, which
   exec updates under relatime at least daily; with noatime, the time it was
   unpacked), which covers the launcher about to exec it;
-- no process runs from it (no ``/proc/<pid>/exe`` inside it);
+- no process runs its program (no ``/proc/<pid>/exe`` is that file);
 - no warm server holds its ``warm.lock`` (taken here, held to the end).
 
 It is first renamed out of the way (a launcher then finds no tree and unpacks
@@ -52,15 +52,24 @@ def is_tree_name(name: str) -> bool:
 
 
 def processes_in(tree: str, proc: str = "/proc") -> list[int]:
-    """Pids whose executable lies inside ``tree``."""
-    prefix = os.path.realpath(tree) + os.sep
+    """Pids running the tree's program, by the file's identity (device, inode), not its path.
+
+    A path would not do: a process in another mount namespace (the host's, seen
+    from a pod that mounts the host's root elsewhere) names the same file
+    differently.
+    """
+    try:
+        program = os.stat(os.path.join(tree, PROGRAM))
+    except OSError:
+        return []
+    target = (program.st_dev, program.st_ino)
     pids = []
     for entry in os.listdir(proc) if os.path.isdir(proc) else ():
         if not entry.isdigit():
             continue
         with contextlib.suppress(OSError):  # gone, or a kernel thread with no exe
-            exe = os.readlink(os.path.join(proc, entry, "exe"))
-            if exe.removesuffix(" (deleted)").startswith(prefix):
+            exe = os.stat(os.path.join(proc, entry, "exe"))
+            if (exe.st_dev, exe.st_ino) == target:
                 pids.append(int(entry))
     return pids
 

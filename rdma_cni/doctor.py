@@ -201,10 +201,15 @@ def check_state_age(
     return Finding(name, OK, detail)
 
 
-def cache_dir(environ: Mapping[str, str]) -> str:
-    """Where the launcher unpacks, by its own rule (launcher/launcher.c)."""
+def cache_dir(environ: Mapping[str, str], executable: str | None = None) -> str:
+    """Where the launcher unpacks: the cache this binary runs from, else by the launcher's rule."""
     if environ.get("RDMA_CNI_CACHE_DIR"):
         return environ["RDMA_CNI_CACHE_DIR"]
+    if executable is None and getattr(sys, "frozen", False) and environ.get("RDMA_CNI_LAUNCHER"):
+        executable = sys.executable
+    if executable:
+        # <cache>/<id>/rdma-cni: a launcher that fell back to another directory is followed.
+        return os.path.dirname(os.path.dirname(os.path.abspath(executable)))
     if os.geteuid() == 0:
         return DEFAULT_CACHE_DIR
     return f"/tmp/rdma-cni-{os.geteuid()}"

@@ -23,6 +23,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import socket
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +42,7 @@ DEFAULT_LOG_FILE = "/var/log/rdma-cni.log"
 NRI_STATE = "nri-state"  # rdma_cni.node.nristate.STATE_FILE
 STATE_SUBDIRS = ("attachments", "quarantine", "ipam-pending")  # rdma_cni.node.statedir.SUBDIRS
 NODE_STATE_ANNOTATION = "rdma-cni.io/node-state"  # rdma_cni.shared.nodestate.ANNOTATION
+SPOOL_NAME = "del-spool"  # rdma_cni.agent.delspool.SPOOL_NAME, beside the CNI server's socket
 # The warm server checks its binary every 5 s (rdma_cni.warm.TREE_CHECK_SECONDS).
 WARM_EXIT_WAIT = 12.0
 
@@ -96,6 +99,39 @@ def holders(state_dir: str) -> list[str]:
             pod = "pod {namespace}/{name}".format(**doc["pod"]) if doc.get("pod") else "a pod"
         out.append(f"{pod} (container {container_id[:12]}, {ifname})")
     return out
+
+
+def spooled_dels(socket_path: str) -> list[str]:
+    """DELs the shim spooled for the agent while none served (they run when an agent starts)."""
+    try:
+        names = os.listdir(os.path.join(os.path.dirname(socket_path), SPOOL_NAME))
+    except OSError:
+        return []
+    return sorted(n for n in names if not n.startswith("."))
+
+
+def serving(socket_path: str) -> bool:
+    """Whether an agent's CNI server answers on ``socket_path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(socket_path)
+        except OSError:
+            return False
+    return True
+
+
+def _remove_socket(socket_path: str, report: Report) -> None:
+    """The CNI server's socket (a stale one: a live agent's is left), its empty spool and directory."""
+    if serving(socket_path):
+        report.left.append((socket_path, "an agent still serves here: delete the DaemonSet first"))
+        return
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(os.lstat(socket_path).st_mode):
+            _remove_file(socket_path, report)
+    directory = os.path.dirname(socket_path)
+    _remove_empty_dir(os.path.join(directory, SPOOL_NAME), report, "not empty: DELs still spooled")
+    _remove_empty_dir(directory, report, "not empty")
 
 
 def _remove_file(path: str, report: Report) -> None:
@@ -184,6 +220,12 @@ def run(
             "node; delete these pods (kubectl drain the node) and retry, or pass --drain to wait:\n"
         )
         err.writelines(f"  {p}\n" for p in pods)
+        spooled = spooled_dels(args.cni_socket)
+        if spooled:
+            err.write(
+                f"  and {len(spooled)} DEL(s) the shim spooled while no agent ran: start the "
+                "DaemonSet again, its agent runs them first, then retry\n"
+            )
         err.flush()
         return 1
     report = Report()
@@ -200,6 +242,7 @@ def run(
         for p in late:
             report.left.append((args.state_dir, f"{p} was added during the uninstall: reinstall to DEL it"))
     else:
+        _remove_socket(args.cni_socket, report)
         _remove_file(args.lock_file, report)
         _remove_file(os.path.join(os.path.dirname(args.lock_file), NRI_STATE), report)
         _remove_empty_dir(os.path.dirname(args.lock_file), report, "not empty")

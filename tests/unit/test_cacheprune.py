@@ -94,12 +94,23 @@ def test_no_cache_prunes_nothing(tmp_path: Path) -> None:
     assert cacheprune.prune(str(tmp_path / "none"), CURRENT) == []
 
 
-def test_the_real_proc_finds_this_process(tmp_path: Path) -> None:
+def test_the_real_proc_finds_a_process_by_its_program(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
     import sys
 
-    exe_dir = os.path.dirname(os.path.realpath(sys.executable))
-    assert os.getpid() in cacheprune.processes_in(exe_dir)
-    assert cacheprune.processes_in(str(tmp_path)) == []
+    tree = tmp_path / OLD
+    tree.mkdir()
+    shutil.copy(sys.executable, tree / "rdma-cni")
+    child = subprocess.Popen([str(tree / "rdma-cni"), "-c", "import time; time.sleep(30)"])
+    try:
+        # Also through another path to the same file (a host root mounted elsewhere).
+        (tmp_path / "elsewhere").symlink_to(tmp_path)
+        assert cacheprune.processes_in(str(tmp_path / "elsewhere" / OLD)) == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+    assert cacheprune.processes_in(str(tree)) == []
 
 
 def test_the_warm_server_prunes_at_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

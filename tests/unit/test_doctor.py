@@ -122,6 +122,7 @@ def test_cache_dir_follows_the_launcher() -> None:
     assert doctor.cache_dir({"RDMA_CNI_CACHE_DIR": "/x"}) == "/x"
     expected = "/var/cache/rdma-cni" if os.geteuid() == 0 else f"/tmp/rdma-cni-{os.geteuid()}"
     assert doctor.cache_dir({}) == expected
+    assert doctor.cache_dir({}, "/tmp/rdma-cni-0/0123456789abcdef/rdma-cni") == "/tmp/rdma-cni-0"
 
 
 @pytest.mark.parametrize("as_json", [False, True])

@@ -7,6 +7,7 @@ import fcntl
 import io
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,12 @@ class Root:
         self.lock_file.parent.mkdir(parents=True)
         self.lock_file.write_text("")
         (self.lock_file.parent / "nri-state").write_text("registered\n")
+        # The CNI server's directory (shim mode): its spool, and the socket a stopped agent left.
+        self.socket = self.lock_file.parent / "agent" / "cni.sock"
+        (self.socket.parent / "del-spool").mkdir(parents=True)
+        stale = socket.socket(socket.AF_UNIX)
+        stale.bind(str(self.socket))
+        stale.close()
         for tree in (TREE, OLD_TREE):
             (self.cache / tree).mkdir(parents=True)
             (self.cache / tree / "rdma-cni").write_text("")
@@ -63,6 +70,7 @@ class Root:
             "--state-dir", str(self.state_dir),
             "--lock-file", str(self.lock_file),
             "--cache-dir", str(self.cache),
+            "--cni-socket", str(self.socket),
             *extra,
         ]  # fmt: skip
 
@@ -110,7 +118,7 @@ def test_removes_what_install_and_the_plugin_put_there(node: Root) -> None:
     assert not node.kubeconfig.parent.exists()
     assert not node.ready.exists()
     assert not node.cache.exists()
-    assert not node.lock_file.parent.exists()
+    assert not node.lock_file.parent.exists()  # with the stale socket and the empty spool
     assert not node.state_dir.exists()
     assert f"removed {node.bin_dir / 'rdma-cni'}" in out
     assert "left /var/log/rdma-cni.log" in out
@@ -131,6 +139,25 @@ def test_leaves_a_foreign_binary_and_pending_state_and_says_why(node: Root) -> N
     assert f"left {node.state_dir / 'quarantine'}: not empty" in out
     code, out, _ = node.main(node.argv("--force"))
     assert code == 0 and not (node.bin_dir / "rdma-cni").exists()
+
+
+def test_names_the_dels_spooled_while_no_agent_ran(node: Root) -> None:
+    node.hold()
+    (node.socket.parent / "del-spool" / "c1@net1").write_bytes(b"spooled")
+    code, _, err = node.main(node.argv())
+    assert code == 1
+    assert "1 DEL(s) the shim spooled while no agent ran: start the DaemonSet again" in err
+
+
+def test_a_serving_agent_keeps_its_socket(node: Root) -> None:
+    node.socket.unlink()
+    with socket.socket(socket.AF_UNIX) as live:
+        live.bind(str(node.socket))
+        live.listen(1)
+        code, out, _ = node.main(node.argv())
+        assert code == 0
+        assert f"left {node.socket}: an agent still serves here: delete the DaemonSet first" in out
+        assert node.socket.exists() and not (node.bin_dir / "rdma-cni").exists()
 
 
 def test_drain_waits_for_the_pods_to_go(node: Root) -> None:
@@ -189,6 +216,7 @@ def test_uninstall_does_not_go_with_watch(node: Root) -> None:
 
 
 def test_defaults_are_the_plugins() -> None:
+    from rdma_cni.agent import delspool
     from rdma_cni.cni import config
     from rdma_cni.node import nristate, statedir
     from rdma_cni.shared import nodestate
@@ -198,3 +226,4 @@ def test_defaults_are_the_plugins() -> None:
     assert uninstall.NRI_STATE == nristate.STATE_FILE
     assert uninstall.STATE_SUBDIRS == statedir.SUBDIRS
     assert uninstall.NODE_STATE_ANNOTATION == nodestate.ANNOTATION
+    assert uninstall.SPOOL_NAME == delspool.SPOOL_NAME
