@@ -40,6 +40,7 @@ As a CNI plugin it is run by the container runtime with CNI_COMMAND set
 Operator subcommands:
   rdma-cni inventory [--pretty] [--config FILE]   print the node's SR-IOV/RDMA state as JSON
   rdma-cni install [options]                      DaemonSet entry point: install into /opt/cni/bin
+  rdma-cni doctor [--json] [options]              check this node: exit 0 ok, 1 warning, 2 failure
   rdma-cni nodes [--fits JSON] [--json] [--kubeconfig FILE]
                                                   per node: free bandwidth and VFs, where a request fits
   rdma-cni scheduler-extender --listen ADDR:PORT [options]
@@ -161,6 +162,8 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         from rdma_cni.inventory_cli import main as run_subcommand
     elif name == "install":
         from rdma_cni.install.command import main as run_subcommand
+    elif name == "doctor":
+        from rdma_cni.doctor import main as run_subcommand
     elif name == "nodes":
         from rdma_cni.nodes_cli import main as run_subcommand
     elif name == "scheduler-extender":

@@ -30,8 +30,11 @@ from rdma_cni.install.common import (
     say,
     write_bytes_atomic,
 )
+from rdma_cni.install.handover import refresh_keep
 from rdma_cni.install.kubeconfig import write_kubeconfig
 from rdma_cni.install.netconf import write_conf
+from rdma_cni.install.uninstall import add_options as add_uninstall_options
+from rdma_cni.install.uninstall import run as run_uninstall
 
 
 def _set_ready(path: str | None, ready: bool) -> None:
@@ -76,10 +79,12 @@ def watch(
     """
     ticks = 0
     failing = False
+    # The pod that started last took the file over in run_once; leave it to it (install/handover).
+    keep = refresh_keep(opts.serviceaccount_dir, opts.environ)
     while not stop.wait(opts.interval):
         ticks += 1
         try:
-            if write_kubeconfig(opts.kubeconfig_path, opts.serviceaccount_dir, opts.environ):
+            if write_kubeconfig(opts.kubeconfig_path, opts.serviceaccount_dir, opts.environ, keep=keep):
                 say(out, f"service account changed: rewrote kubeconfig {opts.kubeconfig_path}")
             if failing:
                 say(out, "kubeconfig refresh works again")
@@ -176,6 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-iterations", type=int, help=argparse.SUPPRESS)  # tests only
     _agent_options(parser.add_argument_group("node agent (with --watch)"))
+    add_uninstall_options(parser)
     return parser
 
 
@@ -242,6 +248,8 @@ def main(argv: list[str], out: TextIO, err: TextIO | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _check_args(parser, args)
+    if args.uninstall:
+        return run_uninstall(args, out, err)
     source = args.source or _default_source()
     if source is None:
         err.write(

@@ -45,6 +45,12 @@ from rdma_cni.shared import atomicfile
 log = logging.getLogger("rdma_cni.record")
 
 SCHEMA = 1
+# A version reads the next version's records too, so a rollback releases what the newer version
+# allocated: the next schema (SCHEMA + 1) may only add keys, each one a reader of this schema may
+# ignore when it releases the attachment (DEL, GC) and, when absent, defaulted by the newer reader.
+# A change an older reader must not ignore skips a number, making its records unreadable here.
+# Records are only ever rewritten by the ADD that created them, so no reader drops a key it ignored.
+NEXT_SCHEMA = SCHEMA + 1
 _SUFFIX = ".json"
 
 
@@ -106,27 +112,36 @@ class Attachment:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
 
-def _build(cls: type, data: Any, where: str) -> Any:
-    """Construct a record dataclass from JSON, strictly (unknown or missing keys are errors)."""
+def _build(cls: type, data: Any, where: str, *, newer: bool = False) -> Any:
+    """Construct a record dataclass from JSON, strictly (unknown or missing keys are errors).
+
+    ``newer``: the record is of the next schema, whose added keys are left out (see NEXT_SCHEMA).
+    """
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected an object")
     names = {f.name for f in fields(cls)}
     unknown = set(data) - names
-    if unknown:
+    if unknown and not newer:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
-    return cls(**data)
+    return cls(**{k: v for k, v in data.items() if k in names})
 
 
 def parse_attachment(text: str) -> Attachment:
-    """Parse a record file's content; ValueError/TypeError on anything malformed."""
+    """Parse a record file's content; ValueError/TypeError on anything malformed.
+
+    Records of this schema are read strictly; those of the next one (a newer
+    version's, read after a rollback) without the keys it added.
+    """
     data = json.loads(text)
-    att = _build(Attachment, data, "attachment")
-    if att.schema != SCHEMA:
-        raise ValueError(f"record schema {att.schema} is not {SCHEMA}")
+    schema = data.get("schema", SCHEMA) if isinstance(data, dict) else None
+    if schema not in (SCHEMA, NEXT_SCHEMA):
+        raise ValueError(f"record schema {schema!r} is not {SCHEMA} (or {NEXT_SCHEMA}, read back)")
+    newer = schema == NEXT_SCHEMA
+    att = _build(Attachment, data, "attachment", newer=newer)
     if att.state not in ("adding", "ready"):
         raise ValueError(f"unknown state {att.state!r}")
-    att.pod = _build(PodInfo, att.pod, "pod") if att.pod is not None else None
-    att.vfs = [_build(VfRecord, v, f"vfs[{i}]") for i, v in enumerate(att.vfs)]
+    att.pod = _build(PodInfo, att.pod, "pod", newer=newer) if att.pod is not None else None
+    att.vfs = [_build(VfRecord, v, f"vfs[{i}]", newer=newer) for i, v in enumerate(att.vfs)]
     for v in att.vfs:
         if not isinstance(v.pci, str) or not isinstance(v.vf, int) or not isinstance(v.pf, str):
             raise TypeError("vf entries need pf (str), vf (int) and pci (str)")

@@ -36,6 +36,8 @@ EXPECTED_FILES = {
     *MANIFESTS,
     "rdma-cni.conflist",
     "kubeconfig.template.json",
+    "kustomization.yaml",  # with overlays/: checked in test_conf_kustomize.py
+    "overlays",
     "Containerfile",
     "metrics.yaml",
     # Checked in test_conf_scheduler.py:
