@@ -15,14 +15,16 @@ from rdma_cni.shared import nodestate
 from rdma_cni.shared.nodestate import Allocation, InterfaceUse, NodeState, PfSummary
 
 # What a schema-1 writer writes, frozen: a key added here without a schema bump is caught below,
-# and so is a key removed (an older reader would find its record unreadable).
+# and so is a key removed (an older reader would find its record unreadable). `pod_index` joined
+# schema 1 in the release that brought this rule (records before it read it as 0; the release
+# before cannot read it: docs/protocol.md says what a downgrade across it does).
 SCHEMA_1_ATTACHMENT = {
     "container_id", "ifname", "network", "netns", "cni_version", "state", "pod",
     "created_at", "vfs", "result", "schema",
 }  # fmt: skip
 SCHEMA_1_VF = {
     "pf", "vf", "pci", "host_name", "host_mac", "host_mtu", "pod_name", "min_tx_rate", "max_tx_rate",
-    "pf_original", "pf_applied", "mac", "mtu", "ipam", "rdma_device", "rdma_action",
+    "pf_original", "pf_applied", "mac", "mtu", "ipam", "rdma_device", "rdma_action", "pod_index",
 }  # fmt: skip
 SCHEMA_1_POD = {"namespace", "name", "uid"}
 
