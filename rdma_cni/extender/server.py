@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import ssl
 import threading
 import time
@@ -175,7 +176,7 @@ class _Handler(BoundedHandler):
         finally:
             server.budget.release(length)
 
-    def _serve(self, request: Request, verb: Callable[[Any], Any]) -> bool:
+    def _serve(self, request: Request, verb: Verb) -> bool:
         server = self.server
         path = request.path
         if request.expect:
@@ -195,7 +196,7 @@ class _Handler(BoundedHandler):
             elif _nodes_in(doc) > server.max_nodes:
                 answer = error_answer(path, f"rdma-cni: more than {server.max_nodes} nodes in one request")
             else:
-                answer = verb(doc)
+                answer = verb(doc, hung_up(self.request))
         except Exception as exc:  # a bug: still answer in the verb's format
             log.exception("%s failed", path)
             answer = error_answer(path, f"rdma-cni: internal error: {type(exc).__name__}: {exc}")
@@ -211,6 +212,29 @@ class _Handler(BoundedHandler):
             (time.perf_counter() - started) * 1e3,
         )
         return request.keep
+
+
+# A verb: the request's document and a check of whether its caller hung up -> the answer.
+Verb = Callable[[Any, Callable[[], bool]], Any]
+
+
+def hung_up(sock: Any) -> Callable[[], bool]:
+    """A check of whether the peer of ``sock`` has closed its side (kube-scheduler gave up waiting).
+
+    POLLRDHUP reports the peer's FIN even with bytes still unread, and works the same under TLS
+    (a TLS close is a close_notify followed by that FIN), without reading anything of the stream.
+    """
+    try:
+        fd = sock.fileno()
+    except (OSError, ValueError):
+        return lambda: True
+    poller = select.poll()
+    poller.register(fd, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+
+    def gone() -> bool:
+        return bool(poller.poll(0))
+
+    return gone
 
 
 def _tune_malloc() -> None:
@@ -271,7 +295,9 @@ class ExtenderServer(BoundedServer):
         idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self.extender = extender
-        self.verbs: dict[str, Callable[[Any], Any]] = {} if probes_only else extender.routes()
+        self.verbs: dict[str, Callable[[Any, Callable[[], bool]], Any]] = (
+            {} if probes_only else extender.routes()
+        )
         if client_names and not authenticates_clients(tls):
             raise UnauthenticatedListener("client names need client certificates (--client-ca)")
         self.client_names = client_names

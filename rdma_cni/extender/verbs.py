@@ -99,13 +99,19 @@ class Extender:
         self.binder = Binder(client, decider, demands, reservations, self.view_of, settings.scheduler_names)
         self.ready = threading.Event()
 
-    def routes(self) -> dict[str, Callable[[Any], Any]]:
-        """The verbs by request path, for the HTTP server (an answer is a document or encoded bytes)."""
+    def routes(self) -> dict[str, Callable[[Any, Callable[[], bool]], Any]]:
+        """The verbs by request path, for the HTTP server (an answer is a document or encoded bytes).
+
+        Each is called with the request's document and a check that says whether its caller hung up.
+        Filter and prioritize give up once it has (kube-scheduler stopped waiting: their work would
+        only delay other pods' verbs); preempt and bind always finish (bind holds a reservation
+        whose outcome must be known).
+        """
         return {
-            "/filter": self.filter_encoded,
-            "/prioritize": self.prioritize,
-            "/preempt": self.preempt,
-            "/bind": self.bind,
+            "/filter": lambda doc, gone: self.filter_encoded(doc, self.deadline(gone)),
+            "/prioritize": lambda doc, gone: self.prioritize(doc, self.deadline(gone)),
+            "/preempt": lambda doc, _gone: self.preempt(doc),
+            "/bind": lambda doc, _gone: self.bind(doc),
         }
 
     def view_of(self, name: str) -> NodeView | None:
@@ -178,9 +184,12 @@ class Extender:
         # Not remembered for bind: bind reads the pod from the API server.
         return self.demands.of_pod(pod)
 
-    def deadline(self) -> Deadline:
-        """A deadline starting now: the share of kube-scheduler's httpTimeout a verb may spend deciding."""
-        return Deadline(self.settings.decision_timeout)
+    def deadline(self, gone: Callable[[], bool] | None = None) -> Deadline:
+        """A deadline starting now: the share of kube-scheduler's httpTimeout a verb may spend deciding.
+
+        ``gone``, when given, says whether the caller has already left (its connection closed).
+        """
+        return Deadline(self.settings.decision_timeout, gone)
 
     def filter(self, doc: Any, deadline: Deadline | None = None) -> dict[str, Any]:
         """ExtenderArgs -> ExtenderFilterResult."""

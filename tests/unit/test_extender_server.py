@@ -618,3 +618,36 @@ def test_max_connections_flag() -> None:
     for bad in ("0", "-1", "x"):
         with pytest.raises(SystemExit):
             parser().parse_args(["--listen", ":0", "--max-connections", bad])
+
+
+def test_a_filter_whose_caller_hung_up_is_abandoned(
+    served: tuple[Extender, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # kube-scheduler closes the connection when its httpTimeout passes: the work on that pod stops
+    # then, not at the extender's own deadline, so it delays no other pod's verbs.
+    _, client = served
+    judged: list[float] = []
+    admit = Decider.admit
+
+    def slow_admit(self: Decider, *args: Any, **kw: Any) -> Any:
+        judged.append(time.monotonic())
+        time.sleep(0.005)
+        return admit(self, *args, **kw)
+
+    monkeypatch.setattr(Decider, "admit", slow_admit)
+    nodes = [so.node(f"n{i}", enc(PFS, age=i % 50)) for i in range(700)]  # 6.8 MB: under the 8 MiB limit
+    body = json.dumps(so.args_nodes(so.rdma_pod("p", [(1_000, 0)]), nodes)).encode()
+    port = client.conn.port
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        head = f"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        sock.sendall(head + body)
+        deadline = time.monotonic() + 10
+        while not judged and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert judged, "the filter never started"
+    closed = time.monotonic()
+    time.sleep(2.5)
+    # 700 nodes at 5 ms each take 3.5 s; the check runs every 256 nodes (1.3 s of this work), so
+    # judging stops within one run of the hang-up, and never reaches the last node.
+    late = [t for t in judged if t > closed + 1.6]
+    assert len(judged) < 700 and not late, (len(judged), len(late))
