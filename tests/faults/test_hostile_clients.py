@@ -21,7 +21,6 @@ import os
 import random
 import subprocess
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -32,9 +31,9 @@ import pytest
 
 from rdma_cni.shared import nodestate, placement
 from tests.faults.knobs import SEED, STATS, scaled
-from tests.integration.conftest import plugin_command
 from tests.support import sched_objects as so
 from tests.support.apiserver import ApiServer
+from tests.support.extenderproc import start_extender, wait_ready
 
 if not os.environ.get("RDMA_CNI_BINARY"):
     pytest.skip(
@@ -93,36 +92,7 @@ def api() -> Iterator[ApiServer]:
 
 def _start(tmp: Path, api: ApiServer) -> tuple[subprocess.Popen[str], int]:
     kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
-    cmd = [
-        *plugin_command(),
-        "scheduler-extender",
-        "--listen",
-        "127.0.0.1:0",
-        "--kubeconfig",
-        kubeconfig,
-        "--max-state-age",
-        "900",
-        "--scheduler-name",
-        SERVED,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line, "the extender did not start"
-    return proc, int(json.loads(line)["listening"].rsplit(":", 1)[1])
-
-
-def _wait_ready(port: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        conn.request("GET", "/readyz")
-        ok = conn.getresponse().status == 200
-        conn.close()
-        if ok:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the extender never became ready")
+    return start_extender(kubeconfig, "--max-state-age", "900", "--scheduler-name", SERVED)
 
 
 def _forged_node(rng: random.Random, name: str) -> dict[str, Any]:
@@ -276,7 +246,7 @@ def test_hostile_clients_never_overcommit_nor_bind_what_is_not_served(tmp_path: 
     )
     proc, port = _start(tmp_path, api)
     try:
-        _wait_ready(port)
+        wait_ready(port)
         client = Client(port)
         counters = [Counter[str]() for _ in range(THREADS)]
         tenants = [

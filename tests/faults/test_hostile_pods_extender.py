@@ -35,9 +35,9 @@ from rdma_cni.extender.wire import MAX_REASON
 from rdma_cni.shared import nodestate
 from rdma_cni.shared.nodestate import Network, NodeState, PfSummary
 from tests.faults.knobs import SEED, STATS, scaled
-from tests.integration.conftest import plugin_command
 from tests.support import sched_objects as so
 from tests.support.apiserver import ApiServer
+from tests.support.extenderproc import start_extender, wait_ready
 
 if not os.environ.get("RDMA_CNI_BINARY"):
     pytest.skip(
@@ -120,36 +120,8 @@ def api() -> Iterator[ApiServer]:
 
 
 def _start(tmp: Path, api: ApiServer) -> tuple[subprocess.Popen[str], int]:
-    cmd = [
-        *plugin_command(),
-        "scheduler-extender",
-        "--listen",
-        "127.0.0.1:0",
-        "--kubeconfig",
-        api.write_kubeconfig(tmp / "kubeconfig"),
-        "--networks",
-        "rdma-a,rdma-b",
-        "--http-timeout",
-        str(HTTP_TIMEOUT),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line, "the extender did not start"
-    return proc, int(json.loads(line)["listening"].rsplit(":", 1)[1])
-
-
-def _wait_ready(port: int) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        conn.request("GET", "/readyz")
-        ok = conn.getresponse().status == 200
-        conn.close()
-        if ok:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the extender never became ready")
+    kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
+    return start_extender(kubeconfig, "--networks", "rdma-a,rdma-b", "--http-timeout", str(HTTP_TIMEOUT))
 
 
 def test_hostile_pods_at_5000_nodes_get_bounded_answers_in_time(tmp_path: Path, api: ApiServer) -> None:
@@ -161,7 +133,7 @@ def test_hostile_pods_at_5000_nodes_get_bounded_answers_in_time(tmp_path: Path, 
     problems: list[str] = []
     slowest = peak = 0.0
     try:
-        _wait_ready(port)
+        wait_ready(port, timeout=120, interval=0.2)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT * 3)
         hostile = Hostile(random.Random(f"{SEED}:hostile-pods-extender"))
         kinds = [hostile.repeated, hostile.constrained, hostile.oversized, hostile.padded]

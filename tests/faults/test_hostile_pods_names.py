@@ -21,7 +21,6 @@ import json
 import os
 import random
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ from tests.faults.knobs import SEED, STATS, scaled
 from tests.integration.conftest import plugin_command
 from tests.support import sched_objects as so
 from tests.support.apiserver import ApiServer
+from tests.support.extenderproc import start_extender, wait_ready
 
 if not os.environ.get("RDMA_CNI_BINARY"):
     pytest.skip(
@@ -164,31 +164,13 @@ def api() -> Iterator[ApiServer]:
 
 
 def _extender(tmp: Path, api: ApiServer) -> tuple[subprocess.Popen[str], int]:
-    kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
-    cmd = [
-        *plugin_command(),
-        "scheduler-extender",
-        "--listen",
-        "127.0.0.1:0",
-        "--kubeconfig",
-        str(kubeconfig),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line, "the extender did not start"
-    port = int(json.loads(line)["listening"].rsplit(":", 1)[1])
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        conn.request("GET", "/readyz")
-        ready = conn.getresponse().status == 200
-        conn.close()
-        if ready:
-            return proc, port
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("the extender never became ready")
+    proc, port = start_extender(api.write_kubeconfig(tmp / "kubeconfig"))
+    try:
+        wait_ready(port)
+    except AssertionError:
+        proc.kill()
+        raise
+    return proc, port
 
 
 def _filter(port: int, pod: dict[str, Any], names: list[str]) -> tuple[dict[str, Any], int, str]:
