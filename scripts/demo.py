@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -87,15 +88,24 @@ def main() -> int:
         raise SystemExit("the demo needs root: it creates veth devices and a network namespace")
     binary = os.path.abspath(args.binary)
     root = os.path.abspath(args.dir)
-    node = SimNode(os.path.join(root, "node"), [SimPf("demopf0", 4, 25000), SimPf("demopf1", 4, 10000)], "dm")
-    netns_name = "rdma-demo-pod"
+    # The kernel's names (the pod's netns, the VFs' veths) are machine-wide: taken from the demo's
+    # directory, so that runs from two checkouts on one machine neither collide nor remove each
+    # other's, while --setup-only and --teardown in one directory agree on them.
+    tag = hashlib.sha256(root.encode()).hexdigest()[:4]
+    node = SimNode(
+        os.path.join(root, "node"), [SimPf("demopf0", 4, 25000), SimPf("demopf1", 4, 10000)], f"d{tag}"
+    )
+    netns_name = f"rdma-demo-{tag}"
     del_netns(netns_name)
     node.down()
     # Records, leases and libcni's cache describe the simulated node just removed: a run
     # stopped half-way (a failed cnitool CHECK, say) would leave its VFs held in the next one.
     for leftover in ("state", "ipam"):
         shutil.rmtree(os.path.join(root, leftover), ignore_errors=True)
-    for cached in glob.glob(os.path.join(LIBCNI_RESULTS, f"{NETWORK}-cnitool-*")):
+    # cnitool names the container after its netns path (sha512, first 10 bytes): only this
+    # directory's attachments, not another checkout's demo.
+    container = "cnitool-" + hashlib.sha512(f"/run/netns/{netns_name}".encode()).digest()[:10].hex()
+    for cached in glob.glob(os.path.join(LIBCNI_RESULTS, f"{NETWORK}-{container}-*")):
         os.unlink(cached)
     if args.teardown:
         return 0
@@ -156,7 +166,7 @@ def main() -> int:
         subprocess.run(["ip", "-n", netns_name, "-br", "link"], check=False)
         print(
             "VF netdevs back in the host:",
-            sorted(n for n in SimNode.host_links() if n.startswith("dm0v") or n.startswith("dm1v")),
+            sorted(n for n in SimNode.host_links() if n.startswith((f"{node.prefix}0v", f"{node.prefix}1v"))),
         )
     finally:
         del_netns(netns_name)

@@ -227,7 +227,16 @@ def test_two_networks_agent_extender_bind_one_add_per_network(cluster: Cluster, 
             for k, (net, req) in enumerate([("net-a", [{}, {}, {}]), ("net-b", [{}])]):
                 conf = {**confs[net], "args": {"cni": {"rdma_interfaces_required": req}}}
                 assert cluster.run("ADD", {**p_env, "CNI_IFNAME": f"net{k + 1}"}, conf).ok
-            got = wait_for(lambda: (s := published(cluster, node)) and s.allocations and s, 5, "p published")
+
+            # The agent publishes after each ADD, so its first state with an allocation may hold
+            # only net1's three VFs: wait for p's allocation to list both attachments' interfaces
+            # (one per VF, from the records), then judge the PF counts of that same state.
+            def both_adds(s: Any) -> bool:
+                return bool(s and s.allocations and sum(len(a.interfaces) for a in s.allocations) == 4)
+
+            got = wait_for(
+                lambda: (s := published(cluster, node)) and both_adds(s) and s, 10, "both ADDs published"
+            )
             assert sum(pf.used_vfs for pf in got.pfs) == 4
             if layout == "disjoint":
                 assert [(pf.name, pf.used_vfs) for pf in got.pfs] == [("simpf0", 3), ("simpf1", 1)]

@@ -188,14 +188,31 @@ def test_process_serves_metrics_and_posts_refusals_as_events(
         errors.append(ext.call("POST", "/bind", doc)[1]["Error"])
     assert errors[0] == "" and "no longer fits node n1" in errors[1]
     host, port = ext.announced["metrics"].rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=10)
-    conn.request("GET", "/metrics")
-    page = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(conn.getresponse().read().decode())
-        for s in family.samples
-    }
-    conn.close()
+
+    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            return {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(conn.getresponse().read().decode())
+                for s in family.samples
+            }
+        finally:
+            conn.close()
+
+    # A request's latency is observed once its answer is written (the histogram's span ends
+    # there), so the client can hold the last answer a moment before it is counted: wait until
+    # the four answers are, then judge every value of that same page (one more than answered
+    # fails below, one fewer never ends the wait).
+    latency = "rdma_cni_extender_request_seconds_count"
+    deadline = time.monotonic() + 10
+    while True:
+        page = scrape()
+        answered = page.get((latency, (("verb", "filter"),)), 0) + page.get((latency, (("verb", "bind"),)), 0)
+        if answered >= 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert page[("rdma_cni_extender_request_seconds_count", (("verb", "filter"),))] == 2
     assert page[("rdma_cni_extender_request_seconds_count", (("verb", "bind"),))] == 2
     assert page[("rdma_cni_extender_decisions_total", (("outcome", "fits"), ("verb", "filter")))] == 2

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rdma_cni.extender import server as extender_server
 from rdma_cni.extender.decide import Decider
 from rdma_cni.extender.demand import Demands
 from rdma_cni.extender.reservations import Reservations
@@ -374,6 +375,10 @@ def test_expect_100_continue_and_a_client_gone_mid_body(served: tuple[Extender, 
 @pytest.fixture
 def tight() -> Iterator[tuple[ExtenderServer, int]]:
     """A server with small bounds, so that tests reach them quickly."""
+    yield from _tight_server(request_timeout=0.5, idle_timeout=1.0)
+
+
+def _tight_server(*, request_timeout: float, idle_timeout: float) -> Iterator[tuple[ExtenderServer, int]]:
     ext = Extender(
         decider=Decider(max_state_age=120),
         demands=Demands(annotation="rdma_interfaces_required"),
@@ -388,8 +393,8 @@ def tight() -> Iterator[tuple[ExtenderServer, int]]:
         body_budget=128 * 1024,
         body_reserve=32 * 1024,
         handshake_timeout=0.5,
-        request_timeout=0.5,
-        idle_timeout=1.0,
+        request_timeout=request_timeout,
+        idle_timeout=idle_timeout,
     )
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -436,10 +441,23 @@ def test_expect_100_continue_over_the_limit_gets_413_and_no_100(tight: tuple[Ext
     assert out.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in out
 
 
+@pytest.fixture
+def holding(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ExtenderServer, int]]:
+    """A tight server whose requests and idle connections may last 30 s, and whose wait for body
+    room is tight's (0.25 s).
+
+    A trickling body then holds its room, and a kept-alive client stays known, for as long as a
+    test needs: with tight's 0.5 s request and 1 s idle deadlines the reaper frees the room, or
+    closes the known client, mid-test whenever the machine is slow.
+    """
+    monkeypatch.setattr(extender_server, "_BUDGET_WAIT", 0.25)
+    yield from _tight_server(request_timeout=30.0, idle_timeout=30.0)
+
+
 def test_body_budget_refuses_the_excess_and_keeps_a_reserve_for_known_clients(
-    tight: tuple[ExtenderServer, int],
+    holding: tuple[ExtenderServer, int],
 ) -> None:
-    server, port = tight
+    server, port = holding
     # A kept-alive client that completed a request before (as kube-scheduler's).
     kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     kept.request("GET", "/healthz")
@@ -448,15 +466,23 @@ def test_body_budget_refuses_the_excess_and_keeps_a_reserve_for_known_clients(
     first = socket.create_connection(("127.0.0.1", port), timeout=5)
     try:
         first.sendall(head + b" ")  # takes the room strangers may use; the body trickles
-        time.sleep(0.2)
+        deadline = time.monotonic() + 5
+        while server.budget.used != server.max_body and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert server.budget.used == server.max_body
         # A second stranger's body finds no room: 503 after a short wait, unread.
         out = exchange(port, head, read_all=False)
         assert out.startswith(b"HTTP/1.1 503 "), out
-        # The known client's filter is answered at once from the reserve.
-        start = time.monotonic()
-        kept.request("POST", "/filter", body=_filter_bytes())
-        assert kept.getresponse().status == 200 and time.monotonic() - start < 1
+        # The known client's filter is answered from the reserve: its body (padded with JSON
+        # whitespace) fits only there, and the trickle holds its room for 30 s, so without the
+        # reserve this would be the stranger's 503.
+        body = _filter_bytes()
+        body += b" " * (server.budget.total - server.max_body - len(body))
+        assert server.max_body + len(body) > server.budget.total - server.budget.reserve
+        kept.request("POST", "/filter", body=body)
+        assert kept.getresponse().status == 200
+        # ... while the trickle held its room (the filter's own is released only after its answer).
+        assert server.budget.used >= server.max_body
     finally:
         first.close()
         kept.close()
