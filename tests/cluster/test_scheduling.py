@@ -1,0 +1,183 @@
+"""rdma-scheduler (kube-scheduler from conf/ with the extender sidecar) places pods as promised.
+
+Nodes are created directly (Ready, no kubelet) and their states published in
+the node-state annotation; pods ask in the annotation (and, where conf/'s
+extender names the network in ``--networks``, in Multus ``cni-args``). Checked
+from the API server's side only: where each pod is bound, its events, and the
+published states the bound pods must fit (placement's independent oracle).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rdma_cni.shared import nodestate
+from rdma_cni.shared.placement import PfState, Request
+from tests.cluster.conftest import unique, wait_for_service_account
+from tests.support import sched_objects as so
+from tests.support.kube.controlplane import ControlPlane
+from tests.support.kube.objects import create, create_node, pod_doc
+from tests.support.kube.rdmascheduler import RdmaScheduler, container, find, manifest
+from tests.support.placement_oracle import reference_fits
+
+ANNOTATION = "rdma_interfaces_required"
+NETWORKS = "k8s.v1.cni.cncf.io/networks"
+SCHEDULER = "rdma-scheduler"
+
+
+@dataclass
+class Cluster:
+    cp: ControlPlane
+    rs: RdmaScheduler
+    namespace: str
+    states: dict[str, nodestate.NodeState]
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.25)
+
+
+@pytest.fixture(scope="module")
+def cluster(applied: ControlPlane, rdma_scheduler: RdmaScheduler) -> Iterator[Cluster]:
+    namespace = unique("sched")
+    applied.kubectl("create", "namespace", namespace)
+    wait_for_service_account(applied, namespace, "default")
+    # Three nodes, one PF each: 3 pods of 8000 fit on big (4 VFs, 25000),
+    # 1 on small (2 VFs, 10000), 1 on onevf (1 VF, 25000).
+    layout = {"big": ("ens1f0", 25_000, 4), "small": ("ens2f0", 10_000, 2), "onevf": ("ens3f0", 25_000, 1)}
+    states = {}
+    for role, pf in layout.items():
+        name = unique(f"sched-{role}")
+        state = so.state([pf])
+        create_node(applied, name, {nodestate.ANNOTATION: nodestate.encode(state)})
+        states[name] = state
+    yield Cluster(applied, rdma_scheduler, namespace, states)
+    applied.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def rdma_pod(c: Cluster, name: str, request: list[dict[str, int]], **kw: Any) -> None:
+    annotations = {NETWORKS: "rdma-net", ANNOTATION: json.dumps(request)}
+    create(c.cp, pod_doc(c.namespace, name, annotations=annotations, scheduler=SCHEDULER, **kw))
+
+
+def pods(c: Cluster) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"]: p for p in c.cp.get("pods", "-n", c.namespace)["items"]}
+
+
+def failed_scheduling(c: Cluster, pod: str) -> list[str]:
+    events = c.cp.get(
+        "events", "-n", c.namespace, "--field-selector", f"involvedObject.name={pod},reason=FailedScheduling"
+    )
+    return [e.get("message") or e.get("note") or "" for e in events["items"]]
+
+
+def scheduled_by(c: Cluster, pod: str) -> set[str]:
+    events = c.cp.get("events", "-n", c.namespace, "--field-selector", f"involvedObject.name={pod},reason=Scheduled")
+    return {e.get("reportingComponent") or e.get("source", {}).get("component", "") for e in events["items"]}
+
+
+def extender_calls(rs: RdmaScheduler) -> dict[str, float]:
+    counts = {}
+    for family in text_string_to_metric_families(rs.metrics()):
+        for s in family.samples:
+            if s.name == "rdma_cni_extender_request_seconds_count":
+                counts[s.labels["verb"]] = s.value
+    return counts
+
+
+def requests_of(pod: dict[str, Any]) -> list[Request]:
+    raw = json.loads(pod["metadata"]["annotations"][ANNOTATION])
+    return [Request(r.get("min_tx_rate", 0), r.get("max_tx_rate", 0)) for r in raw]
+
+
+def assert_not_over_committed(c: Cluster) -> dict[str, list[str]]:
+    """Each node's bound pods fit its published state together; returns pod names by node."""
+    by_node: dict[str, list[str]] = {}
+    for name, pod in pods(c).items():
+        node = pod["spec"].get("nodeName")
+        if node and pod["spec"].get("schedulerName") == SCHEDULER:
+            by_node.setdefault(node, []).append(name)
+    for node, names in by_node.items():
+        assert node in c.states, f"{names} bound to {node}, which publishes no state"
+        pfs = [PfState(p.name, p.free_vfs, p.capacity_tx_rate, p.used_tx_rate) for p in c.states[node].pfs]
+        wanted = [r for n in names for r in requests_of(pods(c)[n])]
+        assert reference_fits(wanted, pfs), f"{node} over-committed by {names}"
+    return by_node
+
+
+def test_pods_fill_the_nodes_and_never_over_commit(cluster: Cluster) -> None:
+    c = cluster
+    before = extender_calls(c.rs)
+    names = [unique("fill") for _ in range(7)]
+    for name in names:
+        rdma_pod(c, name, [{"min_tx_rate": 8000}])
+
+    # Five fit (3 + 1 + 1); the other two stay Pending, told why by the extender.
+    def settled() -> dict[str, list[str]] | None:
+        current = pods(c)
+        bound = [n for n in names if current[n]["spec"].get("nodeName")]
+        pending = [n for n in names if n not in bound]
+        if len(bound) == 5 and all(failed_scheduling(c, n) for n in pending):
+            return {"bound": bound, "pending": pending}
+        return None
+
+    result = wait_for(settled, 90, "5 pods bound and 2 told why they are pending")
+    by_node = assert_not_over_committed(c)
+    assert sorted(len(v) for v in by_node.values()) == [1, 1, 3], by_node
+    for name in result["pending"]:
+        messages = failed_scheduling(c, name)
+        assert any("rdma-cni: needs 8000 Mbit/s free on one PF with a free VF" in m for m in messages), messages
+    # kube-scheduler never binds: every bind went to the extender, through pods/binding.
+    after = extender_calls(c.rs)
+    assert after.get("bind", 0) - before.get("bind", 0) >= 5
+    for name in result["bound"]:
+        assert scheduled_by(c, name) == {SCHEDULER}
+
+
+def test_a_pod_that_fits_nowhere_stays_pending_with_the_extenders_reason(cluster: Cluster) -> None:
+    c = cluster
+    name = unique("huge")
+    rdma_pod(c, name, [{"min_tx_rate": 26_000}])
+    messages = wait_for(lambda: failed_scheduling(c, name), 60, "a FailedScheduling event")
+    assert any("rdma-cni: needs 26000 Mbit/s" in m for m in messages), messages
+    time.sleep(2)
+    assert not pods(c)[name]["spec"].get("nodeName")
+
+
+def test_pods_of_the_default_scheduler_are_never_sent_to_the_extender(cluster: Cluster) -> None:
+    c = cluster
+    before = extender_calls(c.rs)
+    name = unique("default")
+    annotations = {NETWORKS: "rdma-net", ANNOTATION: json.dumps([{"min_tx_rate": 26_000}])}
+    create(c.cp, pod_doc(c.namespace, name, annotations=annotations))
+    node = wait_for(lambda: pods(c)[name]["spec"].get("nodeName"), 60, "the default scheduler's bind")
+    assert node  # its RDMA request would fit nowhere: the extender was not asked
+    assert scheduled_by(c, name) == {"default-scheduler"}
+    after = extender_calls(c.rs)
+    assert {v: after.get(v, 0) for v in ("filter", "bind")} == {v: before.get(v, 0) for v in ("filter", "bind")}
+
+
+def test_requests_in_multus_cni_args_are_placed_too(cluster: Cluster) -> None:
+    c = cluster
+    ext = container(find(manifest("scheduler-extender.yaml"), "Deployment", "rdma-scheduler"), "extender")
+    if not any(a.startswith("--networks") for a in ext.get("command", []) + ext.get("args", [])):
+        pytest.skip("conf/scheduler-extender.yaml's extender names no --networks: cni-args are not counted")
+    name = unique("cniargs")
+    networks = [{"name": "rdma-net", "cni-args": {ANNOTATION: [{"min_tx_rate": 26_000}]}}]
+    create(c.cp, pod_doc(c.namespace, name, annotations={NETWORKS: json.dumps(networks)}, scheduler=SCHEDULER))
+    messages = wait_for(lambda: failed_scheduling(c, name), 60, "a FailedScheduling event")
+    assert any("rdma-cni: needs 26000 Mbit/s" in m for m in messages), messages
