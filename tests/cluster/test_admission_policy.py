@@ -52,7 +52,10 @@ def agents(applied: ControlPlane) -> Iterator[Agents]:
     assert claims["pod"]["name"] == pod and claims["node"]["name"] == node_a, claims
     unbound = applied.token(AGENT_NAMESPACE, AGENT_ACCOUNT)
     assert "node" not in token_claims(unbound)["kubernetes.io"]
-    with client_for_token(applied, bound, "agent-bound") as b, client_for_token(applied, unbound, "agent-unbound") as u:
+    with (
+        client_for_token(applied, bound, "agent-bound") as b,
+        client_for_token(applied, unbound, "agent-unbound") as u,
+    ):
         yield Agents(applied, node_a, node_b, b, u)
 
 
@@ -78,7 +81,9 @@ def test_the_agent_patches_its_own_nodes_state(agents: Agents) -> None:
     assert stored["metadata"]["annotations"][nodestate.ANNOTATION] == text
     assert _annotations(agents.cp, agents.node_a) == {**_annotations(agents.cp, agents.node_a), "kept": "yes"}
     # Removing it again is a change of that annotation alone, too.
-    agents.bound.patch_merge(f"/api/v1/nodes/{agents.node_a}", {"metadata": {"annotations": {nodestate.ANNOTATION: None}}})
+    agents.bound.patch_merge(
+        f"/api/v1/nodes/{agents.node_a}", {"metadata": {"annotations": {nodestate.ANNOTATION: None}}}
+    )
     assert nodestate.ANNOTATION not in _annotations(agents.cp, agents.node_a)
 
 

@@ -86,7 +86,9 @@ def failed_scheduling(c: Cluster, pod: str) -> list[str]:
 
 
 def scheduled_by(c: Cluster, pod: str) -> set[str]:
-    events = c.cp.get("events", "-n", c.namespace, "--field-selector", f"involvedObject.name={pod},reason=Scheduled")
+    events = c.cp.get(
+        "events", "-n", c.namespace, "--field-selector", f"involvedObject.name={pod},reason=Scheduled"
+    )
     return {e.get("reportingComponent") or e.get("source", {}).get("component", "") for e in events["items"]}
 
 
@@ -140,7 +142,9 @@ def test_pods_fill_the_nodes_and_never_over_commit(cluster: Cluster) -> None:
     assert sorted(len(v) for v in by_node.values()) == [1, 1, 3], by_node
     for name in result["pending"]:
         messages = failed_scheduling(c, name)
-        assert any("rdma-cni: needs 8000 Mbit/s free on one PF with a free VF" in m for m in messages), messages
+        assert any("rdma-cni: needs 8000 Mbit/s free on one PF with a free VF" in m for m in messages), (
+            messages
+        )
     # kube-scheduler never binds: every bind went to the extender, through pods/binding.
     after = extender_calls(c.rs)
     assert after.get("bind", 0) - before.get("bind", 0) >= 5
@@ -168,7 +172,9 @@ def test_pods_of_the_default_scheduler_are_never_sent_to_the_extender(cluster: C
     assert node  # its RDMA request would fit nowhere: the extender was not asked
     assert scheduled_by(c, name) == {"default-scheduler"}
     after = extender_calls(c.rs)
-    assert {v: after.get(v, 0) for v in ("filter", "bind")} == {v: before.get(v, 0) for v in ("filter", "bind")}
+    assert {v: after.get(v, 0) for v in ("filter", "bind")} == {
+        v: before.get(v, 0) for v in ("filter", "bind")
+    }
 
 
 def test_requests_in_multus_cni_args_are_placed_too(cluster: Cluster) -> None:
@@ -178,6 +184,8 @@ def test_requests_in_multus_cni_args_are_placed_too(cluster: Cluster) -> None:
         pytest.skip("conf/scheduler-extender.yaml's extender names no --networks: cni-args are not counted")
     name = unique("cniargs")
     networks = [{"name": "rdma-net", "cni-args": {ANNOTATION: [{"min_tx_rate": 26_000}]}}]
-    create(c.cp, pod_doc(c.namespace, name, annotations={NETWORKS: json.dumps(networks)}, scheduler=SCHEDULER))
+    create(
+        c.cp, pod_doc(c.namespace, name, annotations={NETWORKS: json.dumps(networks)}, scheduler=SCHEDULER)
+    )
     messages = wait_for(lambda: failed_scheduling(c, name), 60, "a FailedScheduling event")
     assert any("rdma-cni: needs 26000 Mbit/s" in m for m in messages), messages

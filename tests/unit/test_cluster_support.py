@@ -101,14 +101,14 @@ def test_a_failed_build_fails_and_leaves_nothing_that_looks_built(tmp_path: Path
 def test_unreadable_pins_fail_before_building(tmp_path: Path) -> None:
     root = _copy_tree(tmp_path)
     go_mod = root / "gobuild" / "kube" / "go.mod"
-    go_mod.write_text("\n".join(l for l in go_mod.read_text().splitlines() if "k8s.io/kubernetes v" not in l))
+    go_mod.write_text("\n".join(x for x in go_mod.read_text().splitlines() if "k8s.io/kubernetes v" not in x))
     out = _run(root, tmp_path / "cache", "--list")
     assert out.returncode == 1 and "cannot read the pinned versions" in out.stderr
 
 
 def test_a_missing_component_names_make_components(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RDMA_CNI_BUILD_CACHE", str(tmp_path))
-    with pytest.raises(ComponentFailed, match="is not built .*run `make components`"):
+    with pytest.raises(ComponentFailed, match=r"is not built .*run `make components`"):
         controlplane.binaries()
 
 

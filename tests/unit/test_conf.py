@@ -41,6 +41,8 @@ EXPECTED_FILES = {
     "scheduler-extender.yaml",
     "scheduler-extender-mtls.yaml",
     "kube-scheduler-default.yaml",
+    # Served and checked by the real API server in tests/cluster (test_conf_applies.py):
+    "network-attachment-definition-crd.yaml",
 }
 
 NAD_API_VERSION = "k8s.cni.cncf.io/v1"

@@ -1,1 +1,1 @@
-"""The real Kubernetes control plane for the cluster tier: certificates, processes, conf/ applied, rdma-scheduler."""
+"""The real control plane for the cluster tier: certificates, processes, conf/ applied, rdma-scheduler."""

@@ -29,7 +29,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 BUILD_SCRIPT = os.path.join(REPO, "scripts", "build_components.sh")
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-CONTROLLERS = "serviceaccount,serviceaccount-token,namespace,garbagecollector,root-ca-certificate-publisher"
+CONTROLLERS = ",".join(
+    (
+        "serviceaccount-controller",
+        "serviceaccount-token-controller",
+        "namespace-controller",
+        "garbage-collector-controller",
+        "root-ca-certificate-publisher-controller",
+        # Type-checks ValidatingAdmissionPolicies into their status.
+        "validatingadmissionpolicy-status-controller",
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -85,7 +95,8 @@ def write_kubeconfig(
     return path
 
 
-def _https_ok(url: str, context: ssl.SSLContext) -> bool:
+def https_ok(url: str, context: ssl.SSLContext) -> bool:
+    """True when GET ``url`` answers 200."""
     try:
         with urllib.request.urlopen(url, context=context, timeout=5) as resp:
             return bool(resp.status == 200)
@@ -93,7 +104,8 @@ def _https_ok(url: str, context: ssl.SSLContext) -> bool:
         return False
 
 
-def _insecure() -> ssl.SSLContext:
+def insecure_context() -> ssl.SSLContext:
+    """A TLS client context that checks no certificate."""
     # Self-signed serving certificates of kube-controller-manager and
     # kube-scheduler, made at their start: only their /healthz is read.
     ctx = ssl.create_default_context()
@@ -169,6 +181,9 @@ class ControlPlane:
             self.bins["kube-apiserver"].path,
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
+            # The reconciler would publish the advertise address as the
+            # `kubernetes` Service's endpoint, and refuses a loopback one.
+            "--endpoint-reconciler-type=none",
             f"--secure-port={self.api_port}",
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             f"--tls-cert-file={self.pki.server_cert}",
@@ -196,7 +211,7 @@ class ControlPlane:
 
     def api_ready(self) -> bool:
         """True when kube-apiserver's /readyz answers 200."""
-        return _https_ok(f"{self.server}/readyz", self._api_context)
+        return https_ok(f"{self.server}/readyz", self._api_context)
 
     def restart_apiserver(self, sig: int = signal.SIGTERM) -> None:
         """Stop kube-apiserver and start it again on the same port."""
@@ -208,7 +223,10 @@ class ControlPlane:
     def _start_controller_manager(self) -> None:
         assert self.pki is not None
         kubeconfig = write_kubeconfig(
-            self.path("controller-manager.kubeconfig"), self.server, self.pki.ca, client=self.pki.controller_manager
+            self.path("controller-manager.kubeconfig"),
+            self.server,
+            self.pki.ca,
+            client=self.pki.controller_manager,
         )
         port = free_port()
         argv = [
@@ -229,7 +247,7 @@ class ControlPlane:
             "kube-controller-manager",
             argv,
             self.path("logs"),
-            lambda: _https_ok(f"https://127.0.0.1:{port}/healthz", _insecure()),
+            lambda: https_ok(f"https://127.0.0.1:{port}/healthz", insecure_context()),
         )
 
     def _start_scheduler(self) -> None:
@@ -252,7 +270,7 @@ class ControlPlane:
             "kube-scheduler",
             argv,
             self.path("logs"),
-            lambda: _https_ok(f"https://127.0.0.1:{port}/healthz", _insecure()),
+            lambda: https_ok(f"https://127.0.0.1:{port}/healthz", insecure_context()),
         )
 
     def kubectl(

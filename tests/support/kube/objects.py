@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from typing import Any
 
 from rdma_cni.kube.client import ApiClient
@@ -45,7 +44,13 @@ def create_node(cp: ControlPlane, name: str, annotations: dict[str, str] | None 
     # The status given at create is kept for Nodes; set it through the
     # subresource as well, as a kubelet does, in case a version drops it.
     cp.kubectl(
-        "patch", "node", name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": doc["status"]})
+        "patch",
+        "node",
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": doc["status"]}),
     )
     cp.kubectl("taint", "node", name, f"{NOT_READY_TAINT}:NoSchedule-", check=False)
     return dict(cp.get("node", name))
@@ -100,8 +105,3 @@ def token_claims(token: str) -> dict[str, Any]:
     """The (unverified) claims of a service-account JWT, for checking what was issued."""
     payload = token.split(".")[1]
     return dict(json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
-
-
-def unique_suffix() -> str:
-    """A suffix that keeps parallel sessions' objects apart."""
-    return f"{os.getpid()}"

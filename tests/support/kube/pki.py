@@ -67,7 +67,9 @@ def make_pki(directory: str) -> Pki:
         check=True,
         capture_output=True,
     )
-    subprocess.run(["openssl", "pkey", "-in", sa_key, "-pubout", "-out", sa_pub], check=True, capture_output=True)
+    subprocess.run(
+        ["openssl", "pkey", "-in", sa_key, "-pubout", "-out", sa_pub], check=True, capture_output=True
+    )
     return Pki(
         directory=directory,
         ca=ca[0],

@@ -20,14 +20,13 @@ from __future__ import annotations
 import http.client
 import os
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from tests.support.kube.controlplane import REPO, ControlPlane, write_kubeconfig
+from tests.support.kube.controlplane import REPO, ControlPlane, https_ok, insecure_context, write_kubeconfig
 from tests.support.kube.process import Component, free_port, start_component
 
 CONF = os.path.join(REPO, "conf")
@@ -150,7 +149,9 @@ def start_rdma_scheduler(
         (key, text), *rest = configmap["data"].items()
         assert not rest, "one configuration file in the ConfigMap"
         config = yaml.safe_load(text)
-        kubeconfig = write_kubeconfig(cp.path(f"{tag}-scheduler.kubeconfig"), cp.server, cp.pki.ca, token=token)
+        kubeconfig = write_kubeconfig(
+            cp.path(f"{tag}-scheduler.kubeconfig"), cp.server, cp.pki.ca, token=token
+        )
         config.setdefault("clientConnection", {})["kubeconfig"] = kubeconfig
         for entry in config.get("extenders", []):
             prefix = entry["urlPrefix"]
@@ -175,20 +176,13 @@ def start_rdma_scheduler(
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
         ]
-        from tests.support.kube.controlplane import _https_ok, _insecure
-
         scheduler = start_component(
             f"{tag}-kube-scheduler",
             sched_argv,
             cp.path("logs"),
-            lambda: _https_ok(f"https://127.0.0.1:{port}/healthz", _insecure()),
+            lambda: https_ok(f"https://127.0.0.1:{port}/healthz", insecure_context()),
         )
     except BaseException:
         extender.stop()
         raise
     return RdmaScheduler(extender, scheduler, ports["--listen"], probe, ports.get("--metrics-listen"), config)
-
-
-def run_extender_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """``rdma-cni`` with ``args`` (for one-off subcommands)."""
-    return subprocess.run([*plugin_command(), *args], capture_output=True, text=True, timeout=60)
