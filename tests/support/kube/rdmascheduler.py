@@ -12,7 +12,10 @@ replaced:
 - fixed ports: each ``--*listen=ADDR:PORT`` becomes ``127.0.0.1:<free port>``
   (the probe and metrics listeners included, which the pod opens on 0.0.0.0 for
   the kubelet and Prometheus), and the extender's ``urlPrefix`` follows the
-  extender's port; kube-scheduler's serving port is a free one too.
+  extender's port; kube-scheduler's serving port is a free one too;
+- kube-scheduler calls the extender through a recorder
+  (tests/support/kube/recorder.py) that forwards every call unchanged and
+  remembers which pod each was about.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import yaml
 
 from tests.support.kube.controlplane import REPO, ControlPlane, https_ok, insecure_context, write_kubeconfig
 from tests.support.kube.process import Component, free_port, start_component
+from tests.support.kube.recorder import Recorder, start_recorder
 
 CONF = os.path.join(REPO, "conf")
 _LISTEN = re.compile(r"^(--(?:[a-z]+-)?listen)=(.*):(\d+)$")
@@ -71,10 +75,12 @@ class RdmaScheduler:
     probe_port: int
     metrics_port: int | None
     config: dict[str, Any]
+    recorder: Recorder
 
     def stop(self) -> None:
-        """Stop kube-scheduler, then the extender."""
+        """Stop kube-scheduler, then the recorder and the extender."""
         self.scheduler.stop()
+        self.recorder.stop()
         self.extender.stop()
 
     def metrics(self) -> str:
@@ -141,6 +147,7 @@ def start_rdma_scheduler(
     )
 
     # kube-scheduler with the ConfigMap the API server holds.
+    recorder = start_recorder(ports["--listen"])
     try:
         volume = next(
             v for v in deployment["spec"]["template"]["spec"]["volumes"] if v.get("configMap") is not None
@@ -156,7 +163,7 @@ def start_rdma_scheduler(
         for entry in config.get("extenders", []):
             prefix = entry["urlPrefix"]
             assert re.fullmatch(r"https?://127\.0\.0\.1:\d+", prefix), prefix
-            entry["urlPrefix"] = f"{prefix.rsplit(':', 1)[0]}:{ports['--listen']}"
+            entry["urlPrefix"] = f"{prefix.rsplit(':', 1)[0]}:{recorder.port}"
         config_path = cp.path(f"{tag}-scheduler-config.yaml")
         with open(config_path, "w") as f:
             yaml.safe_dump(config, f)
@@ -183,6 +190,9 @@ def start_rdma_scheduler(
             lambda: https_ok(f"https://127.0.0.1:{port}/healthz", insecure_context()),
         )
     except BaseException:
+        recorder.stop()
         extender.stop()
         raise
-    return RdmaScheduler(extender, scheduler, ports["--listen"], probe, ports.get("--metrics-listen"), config)
+    return RdmaScheduler(
+        extender, scheduler, ports["--listen"], probe, ports.get("--metrics-listen"), config, recorder
+    )
