@@ -27,7 +27,7 @@ def doc_table() -> dict[str, tuple[list[str], set[Right]]]:
     text = DEPLOY.read_text()
     section = text[text.index(HEADING) :].split("\n\n", 2)[2]
     rows: dict[str, tuple[list[str], set[Right]]] = {}
-    for line in section.splitlines():
+    for line in section.splitlines()[2:]:  # after the header and its rule
         if not line.startswith("| `"):
             break
         account, builtins, rights = (cell.strip() for cell in line.strip("|").split("|"))

@@ -95,7 +95,7 @@ def start_recorder(target_port: int) -> Recorder:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as kube-scheduler's client expects
 
-        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY:
                 self.send_error(413)
