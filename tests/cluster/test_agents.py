@@ -99,7 +99,9 @@ def test_an_agent_wins_back_its_annotation_after_a_conflicting_write(
     agent = agents[0]
     mine = wait_for(lambda: published(applied, agent.name), 60, "a state")
     # Another writer (an admin, a stale agent) leaves a state with no PFs.
-    other = nodestate.encode(dataclasses.replace(mine, generation=10_000, pfs=(), allocations=()))
+    other = nodestate.encode(
+        dataclasses.replace(mine, generation=10_000, pfs=(), networks=(), allocations=())
+    )
     applied.kubectl("annotate", "node", agent.name, "--overwrite", f"{nodestate.ANNOTATION}={other}")
     state = wait_for(
         lambda: (s := published(applied, agent.name)) and s.pfs and s, 30, "the agent to rewrite its state"
