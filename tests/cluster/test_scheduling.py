@@ -9,6 +9,7 @@ published states the bound pods must fit (placement's independent oracle).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -192,3 +193,90 @@ def test_requests_in_multus_cni_args_are_placed_too(cluster: Cluster) -> None:
     )
     messages = wait_for(lambda: failed_scheduling(c, name), 60, "a FailedScheduling event")
     assert any("rdma-cni: needs 26000 Mbit/s" in m for m in messages), messages
+
+
+def test_preemption_for_bandwidth_alone_evicts_nobody(cluster: Cluster) -> None:
+    """What kube-scheduler v1.37 really does when only RDMA bandwidth is short.
+
+    Its preemption picks victims with its own filters, which know CPU, memory
+    and pods but not VFs or bandwidth: every victim is reprieved, a node
+    without victims is no candidate ("expected at least one victim pod"), and
+    the extender's preempt verb is never called. No pod is evicted; the
+    preemptor waits until bandwidth is freed otherwise (docs/scheduling.md).
+    """
+    c = cluster
+    low, high = unique("low"), unique("high")
+    for pc, value in ((low, 100), (high, 1000)):
+        c.cp.kubectl("create", "priorityclass", pc, f"--value={value}")
+    # One PF of 40000, filled by low pods held there by a nodeSelector.
+    node = unique("sched-preempt")
+    state = so.state([("ens9f0", 40_000, 4)])
+    create_node(c.cp, node, {nodestate.ANNOTATION: nodestate.encode(state)})
+    c.states[node] = state
+    victims = {unique("v25"): 25_000, unique("v10"): 10_000, unique("v5"): 5_000}
+    for name, rate in victims.items():
+        rdma_pod(c, name, [{"min_tx_rate": rate}], priority_class=low, on_node=node)
+    wait_for(
+        lambda: all(pods(c)[n]["spec"].get("nodeName") == node for n in victims),
+        90,
+        "the low pods on their node",
+    )
+    preempts = c.rs.recorder.count("preempt")
+    # 25000 more would fit once the 25000 pod were gone.
+    preemptor = unique("preemptor")
+    rdma_pod(c, preemptor, [{"min_tx_rate": 25_000}], priority_class=high, on_node=node)
+    messages = wait_for(
+        lambda: [m for m in failed_scheduling(c, preemptor) if "preemption:" in m],
+        60,
+        "the preemption's verdict",
+    )
+    assert any("rdma-cni: needs 25000 Mbit/s" in m for m in messages), messages
+    time.sleep(3)
+    current = pods(c)
+    assert all(n in current and not current[n]["metadata"].get("deletionTimestamp") for n in victims)
+    assert not current[preemptor]["spec"].get("nodeName")
+    assert c.rs.recorder.count("preempt") == preempts
+    assert_not_over_committed(c)
+
+
+def test_preemption_through_the_preempt_verb_evicts_the_victim_that_frees_bandwidth(cluster: Cluster) -> None:
+    """CPU makes kube-scheduler preempt; the extender keeps the node only where the victims free bandwidth."""
+    c = cluster
+    low, high = unique("low"), unique("high")
+    for pc, value in ((low, 100), (high, 1000)):
+        c.cp.kubectl("create", "priorityclass", pc, f"--value={value}")
+    node = unique("sched-cpu")
+    state = so.state([("ens8f0", 40_000, 4)])
+    create_node(c.cp, node, {nodestate.ANNOTATION: nodestate.encode(state)}, cpu="1")
+    c.states[node] = state
+    big, small = unique("v25"), unique("v10")
+    rdma_pod(c, big, [{"min_tx_rate": 25_000}], priority_class=low, on_node=node, cpu="600m")
+    rdma_pod(c, small, [{"min_tx_rate": 10_000}], priority_class=low, on_node=node, cpu="100m")
+    wait_for(
+        lambda: all(pods(c)[n]["spec"].get("nodeName") == node for n in (big, small)), 90, "the low pods"
+    )
+    preempts = c.rs.recorder.count("preempt")
+    # 600m CPU: kube-scheduler must evict the 600m pod, whose 25000 Mbit/s also makes room.
+    preemptor = unique("preemptor")
+    rdma_pod(c, preemptor, [{"min_tx_rate": 25_000}], priority_class=high, on_node=node, cpu="600m")
+    # The victim is deleted (grace 0: at once, as a kubelet would confirm).
+    wait_for(lambda: big not in pods(c), 60, "the victim's eviction")
+    # Then its CNI DEL runs and the node's agent publishes the freed state: a
+    # Node update, on which kube-scheduler tries the preemptor again. The
+    # extender ends a deleted pod's reservation within its 10 s pod check.
+    time.sleep(11)
+    republished = dataclasses.replace(state, generation=state.generation + 1, updated=so.stamp())
+    c.cp.kubectl(
+        "annotate", "node", node, "--overwrite", f"{nodestate.ANNOTATION}={nodestate.encode(republished)}"
+    )
+    try:
+        wait_for(
+            lambda: pods(c).get(preemptor, {}).get("spec", {}).get("nodeName") == node, 60, "the preemptor"
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {failed_scheduling(c, preemptor)}") from None
+    current = pods(c)
+    assert big not in current
+    assert small in current and not current[small]["metadata"].get("deletionTimestamp")
+    assert c.rs.recorder.count("preempt") > preempts
+    assert_not_over_committed(c)

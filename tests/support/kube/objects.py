@@ -18,9 +18,9 @@ from tests.support.kube.controlplane import ControlPlane, write_kubeconfig
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
 
-def node_doc(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def node_doc(name: str, annotations: dict[str, str] | None = None, cpu: str = "16") -> dict[str, Any]:
     """A Node as a kubelet would register it, Ready, with room for 110 pods."""
-    capacity = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+    capacity = {"cpu": cpu, "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"}
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -37,9 +37,11 @@ def node_doc(name: str, annotations: dict[str, str] | None = None) -> dict[str, 
     }
 
 
-def create_node(cp: ControlPlane, name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def create_node(
+    cp: ControlPlane, name: str, annotations: dict[str, str] | None = None, cpu: str = "16"
+) -> dict[str, Any]:
     """Create a Ready, untainted Node; returns it as stored."""
-    doc = node_doc(name, annotations)
+    doc = node_doc(name, annotations, cpu)
     cp.kubectl("create", "-f", "-", input=json.dumps(doc))
     # The status given at create is kept for Nodes; set it through the
     # subresource as well, as a kubelet does, in case a version drops it.
@@ -65,11 +67,13 @@ def pod_doc(
     node: str | None = None,
     account: str | None = None,
     priority_class: str | None = None,
+    on_node: str | None = None,
+    cpu: str = "10m",
 ) -> dict[str, Any]:
     """A pod that never runs (there is no kubelet): one container, small requests."""
     spec: dict[str, Any] = {
         "containers": [
-            {"name": "c", "image": "registry.invalid/none:1", "resources": {"requests": {"cpu": "10m"}}}
+            {"name": "c", "image": "registry.invalid/none:1", "resources": {"requests": {"cpu": cpu}}}
         ],
         "terminationGracePeriodSeconds": 0,
     }
@@ -81,6 +85,8 @@ def pod_doc(
         spec["serviceAccountName"] = account
     if priority_class:
         spec["priorityClassName"] = priority_class
+    if on_node:  # a nodeSelector: the scheduler still decides, among one node
+        spec["nodeSelector"] = {"kubernetes.io/hostname": on_node}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
