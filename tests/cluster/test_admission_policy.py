@@ -57,6 +57,7 @@ def agents(applied: ControlPlane) -> Iterator[Agents]:
         client_for_token(applied, unbound, "agent-unbound") as u,
     ):
         yield Agents(applied, node_a, node_b, b, u)
+    applied.kubectl("delete", "node", node_a, node_b, "--wait=false", check=False)
 
 
 def _state() -> str:

@@ -63,7 +63,7 @@ def agents(applied: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> I
         yield started
     finally:
         for agent in started:
-            stop_agent(agent)
+            stop_agent(applied, agent)
 
 
 def test_three_agents_publish_their_nodes_through_the_policy(

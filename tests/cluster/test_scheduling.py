@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +26,7 @@ from rdma_cni.shared import nodestate
 from rdma_cni.shared.placement import PfState, Request
 from tests.cluster.conftest import unique, wait_for_service_account
 from tests.support import sched_objects as so
-from tests.support.kube.controlplane import ControlPlane
+from tests.support.kube.controlplane import REPO, ControlPlane
 from tests.support.kube.objects import create, create_node, pod_doc
 from tests.support.kube.rdmascheduler import RdmaScheduler, container, find, manifest
 from tests.support.placement_oracle import reference_fits
@@ -66,8 +69,21 @@ def cluster(applied: ControlPlane, rdma_scheduler: RdmaScheduler) -> Iterator[Cl
         state = so.state([pf])
         create_node(applied, name, {nodestate.ANNOTATION: nodestate.encode(state)})
         states[name] = state
-    yield Cluster(applied, rdma_scheduler, namespace, states)
+    cluster = Cluster(applied, rdma_scheduler, namespace, states)
+    yield cluster
     applied.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    # Including the nodes tests added: no later module schedules onto them.
+    applied.kubectl("delete", "node", *cluster.states, "--wait=false", check=False)
+
+
+@pytest.fixture(autouse=True)
+def _pending_pods_deleted(cluster: Cluster) -> Iterator[None]:
+    # A pod a test leaves Pending would take the room a later test's node offers.
+    yield
+    pending = [n for n, p in pods(cluster).items() if not p["spec"].get("nodeName")]
+    if pending:
+        cluster.cp.kubectl("delete", "pod", *pending, "-n", cluster.namespace, "--grace-period=0", "--force")
+        wait_for(lambda: not set(pending) & set(pods(cluster)), 60, "pending pods deleted")
 
 
 def rdma_pod(c: Cluster, name: str, request: list[dict[str, int]], **kw: Any) -> None:
@@ -280,3 +296,63 @@ def test_preemption_through_the_preempt_verb_evicts_the_victim_that_frees_bandwi
     assert small in current and not current[small]["metadata"].get("deletionTimestamp")
     assert c.rs.recorder.count("preempt") > preempts
     assert_not_over_committed(c)
+
+
+def test_the_extender_killed_mid_burst_rebuilds_its_reservations(cluster: Cluster) -> None:
+    c = cluster
+    node = unique("sched-burst")
+    state = so.state([("ens7f0", 20_000, 8)])
+    create_node(c.cp, node, {nodestate.ANNOTATION: nodestate.encode(state)})
+    c.states[node] = state
+    names = [unique("burst") for _ in range(10)]
+    for name in names:  # 5 of 4000 fit the 20000
+        rdma_pod(c, name, [{"min_tx_rate": 4000}], on_node=node)
+    wait_for(lambda: sum(1 for n in names if pods(c)[n]["spec"].get("nodeName")) >= 2, 60, "two binds")
+    # SIGKILL mid-burst: the reservations of pods bound but not published live only in the process.
+    c.rs.extender.stop(signal.SIGKILL)
+    c.rs.extender.start()
+    c.rs.extender.wait_ready(c.rs.ready, 90)
+    bound = wait_for(
+        lambda: (b := [n for n in names if pods(c)[n]["spec"].get("nodeName")]) and len(b) >= 5 and b,
+        120,
+        "five pods bound",
+    )
+    time.sleep(5)  # kube-scheduler keeps retrying the other five meanwhile
+    assert len([n for n in names if pods(c)[n]["spec"].get("nodeName")]) == len(bound) == 5
+    assert_not_over_committed(c)
+
+
+WIRE_FIXTURE = Path(REPO) / "tests" / "unit" / "data" / "kube-scheduler-extender-wire.json"
+
+
+def _shape(doc: Any) -> Any:
+    """The keys of a document, nested (values left out), for comparing wires."""
+    if isinstance(doc, dict):
+        return {k: _shape(v) for k, v in doc.items() if k not in ("annotations", "labels")}
+    if isinstance(doc, list):
+        return [_shape(doc[0])] if doc else []
+    return type(doc).__name__
+
+
+def test_the_recorded_wire_is_what_kube_scheduler_sends(cluster: Cluster) -> None:
+    """The unit tier replays kube-scheduler's calls recorded here; this run's calls have their shape.
+
+    ``RDMA_CNI_RECORD_WIRE=1`` rewrites the fixture from this run (after a
+    Kubernetes upgrade). It runs last in this module, after the preemption.
+    """
+    whole = cluster.rs.recorder.whole
+    verbs = ("filter", "prioritize", "preempt", "bind")
+    if not all(whole.get(v) for v in verbs):
+        pytest.skip(
+            f"this run made no call of {[v for v in verbs if not whole.get(v)]} (run the whole module)"
+        )
+    recorded = {v: whole[v][0] for v in verbs}
+    if os.environ.get("RDMA_CNI_RECORD_WIRE") == "1":
+        doc = {"kubernetes": cluster.cp.version, "calls": recorded}
+        WIRE_FIXTURE.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    fixture = json.loads(WIRE_FIXTURE.read_text())
+    assert fixture["kubernetes"] == cluster.cp.version, (
+        "re-record the wire: RDMA_CNI_RECORD_WIRE=1 make cluster"
+    )
+    for verb in verbs:
+        assert _shape(recorded[verb]["request"]) == _shape(fixture["calls"][verb]["request"]), verb

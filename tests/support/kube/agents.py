@@ -120,7 +120,8 @@ def start_agent(
     return Agent(node, name, process, directory)
 
 
-def stop_agent(agent: Agent) -> None:
-    """Stop the agent and take its simulated node down."""
+def stop_agent(cp: ControlPlane, agent: Agent) -> None:
+    """Stop the agent, take its simulated node down and delete its Node (no later test sees it)."""
     agent.process.stop()
     agent.node.down()
+    cp.kubectl("delete", "node", agent.name, "--wait=false", check=False)

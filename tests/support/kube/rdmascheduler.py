@@ -83,6 +83,10 @@ class RdmaScheduler:
         self.recorder.stop()
         self.extender.stop()
 
+    def ready(self) -> bool:
+        """True when the extender's /readyz answers 200 (node cache synced, reservations rebuilt)."""
+        return _probe_ready(self.probe_port)
+
     def metrics(self) -> str:
         """The extender's /metrics page."""
         assert self.metrics_port is not None
