@@ -322,6 +322,30 @@ def test_the_extender_killed_mid_burst_rebuilds_its_reservations(cluster: Cluste
     assert_not_over_committed(c)
 
 
+def test_the_extenders_watch_relists_after_410_when_the_api_server_restarts(cluster: Cluster) -> None:
+    c = cluster
+    log = Path(c.rs.extender.log)
+    relists = log.read_text().count("is too old, relisting")
+    # A restarted kube-apiserver's watch cache starts at the current revision:
+    # the extender's resumed node watch is older, and the server answers 410.
+    c.cp.restart_apiserver()
+    wait_for(lambda: log.read_text().count("is too old, relisting") > relists, 90, "the extender's relist")
+    # kube-scheduler lost its lease while the server was down and exited, as
+    # it does in its pod, where the kubelet starts it again: so here.
+    time.sleep(2)
+    assert c.rs.restart_exited() in ([], [c.rs.scheduler.name])
+    assert c.rs.extender.alive()
+    # It follows Nodes again: one published after the restart is judged.
+    node = unique("sched-after")
+    state = so.state([("ens6f0", 25_000, 2)])
+    create_node(c.cp, node, {nodestate.ANNOTATION: nodestate.encode(state)})
+    c.states[node] = state
+    name = unique("after")
+    rdma_pod(c, name, [{"min_tx_rate": 20_000}], on_node=node)
+    wait_for(lambda: pods(c)[name]["spec"].get("nodeName") == node, 90, "a bind on the new node")
+    assert_not_over_committed(c)
+
+
 WIRE_FIXTURE = Path(REPO) / "tests" / "unit" / "data" / "kube-scheduler-extender-wire.json"
 
 

@@ -76,12 +76,33 @@ class RdmaScheduler:
     metrics_port: int | None
     config: dict[str, Any]
     recorder: Recorder
+    scheduler_port: int = 0
 
     def stop(self) -> None:
         """Stop kube-scheduler, then the recorder and the extender."""
         self.scheduler.stop()
         self.recorder.stop()
         self.extender.stop()
+
+    def restart_exited(self, timeout: float = 90) -> list[str]:
+        """Start again what exited, as the kubelet restarts a pod's container; returns the names.
+
+        kube-scheduler with leader election exits when it cannot renew its
+        lease (kube-apiserver down for longer than its renew deadline).
+        """
+        restarted = []
+        for component, ready in (
+            (self.extender, self.ready),
+            (
+                self.scheduler,
+                lambda: https_ok(f"https://127.0.0.1:{self.scheduler_port}/healthz", insecure_context()),
+            ),
+        ):
+            if not component.alive():
+                component.start()
+                component.wait_ready(ready, timeout)
+                restarted.append(component.name)
+        return restarted
 
     def ready(self) -> bool:
         """True when the extender's /readyz answers 200 (node cache synced, reservations rebuilt)."""
@@ -198,5 +219,5 @@ def start_rdma_scheduler(
         extender.stop()
         raise
     return RdmaScheduler(
-        extender, scheduler, ports["--listen"], probe, ports.get("--metrics-listen"), config, recorder
+        extender, scheduler, ports["--listen"], probe, ports.get("--metrics-listen"), config, recorder, port
     )
