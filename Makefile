@@ -5,6 +5,8 @@ CC     ?= cc
 VENV   := .venv
 BIN    := $(VENV)/bin
 BINARY := dist/rdma-cni
+# The host side of the thick design: static, runs on any glibc (docs/deploy.md).
+SHIM   := dist/rdma-cni-shim
 # The agent's NRI and ttrpc messages: compiled from the package's own .proto
 # files by grpcio-tools (a test and build dependency) into *_pb2.py next to them,
 # which are not committed (.gitignore) and never linted. Everything that imports
@@ -20,7 +22,7 @@ RUNTIME_PACKAGES := podman runc conmon containerd
 DEB_PACKAGES     := $(DEMO_PACKAGES) $(RUNTIME_PACKAGES) openssl strace \
 	debootstrap busybox-static cpio xz-utils zstd golang-go golang-github-appc-cni-dev
 
-.PHONY: all deps deps-check venv proto build demo test unit integration e2e runtime faults components cluster bench lint clean
+.PHONY: all deps deps-check venv proto build cnitool demo test unit integration e2e runtime faults oldroot components cluster bench lint clean
 
 all: build
 
@@ -52,12 +54,32 @@ proto: $(GENERATED)
 $(GENERATED): %_pb2.py: %.proto $(VENV)/.stamp
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. $<
 
-build: $(BINARY)
+build: $(BINARY) $(SHIM)
+# Static and without glibc's name service (no getpw*, getaddrinfo): no PT_INTERP,
+# no DT_NEEDED, nothing of the host's libc loaded (tests/oldroot checks).
+$(SHIM): launcher/shim.c launcher/shim.h
+	mkdir -p dist
+	$(CC) -O2 -Wall -Wextra -Werror -static -o $@ launcher/shim.c
 $(BINARY): $(VENV)/.stamp $(SRC) launcher/launcher.c launcher/warm.c launcher/warm.h launcher/guard.c launcher/guard.h scripts/pack_launcher.py
 	PYINSTALLER_CONFIG_DIR=$(CURDIR)/build/pyinstaller-cache $(BIN)/pyinstaller --noconfirm --clean --log-level WARN build.spec
 	mkdir -p build
 	$(CC) -O2 -Wall -Wextra -Werror -static -o build/launcher launcher/launcher.c launcher/warm.c launcher/guard.c
 	$(BIN)/python scripts/pack_launcher.py --launcher build/launcher --tree dist/rdma-cni-dir --output $(BINARY)
+
+# Go programs the tests run, built with Go 1.26 (by its full path: Debian's Go 1.19,
+# /usr/bin/go, builds tests/e2e/cnirun) from the project's own go.mod/go.sum under
+# gobuild/, into a cache outside the tree keyed by version: a warm cache is a no-op.
+GO1_26      := /usr/local/go/bin/go
+BUILD_CACHE := /var/cache/rdma-cni-build
+CNITOOL_VERSION := v1.3.0
+CNITOOL     := $(BUILD_CACHE)/cnitool-$(CNITOOL_VERSION)/cnitool
+
+cnitool: $(CNITOOL)  ## cnitool (containernetworking/cni) for the docs and the integration tier
+$(CNITOOL):
+	mkdir -p $(@D)
+	cd gobuild/cnitool && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=readonly \
+		$(GO1_26) build -trimpath -ldflags='-s -w' -o $@.tmp github.com/containernetworking/cni/cnitool
+	mv $@.tmp $@
 
 # deps-check first, then build (a sub-make, so that -j cannot build before the
 # packages are there).
@@ -67,13 +89,13 @@ demo: deps-check  ## a simulated node, then VERSION, STATUS, inventory, ADD, CHE
 
 # The README's test command: unit and integration tiers, the integration tier
 # driving the built binary.
-test: build
+test: build cnitool
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/unit tests/integration
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
 
-integration: build
+integration: build cnitool
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q tests/integration
 
 # Real container runtimes (root; packages from make deps): containerd over CRI
@@ -85,6 +107,13 @@ runtime: build
 # pods; RDMA_CNI_FAULT_SEED replays a run, RDMA_CNI_FAULT_SCALE sizes it.
 faults: build
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/faults
+
+# The host side in a Debian 11 root (glibc 2.31, debootstrapped once into
+# /var/cache/rdma-cni-build/bullseye-root-v1 by scripts/oldroot.sh): the shim
+# installed there as the installer would, verbs run from inside it against the
+# CNI server on the simulated node; the glibc floor of what the host loads.
+oldroot: build
+	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/oldroot
 
 e2e: build  ## QEMU guest with an emulated SR-IOV NIC (igb), driven by a libcni runtime
 	$(BIN)/pytest -q -p no:cacheprovider -m e2e tests/e2e

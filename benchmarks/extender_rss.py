@@ -100,7 +100,9 @@ def post(port: int, data: bytes | None, length: int | None = None) -> str:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
             size = len(data) if data is not None else length
-            sock.sendall(b"POST /filter HTTP/1.1\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % size)
+            sock.sendall(
+                b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % size
+            )
             if data is not None:
                 with contextlib.suppress(OSError):  # refused (503) before all of it was read
                     sock.sendall(data)

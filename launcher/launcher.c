@@ -9,8 +9,8 @@
  * hash, and every start after that is a single execv() of the cached
  * program.
  *
- * Cache: $RDMA_CNI_CACHE_DIR, else /var/cache/rdma-cni for root, else
- * /tmp/rdma-cni-<uid>. It must be a directory owned by us and not writable by
+ * Cache: $RDMA_CNI_CACHE_DIR, else /var/cache/rdma-cni for root (/tmp/rdma-cni-0
+ * when that is on a read-only filesystem), else /tmp/rdma-cni-<uid>. It must be a directory owned by us and not writable by
  * group or others, or nothing runs from it. A tree is unpacked into a private
  * temporary directory, flushed, and renamed into place, so a reader never
  * sees a half-written tree and concurrent first starts settle on one copy.
@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -168,6 +169,25 @@ static void check_private_dir(const char *dir)
             "(set RDMA_CNI_CACHE_DIR to another)", 0);
 }
 
+/* Whether PATH, or the nearest of its parents that exists, is on a read-only
+ * filesystem. A container run with a read-only root (the DaemonSet's
+ * readOnlyRootFilesystem, podman --read-only) can neither create nor fill
+ * /var/cache/rdma-cni, and no writable volume is mounted there. */
+static int on_read_only_fs(const char *path)
+{
+    char at[PATH_MAX];
+    path_printf(at, "%s", path);
+    for (;;) {
+        struct statvfs fs;
+        if (statvfs(at, &fs) == 0)
+            return (fs.f_flag & ST_RDONLY) != 0;
+        char *slash = strrchr(at, '/');
+        if (errno != ENOENT || !slash || !strcmp(at, "/"))
+            return 0;
+        slash[slash == at] = '\0'; /* "/var" -> "/" */
+    }
+}
+
 static void unpack(int self, const struct trailer *t, const char *base, const char *target)
 {
     char tmp[PATH_MAX];
@@ -248,7 +268,7 @@ int main(int argc, char **argv)
     const char *env_base = getenv("RDMA_CNI_CACHE_DIR");
     if (env_base && *env_base)
         path_printf(base, "%s", env_base);
-    else if (geteuid() == 0)
+    else if (geteuid() == 0 && !on_read_only_fs("/var/cache/rdma-cni"))
         path_printf(base, "/var/cache/rdma-cni");
     else
         path_printf(base, "/tmp/rdma-cni-%u", (unsigned)geteuid());

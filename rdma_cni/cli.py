@@ -40,10 +40,13 @@ As a CNI plugin it is run by the container runtime with CNI_COMMAND set
 Operator subcommands:
   rdma-cni inventory [--pretty] [--config FILE]   print the node's SR-IOV/RDMA state as JSON
   rdma-cni install [options]                      DaemonSet entry point: install into /opt/cni/bin
+  rdma-cni doctor [--json] [options]              check this node: exit 0 ok, 1 warning, 2 failure
   rdma-cni nodes [--fits JSON] [--json] [--kubeconfig FILE]
                                                   per node: free bandwidth and VFs, where a request fits
   rdma-cni scheduler-extender --listen ADDR:PORT [options]
                                                   kube-scheduler extender (see docs/scheduling.md)
+  rdma-cni cni-server [--socket PATH] [--plugin PATH]
+                                                  run the verbs the host's shim hands over (docs/deploy.md)
   rdma-cni --version
 
 The launcher also starts `rdma-cni warm-server` by itself (see docs/architecture.md).
@@ -94,13 +97,15 @@ def run_cni(environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict[str, An
         )
         return 0, result
     except CniError as exc:
+        answer = exc.to_dict(_error_version(doc))
+        # The document's msg and details, bounded and escaped: they may quote what a pod wrote.
         log.error(
             "%s failed: %s%s",
             environ.get("CNI_COMMAND", "?"),
-            exc.msg,
-            f" ({exc.details})" if exc.details else "",
+            answer["msg"],
+            f" ({answer['details']})" if answer["details"] else "",
         )
-        return 1, exc.to_dict(_error_version(doc))
+        return 1, answer
     except Exception as exc:  # a bug: still answer with a CNI error document
         log.error("unexpected error:\n%s", traceback.format_exc())
         err = InternalError(
@@ -157,10 +162,16 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         from rdma_cni.inventory_cli import main as run_subcommand
     elif name == "install":
         from rdma_cni.install.command import main as run_subcommand
+    elif name == "doctor":
+        from rdma_cni.doctor import main as run_subcommand
     elif name == "nodes":
         from rdma_cni.nodes_cli import main as run_subcommand
     elif name == "scheduler-extender":
         from rdma_cni.extender.main import main as run_subcommand
+    elif name == "cni-server":
+        from rdma_cni.agent.cniserver import main as run_server
+
+        return run_server(rest)
     elif name == "warm-server":
         from rdma_cni.warm import main as run_warm
 

@@ -6,6 +6,11 @@ collector slot that reads a running object at scrape time (watching a new
 object replaces the old), serving a registry on a port of its own, and the
 ``ADDR:PORT`` option naming that port. ``prometheus_client`` is imported only
 to serve: ``rdma-cni install`` parses its options with the standard library.
+
+The page is served by the extender's own bounded listener
+(:mod:`rdma_cni.httpserve`: a connection cap, a deadline per phase), not by
+``prometheus_client``'s server, which keeps a thread per connection for as
+long as the client holds it; ``prometheus_client`` only renders the page.
 """
 
 from __future__ import annotations
@@ -30,11 +35,24 @@ class CollectorSlot:
         self.registry.register(collector)
 
 
-def serve(registry: Any, address: tuple[str, int]) -> Any:
-    """Serve ``registry`` on ``address`` in a daemon thread; returns the server (``shutdown()`` stops it)."""
-    from prometheus_client import start_http_server
+# Scrapers are few (one or two Prometheus replicas, an operator's curl): a small cap. A scraper that has
+# been answered once is never pushed out by connections that stall; the deadlines are the extender's.
+MAX_CONNECTIONS = 16
 
-    server, _thread = start_http_server(address[1], address[0], registry=registry)
+
+def serve(
+    registry: Any, address: tuple[str, int], *, max_connections: int = MAX_CONNECTIONS, **timeouts: float
+) -> Any:
+    """Serve ``registry`` on ``address`` in a daemon thread; returns the server (``shutdown()`` stops it).
+
+    ``timeouts`` are :class:`rdma_cni.httpserve.BoundedServer`'s (``request_timeout``, ``idle_timeout``).
+    """
+    import threading
+
+    from rdma_cni import metricspage
+
+    server = metricspage.MetricsServer(address, registry, max_connections=max_connections, **timeouts)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
 
 

@@ -7,6 +7,11 @@ placed. Verdicts come from the extender's own :class:`Decider` (the same
 views, staleness rule and placement search), so ``nodes --fits`` and the
 extender's filter agree on the same states. Reservations the extender holds
 in memory for binds not yet published are not visible here.
+
+What it prints comes from every node's agent and from the API server: the
+table escapes every cell (no control character, escape sequence or newline
+reaches the terminal, so one row stays one row), error text is bounded and
+escaped, and ``--json`` is JSON with every non-ASCII character escaped.
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demand
 from rdma_cni.shared import nodestate, placement
 from rdma_cni.shared.podrequest import PodRequest, parse_request
+from rdma_cni.shared.quote import bounded, escape
 
 __all__ = ["NODES", "demand_of", "judge", "main", "parser", "render_table", "report"]
 
 NODES = "/api/v1/nodes"
 PROG = "rdma-cni nodes"
+# An error printed (the API server's text among it) is cut to this many characters.
+_MAX_ERROR = 1000
 
 
 def _fits(value: str) -> PodRequest:
@@ -130,6 +138,8 @@ def report(
     for item in items:
         meta = item.get("metadata") or {}
         name = meta.get("name") or ""
+        if not isinstance(name, str):
+            name = json.dumps(name)[:64]  # not a Node the API server would list: shown, never trusted
         annotations = meta.get("annotations") or {}
         raw = annotations.get(annotation) if isinstance(annotations, dict) else None
         text = raw if isinstance(raw, str) else None
@@ -224,6 +234,9 @@ def render_table(doc: Mapping[str, Any]) -> str:
             header.append("NOTE")
         else:
             rows = [r[:-1] for r in rows]
+    # Node names come from the API server, PF names from each agent (the kernel allows escape
+    # sequences in an interface name), reasons quote both: every cell is escaped.
+    rows = [[escape(cell) for cell in r] for r in rows]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = []
     for r in [header, *rows]:
@@ -239,13 +252,15 @@ def main(argv: list[str], out: TextIO) -> int:
     try:
         client = kubeapi.ApiClient.from_kubeconfig(args.kubeconfig)
     except CniError as exc:
-        sys.stderr.write(f"{PROG}: {exc.msg}\n")
+        sys.stderr.write(f"{PROG}: {bounded(exc.msg, _MAX_ERROR)}\n")
         return 1
     try:
         with client:
             doc = client.list(NODES, metadata_only=True)
     except kubeapi.ApiError as exc:
-        sys.stderr.write(f"{PROG}: cannot list nodes at {client.server}: {exc.message}\n")
+        sys.stderr.write(
+            f"{PROG}: cannot list nodes at {client.server}: {bounded(exc.message, _MAX_ERROR)}\n"
+        )
         return 1
     result = report(
         doc.get("items") or [],
@@ -253,6 +268,7 @@ def main(argv: list[str], out: TextIO) -> int:
         demand=demand_of(args.fits, args.network),
         max_state_age=args.max_state_age,
     )
-    out.write(json.dumps(result, indent=2) + "\n" if args.json else render_table(result))
+    # ensure_ascii (json's default): escapes, control characters and newlines stay inside JSON strings.
+    out.write(json.dumps(result, indent=2, ensure_ascii=True) + "\n" if args.json else render_table(result))
     out.flush()
     return 0

@@ -51,12 +51,15 @@ import sys
 import time
 from collections.abc import Mapping
 
+from rdma_cni import cacheprune
 from rdma_cni.payload import payload_id
 
 SOCKET_NAME = "warm.sock"
 LOCK_NAME = "warm.lock"
 HELLO = b"RDMACNI-WARM-1"
 TREE_CHECK_SECONDS = 5.0
+# Other versions' trees are pruned at start and then this often (rdma_cni.cacheprune).
+PRUNE_EVERY_SECONDS = 6 * 3600.0
 # Launcher paths remembered at most (a node normally has one or two).
 MAX_LAUNCHERS = 16
 NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts")
@@ -262,11 +265,14 @@ class Server:
 
     def serve_forever(self) -> None:
         """Serve while :meth:`wanted` (checked every few seconds) and, with an idle timeout, not idle."""
-        next_check = 0.0
+        next_check = next_prune = 0.0
         while True:
             now = time.monotonic()
             left = None if self.idle is None else self.idle - (now - self.last_activity)
             if not self.children:
+                if now >= next_prune:
+                    prune_cache(self.tree)
+                    next_prune = now + PRUNE_EVERY_SECONDS
                 if left is not None and left <= 0:
                     return
                 if now >= next_check:
@@ -448,6 +454,12 @@ class Server:
             self.selector.unregister(conn)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
+
+
+def prune_cache(tree: str) -> None:
+    """Remove the trees of other versions nobody runs any more; a failure never stops the server."""
+    with contextlib.suppress(OSError):
+        cacheprune.prune(os.path.dirname(tree), os.path.basename(tree))
 
 
 def _stop(signo: int, _frame: object) -> None:

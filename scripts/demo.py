@@ -9,6 +9,7 @@ printing what each returns. Run as root: ``make demo``.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -17,8 +18,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tests.support import cnitool
 from tests.support.simnode import SimNode, SimPf, add_netns, del_netns
 
+NETWORK = "rdma-demo"
+LIBCNI_RESULTS = "/var/lib/cni/results"  # where cnitool's libcni caches each ADD's result
 REQUEST = [{"min_tx_rate": 15000, "max_tx_rate": 20000}, {"min_tx_rate": 5000}, {}]
 
 
@@ -53,8 +57,16 @@ def write_manual_setup(root: str, conf: dict[str, object], node: SimNode, binary
     os.symlink(binary, link)
     plugin = {k: v for k, v in conf.items() if k not in ("cniVersion", "name")}
     with open(os.path.join(netd, "10-rdma-demo.conflist"), "w") as f:
-        json.dump({"cniVersion": "1.0.0", "name": "rdma-demo", "plugins": [plugin]}, f, indent=2)
-    env = {**node.env(), "NETCONFPATH": netd, "CNI_PATH": f"{bindir}:/usr/lib/cni", "NETNS": netns}
+        json.dump({"cniVersion": "1.1.0", "name": NETWORK, "plugins": [plugin]}, f, indent=2)
+    env = {
+        **node.env(),
+        "NETCONFPATH": netd,
+        "CNI_PATH": f"{bindir}:/usr/lib/cni",
+        "CNI_IFNAME": "net1",
+        "NETNS": netns,
+        # make cnitool's build first on PATH: `cnitool` in the docs is that one.
+        "PATH": f"{os.path.dirname(cnitool.path())}:$PATH",
+    }
     with open(os.path.join(root, "env.sh"), "w") as f:
         f.writelines(f"export {k}={v}\n" for k, v in env.items())
     print(f"simulated node and pod netns {netns} are up; `source {root}/env.sh`, then run cnitool")
@@ -81,8 +93,10 @@ def main() -> int:
     node.down()
     # Records, leases and libcni's cache describe the simulated node just removed: a run
     # stopped half-way (a failed cnitool CHECK, say) would leave its VFs held in the next one.
-    for leftover in ("state", "ipam", "cnirun-cache"):
+    for leftover in ("state", "ipam"):
         shutil.rmtree(os.path.join(root, leftover), ignore_errors=True)
+    for cached in glob.glob(os.path.join(LIBCNI_RESULTS, f"{NETWORK}-cnitool-*")):
+        os.unlink(cached)
     if args.teardown:
         return 0
     node.up()
@@ -96,7 +110,7 @@ def main() -> int:
     }
     conf: dict[str, object] = {
         "cniVersion": "1.1.0",
-        "name": "rdma-demo",
+        "name": NETWORK,
         "type": "rdma-cni",
         "stateDir": os.path.join(root, "state"),
         "lockFile": os.path.join(root, "rdma-cni.lock"),

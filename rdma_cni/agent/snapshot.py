@@ -63,10 +63,11 @@ class NetworkView:
 
 
 def default_view() -> NetworkView:
-    """The plugin's defaults: every SR-IOV PF, link speed as capacity, ``auto``."""
-    from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR
+    """The plugin's defaults: every SR-IOV PF, link speed as capacity, ``auto``, under the built-in
+    network's name (a valid network name: readers refuse a state naming anything else)."""
+    from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_NETWORK_NAME, DEFAULT_STATE_DIR
 
-    return NetworkView(name="(defaults)", state_dir=DEFAULT_STATE_DIR, lock_file=DEFAULT_LOCK_FILE)
+    return NetworkView(name=DEFAULT_NETWORK_NAME, state_dir=DEFAULT_STATE_DIR, lock_file=DEFAULT_LOCK_FILE)
 
 
 def load_view(path: str) -> NetworkView:

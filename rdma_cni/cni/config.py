@@ -29,6 +29,7 @@ from pydantic import (
 
 from rdma_cni.cni.errors import InvalidConfig, UnsupportedField
 from rdma_cni.cni.protocol import SUPPORTED_VERSIONS, valid_ifname
+from rdma_cni.shared.names import NETWORK_NAME_PATTERN
 from rdma_cni.shared.podrequest import (
     DEFAULT_ANNOTATION,
     MAX_INTERFACES,
@@ -37,9 +38,13 @@ from rdma_cni.shared.podrequest import (
     RailLabel,
     format_errors,
 )
+from rdma_cni.shared.quote import quote
 
 log = logging.getLogger("rdma_cni.config")
 
+# The network the built-in conflist (install --write-conf), conf/ and the node agent without
+# --network-config describe: the plugin's defaults under the sample network's name.
+DEFAULT_NETWORK_NAME = "rdma-net"
 DEFAULT_STATE_DIR = "/var/lib/cni/rdma-cni"
 DEFAULT_LOCK_FILE = "/run/rdma-cni/rdma-cni.lock"
 
@@ -72,7 +77,7 @@ def parse_mac(value: Any, source: str) -> str:
     """
     if not isinstance(value, str) or not _MAC.fullmatch(value):
         raise InvalidConfig(
-            f"{source}: {json.dumps(value)[:100]} is not a MAC address (six hex octets separated by ':')"
+            f"{source}: {quote(value)} is not a MAC address (six hex octets separated by ':')"
         )
     mac = value.lower()
     if int(mac[:2], 16) & 1:
@@ -125,7 +130,8 @@ class NetConf(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     cniVersion: Literal["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
-    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")]
+    # The one network-name rule, which the node state checks too.
+    name: Annotated[str, Field(min_length=1, pattern=NETWORK_NAME_PATTERN)]
     type: str = "rdma-cni"
     ipam: IpamConfig | None = None
     dns: DnsConfig = DnsConfig()

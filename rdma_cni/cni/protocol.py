@@ -15,6 +15,11 @@ from typing import Any
 
 from rdma_cni.cni.errors import DecodeFailure, IncompatibleVersion, InvalidConfig, InvalidEnvironment
 
+# The interface-name rule lives in shared.names (the pod request uses it too); callers of the
+# CNI edge keep importing IFNAMSIZ and valid_ifname from here.
+from rdma_cni.shared.names import IFNAME_RULE, IFNAMSIZ, valid_ifname
+from rdma_cni.shared.quote import quote
+
 # 0.1.0 and 0.2.0 results hold a single ip4/ip6 pair and no interface list, so
 # they cannot describe a pod with several VFs: refused on purpose.
 SUPPORTED_VERSIONS: tuple[str, ...] = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
@@ -54,11 +59,6 @@ USED_ENV: dict[str, frozenset[str]] = {
 # Container IDs name record files: a conservative character set with no
 # separators, starting with an alphanumeric so "." and ".." are impossible.
 _CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}")
-# Printable ASCII only (no whitespace, control characters or non-ASCII), and
-# none of '/' and ':' (the kernel refuses them) or '%' (the kernel would treat
-# the name as a template like "eth%d" and pick another name).
-_IFNAME_FORBIDDEN = re.compile(r"[^\x21-\x7e]|[/:%]")
-IFNAMSIZ = 15
 
 # The largest network configuration read from stdin. Real ones (with a
 # prevResult and runtimeConfig) are a few kilobytes; the bound keeps a hostile
@@ -79,7 +79,7 @@ def check_version(version: object, verb: str) -> str:
     supported = ", ".join(SUPPORTED_VERSIONS)
     if not isinstance(version, str) or version not in SUPPORTED_VERSIONS:
         raise IncompatibleVersion(
-            f"incompatible CNI version {version!r}: supported versions are {supported}",
+            f"incompatible CNI version {quote(version)}: supported versions are {supported}",
             "0.1.0 and 0.2.0 cannot describe several interfaces and are not supported",
         )
     minimum = MIN_VERSION_FOR_VERB.get(verb)
@@ -113,28 +113,16 @@ def decode_stdin(raw: bytes) -> dict[str, Any]:
 
 
 def validate_ifname(name: str, what: str) -> str:
-    """Check a Linux interface name; ``what`` names its source in the error."""
+    """Check a Linux interface name (:data:`~rdma_cni.shared.names.IFNAME_RULE`); ``what`` names its source.
+
+    The name may be a pod's choice (Multus passes a selection's ``interface``
+    as CNI_IFNAME): the error quotes it bounded.
+    """
     if not name:
         raise InvalidEnvironment(f"{what} is empty: an interface name is 1-{IFNAMSIZ} characters")
-    # Characters first: past this check the name is ASCII, so len() counts bytes
-    # (and undecodable environment bytes, as surrogates, never reach .encode()).
-    if name in (".", "..") or _IFNAME_FORBIDDEN.search(name):
-        raise InvalidEnvironment(
-            f"{what}={name!r} is not a valid interface name (printable ASCII only; no '/', ':', "
-            "'%', whitespace, '.' or '..')"
-        )
-    if len(name) > IFNAMSIZ:
-        raise InvalidEnvironment(f"{what}={name!r} is longer than {IFNAMSIZ} characters")
+    if not valid_ifname(name):
+        raise InvalidEnvironment(f"{what}={quote(name)} is not a valid interface name ({IFNAME_RULE})")
     return name
-
-
-def valid_ifname(name: str) -> bool:
-    """True when ``name`` is acceptable as a Linux interface name."""
-    try:
-        validate_ifname(name, "name")
-    except InvalidEnvironment:
-        return False
-    return True
 
 
 def parse_cni_args(raw: str) -> dict[str, str]:
@@ -145,7 +133,7 @@ def parse_cni_args(raw: str) -> dict[str, str]:
             continue
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise InvalidEnvironment(f"CNI_ARGS is malformed: {item!r} is not KEY=VALUE")
+            raise InvalidEnvironment(f"CNI_ARGS is malformed: {quote(item)} is not KEY=VALUE")
         args[key] = value
     return args
 
@@ -205,7 +193,7 @@ def parse_env(environ: Mapping[str, str]) -> CniEnv:
         raise InvalidEnvironment("CNI_COMMAND is not set: expected one of " + ", ".join(VERBS))
     if command not in VERBS:
         raise InvalidEnvironment(
-            f"CNI_COMMAND={command!r} is not a CNI verb: expected one of " + ", ".join(VERBS)
+            f"CNI_COMMAND={quote(command)} is not a CNI verb: expected one of " + ", ".join(VERBS)
         )
     for var in REQUIRED_ENV[command]:
         if not environ.get(var):
@@ -218,7 +206,7 @@ def parse_env(environ: Mapping[str, str]) -> CniEnv:
     container_id = read("CNI_CONTAINERID")
     if container_id and not _CONTAINER_ID.fullmatch(container_id):
         raise InvalidEnvironment(
-            f"CNI_CONTAINERID={container_id!r} is invalid: use 1-200 characters from "
+            f"CNI_CONTAINERID={quote(container_id)} is invalid: use 1-200 characters from "
             "[A-Za-z0-9_.-], starting with a letter or digit"
         )
     ifname = read("CNI_IFNAME")
@@ -226,7 +214,7 @@ def parse_env(environ: Mapping[str, str]) -> CniEnv:
         validate_ifname(ifname, "CNI_IFNAME")
     netns = read("CNI_NETNS")
     if netns and not netns.startswith("/"):
-        raise InvalidEnvironment(f"CNI_NETNS={netns!r} must be an absolute path")
+        raise InvalidEnvironment(f"CNI_NETNS={quote(netns)} must be an absolute path")
     path = tuple(p for p in read("CNI_PATH").split(":") if p)
     return CniEnv(
         command=command,

@@ -27,7 +27,7 @@ from rdma_cni.cni.errors import CniError, KernelError, NoCapacity, StateError
 from rdma_cni.cni.protocol import CniEnv, Interface, Result, Route
 from rdma_cni.commands.common import ipam_for, release_vfs, settle
 from rdma_cni.kernel.identity import VfFinder
-from rdma_cni.kernel.netlink import Rtnl
+from rdma_cni.kernel.netlink import Rtnl, neutral_vf_settings
 from rdma_cni.kernel.netns import Netns
 from rdma_cni.kernel.vfcontrol import VfControl, describe, vf_control
 from rdma_cni.node import attach
@@ -49,15 +49,6 @@ log = logging.getLogger("rdma_cni.add")
 # search, so the budget is 50x larger (under half a second at most).
 PLACEMENT_STEPS = 50_000
 
-# What a VF's PF-side settings are taken to be when the driver does not report them.
-_NEUTRAL: dict[str, Any] = {
-    "rate": [0, 0],
-    "vlan": [0, 0],
-    "spoofchk": True,
-    "trust": False,
-    "link_state": "auto",
-    "mac": "00:00:00:00:00:00",
-}
 # What a pod can reach (VLAN) and do (trust: MAC changes, promiscuous mode).
 # A network that leaves them unset gets the kernel's defaults, never what the
 # VF kept from an earlier pod: one whose record was lost could not restore
@@ -257,16 +248,18 @@ def plan(
         if link is None:  # choose_proven() keeps only VFs proven home
             raise KernelError(f"VF {vf.pci} netdev {vf.netdev} is not proven to be in the host namespace")
         current = vf.settings.settings() if vf.settings else {}
+        # What a setting the driver does not report is taken to be.
+        neutral = neutral_vf_settings()
         applied: dict[str, Any] = {}
         if req.min_tx_rate or req.max_tx_rate or any(current.get("rate", [0, 0])):
             applied["rate"] = [req.min_tx_rate, req.max_tx_rate]
         applied.update(conf.vf_settings())
         for key in _RESET_WHEN_UNSET:
-            if key not in applied and current.get(key, _NEUTRAL[key]) != _NEUTRAL[key]:
-                applied[key] = _NEUTRAL[key]
+            if key not in applied and current.get(key, neutral[key]) != neutral[key]:
+                applied[key] = neutral[key]
         if i == 0 and mac:
             applied["mac"] = mac
-        original = {k: current.get(k, _NEUTRAL[k]) for k in applied}
+        original = {k: current.get(k, neutral[k]) for k in applied}
         device, action = isolation.decide(vf.pci, vf.rdma_devices)
         att.vfs.append(
             VfRecord(

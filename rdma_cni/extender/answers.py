@@ -31,9 +31,10 @@ from itertools import compress
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 
 from rdma_cni.extender.bounded import Bounded
-from rdma_cni.extender.decide import NodeView, Verdict
+from rdma_cni.extender.decide import Deadline, NodeView, Verdict
 from rdma_cni.extender.demand import Demand
 from rdma_cni.extender.reservations import Reservations
+from rdma_cni.extender.wire import clip
 
 __all__ = ["Answer", "Answers"]
 
@@ -46,7 +47,8 @@ _NODE_BYTES = 300
 # The four encoded parts of an answer, by position in _Shape.parts.
 _PASSING, _FAILED, _UNRESOLVABLE, _PRIORITY = range(4)
 
-Judge = Callable[[Demand, list[str], list[NodeView | None]], list[Verdict]]
+# (demand, names, views, deadline) -> verdicts: Extender._judge.
+Judge = Callable[[Demand, list[str], list[NodeView | None], Deadline | None], list[Verdict]]
 
 
 def _fragments(name: str, verdict: Verdict) -> tuple[str, str, str, str]:
@@ -55,7 +57,7 @@ def _fragments(name: str, verdict: Verdict) -> tuple[str, str, str, str]:
     if verdict.fits:
         priority = f',{{"Host":{quoted},"Score":{verdict.score}}}' if verdict.score else ""
         return "," + quoted, "", "", priority
-    entry = f",{quoted}:{encode_basestring_ascii(verdict.reason)}"
+    entry = f",{quoted}:{encode_basestring_ascii(clip(verdict.reason))}"
     if verdict.unresolvable:
         return "", "", entry, ""
     return "", entry, "", ""
@@ -129,8 +131,19 @@ class Answers:
         self.full_passes = 0
         self.rejudged = 0
 
-    def filter(self, demand: Demand, names: list[str], views: list[NodeView | None], now: float) -> Answer:
-        """The answer for ``demand`` on ``names`` (their ``views`` looked up now)."""
+    def filter(
+        self,
+        demand: Demand,
+        names: list[str],
+        views: list[NodeView | None],
+        now: float,
+        deadline: Deadline | None = None,
+    ) -> Answer:
+        """The answer for ``demand`` on ``names`` (their ``views`` looked up now).
+
+        Past ``deadline`` :class:`~rdma_cni.extender.decide.Abandoned` goes out and the kept answer is
+        as it was: nodes are judged before anything kept changes.
+        """
         with self._lock:
             shape = self._shapes.get(demand.key)
             version, touched = self.reservations.changed_since(shape.version if shape is not None else -1)
@@ -141,9 +154,9 @@ class Answers:
                 or shape.names != names
                 or len(shape.index) != len(names)  # a repeated name: updates assume none
             ):
-                shape = self._full(demand, names, views, version, now)
+                shape = self._full(demand, names, views, version, now, deadline)
             elif touched or shape.views != views:
-                self._update(shape, demand, views, version, touched, now)
+                self._update(shape, demand, views, version, touched, now, deadline)
             return shape.answer
 
     def _deadline(self, views: list[NodeView | None], now: float) -> float:
@@ -158,9 +171,15 @@ class Answers:
         return oldest + limit
 
     def _full(
-        self, demand: Demand, names: list[str], views: list[NodeView | None], version: int, now: float
+        self,
+        demand: Demand,
+        names: list[str],
+        views: list[NodeView | None],
+        version: int,
+        now: float,
+        deadline: Deadline | None,
     ) -> _Shape:
-        verdicts = self.judge(demand, names, views)
+        verdicts = self.judge(demand, names, views, deadline)
         self.full_passes += 1
         columns = list(zip(*map(_fragments, names, verdicts), strict=True)) or [(), (), (), ()]
         parts = tuple(list(column) for column in columns)
@@ -209,6 +228,7 @@ class Answers:
         version: int,
         touched: set[str],
         now: float,
+        deadline: Deadline | None,
     ) -> None:
         index = shape.index
         changed = {index[name] for name in touched if name in index}
@@ -219,7 +239,7 @@ class Answers:
         order = sorted(changed)
         names = shape.names
         part_views = [views[i] for i in order]
-        judged = self.judge(demand, [names[i] for i in order], part_views)
+        judged = self.judge(demand, [names[i] for i in order], part_views, deadline)
         self.rejudged += len(order)
         verdicts = list(shape.verdicts)  # the old answer keeps its own
         parts = shape.parts

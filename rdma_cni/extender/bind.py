@@ -28,21 +28,24 @@ from rdma_cni.extender import metrics
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.wire import BindArgs
+from rdma_cni.extender.settings import Settings
+from rdma_cni.extender.wire import BindArgs, clip
 from rdma_cni.shared import nodestate, placement
 
 __all__ = ["DEFAULT_SCHEDULER_NAMES", "Binder", "binding_outcome_unknown"]
 
 log = logging.getLogger("rdma_cni.extender.bind")
 
-DEFAULT_SCHEDULER_NAMES = frozenset({"rdma-scheduler"})
+# One definition, the settings' default.
+DEFAULT_SCHEDULER_NAMES = Settings().scheduler_names
 
 
 class _Refused(Exception):
     """Bind refuses the pod: the message is the verb's Error; ``reason`` one of metrics.REFUSAL_REASONS."""
 
     def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
+        # Quoted in the answer, the log and an Event: capped however long what it quotes.
+        super().__init__(clip(message))
         self.reason = reason
 
 
@@ -204,7 +207,8 @@ class Binder:
         """("", "") when reserved (or nothing to reserve), else (the refusal, its reason)."""
         # Called under self.lock: the check and the reservation are one step.
         view = self.views(args.node)
-        problem = self.decider.unusable(view, self.decider.now())
+        now = self.decider.now()
+        problem = self.decider.unusable(view, now)
         if problem:
             return (
                 f"{problem} (binding pod {args.pod_namespace}/{args.pod_name} to {args.node})",
@@ -214,7 +218,8 @@ class Binder:
         if args.pod_uid in view.uids:
             return "", ""  # already published on this node: it holds what it needs
         extra = self.reservations.extra(args.node, without=(args.pod_uid,))
-        verdict = self.decider.verdict(demand, view, extra)
+        # The same per-node rule as filter's: node rules, then the fit with every reservation held.
+        verdict = self.decider.admit(demand, view, now, extra)
         if not verdict.fits:
             # One node, one refusal: worth the free-capacity detail filter's reasons leave out.
             free = placement.free_summary(nodestate.pf_states(view.state, extra))

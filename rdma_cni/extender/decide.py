@@ -9,21 +9,56 @@ Interned ids are never reused, so a cached verdict stays right for its id.
 A node that cannot hold the pod even when empty is *unresolvable*: no
 preemption can help there. So is a node whose state is missing, invalid or
 too old: evicting pods would not change what we know about it.
+
+What a verdict is cached under, exactly: the demand's ``key`` (its
+attachments' networks, rates, PF and rail names and ``different_pfs``, up to
+the order of interfaces within an attachment) and the fingerprint ``fp`` of
+(the PF states as placement sees them: name, free VFs, capacity, reserved
+Mbit/s, NUMA node, rail; the node's VF capacity, for the score; the
+networks' PF and rail lists). Nothing else: not the node's name, labels,
+taints or pod count, not the time or the state's age, not who the pod is.
+So a per-node rule that depends on anything outside that fingerprint must
+never be folded into a cached verdict (every node in the same state would
+share its answer): it goes in :meth:`Decider.admit`, the one per-node
+admission rule, which filter (:meth:`Extender._judge`) and bind's check
+under its lock (:meth:`Binder._reserve`) both call, before the cache.
+
+Work per request is bounded three ways. One pod's attachments on one node
+state share one step budget (:data:`placement.DEFAULT_MAX_STEPS`, bind's
+:data:`BIND_STEPS`), not one each; the cheap necessary conditions of the
+whole pod run first, and a pod's trailing run of identical one-interface
+attachments is judged as one (for identical interfaces any order of ADDs
+fits exactly when one joint assignment does). And a :class:`Deadline` from
+the verb is checked as verdicts are computed: past it, :class:`Abandoned`
+ends the request and nothing half-decided is cached.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
 from rdma_cni.extender.demand import Demand
+from rdma_cni.extender.settings import Settings
 from rdma_cni.shared import nodestate, placement
 
-__all__ = ["FUTURE_SKEW", "Decider", "NodeView", "Policy", "Verdict", "cannot_fit", "greedy_fits"]
+__all__ = [
+    "FUTURE_SKEW",
+    "NEVER",
+    "Abandoned",
+    "Deadline",
+    "Decider",
+    "NodeView",
+    "Policy",
+    "Verdict",
+    "cannot_fit",
+    "greedy_fits",
+]
 
 Policy = Literal["binpack", "spread"]
 MAX_SCORE = 10
@@ -41,6 +76,31 @@ _VIEW_BYTES = 8 * 1024 * 1024
 _VIEW_TEXT_MAX = 256 * 1024
 
 Extra = Mapping[str, tuple[int, int]]
+
+
+class Abandoned(Exception):
+    """The request's :class:`Deadline` passed (or its caller left) before its verdicts were all found."""
+
+
+class Deadline:
+    """When the caller of a verb stops waiting: a time (monotonic clock) and, optionally, a check
+    that says whether it has already gone (its connection closed)."""
+
+    __slots__ = ("at", "gone", "seconds")
+
+    def __init__(self, seconds: float = math.inf, gone: Callable[[], bool] | None = None) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.gone = gone
+
+    def check(self) -> None:
+        """Raise :class:`Abandoned` when the deadline has passed or the caller has gone."""
+        if time.monotonic() >= self.at or (self.gone is not None and self.gone()):
+            raise Abandoned(f"no answer within {self.seconds:g} s")
+
+
+# No deadline: bind (one node, under its own budget), preempt's few nodes, start-up, tests.
+NEVER = Deadline()
 _Fingerprint = tuple[tuple[placement.PfState, ...], int, tuple[nodestate.Network, ...]]
 
 
@@ -145,7 +205,7 @@ def cannot_fit(demand: Demand, pfs: Sequence[placement.PfState]) -> str:
                 free_total += pf.free_mbps  # type: ignore[operator]
     if vfs < len(demand.requests):
         return f"rdma-cni: needs {len(demand.requests)} free VFs, the node has {vfs}"
-    for low, high in demand.wants:
+    for low, high in demand.distinct_wants:
         for pf in pfs:
             if not pf.free_vfs:
                 continue
@@ -186,10 +246,45 @@ def network_pfs(
     return tuple(pfs), f" (network {network})" if network is not None and networks else ""
 
 
+Part = tuple[str | None, tuple[placement.Request, ...], bool]
+
+
+def _trailing_run(parts: list[Part]) -> list[Part]:
+    """``parts`` with its last run of identical one-interface attachments (no PF, no rail) as one.
+
+    For identical interfaces, each PF takes as many as its free VFs and free
+    bandwidth allow whichever PF each ADD picks, so k such ADDs in a row all
+    fit exactly when k interfaces fit together: one check instead of k
+    placements (the selection of one network 3,000 times is one check).
+    Only the last run: an earlier run's choices shape what later ADDs find.
+    """
+    last = parts[-1]
+    network, requests, _ = last
+    if len(requests) != 1 or requests[0].pf is not None or requests[0].rail is not None:
+        return parts
+    start = len(parts) - 1
+    while start > 0 and parts[start - 1][0] == network and parts[start - 1][1] == requests:
+        start -= 1
+    count = len(parts) - start
+    if count == 1:
+        return parts
+    return [*parts[:start], (network, requests * count, False)]
+
+
 class Decider:
     """Verdicts and scores for demands on node views, with the caches that make them cheap. Thread-safe."""
 
-    def __init__(self, *, policy: Policy = "binpack", max_state_age: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        policy: Policy = "binpack",
+        max_state_age: float | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        """``settings`` (the extender's, whole) gives the policy and the state age when present."""
+        if settings is not None:
+            policy, max_state_age = settings.policy, settings.max_state_age
+        self.settings = settings or Settings(policy=policy, max_state_age=max_state_age)
         if policy not in ("binpack", "spread"):
             raise ValueError(f"unknown policy {policy!r}")
         self.policy = policy
@@ -282,6 +377,39 @@ class Decider:
             )
         return ""
 
+    def admit(
+        self,
+        demand: Demand,
+        view: NodeView | None,
+        now: float,
+        extra: Extra | None = None,
+        table: dict[int, Verdict] | None = None,
+        deadline: Deadline = NEVER,
+    ) -> Verdict:
+        """The per-node admission rule: filter's verdict on each node, and bind's check under its lock.
+
+        First what no cached verdict may hold (see the module docstring):
+        whether the node's state is usable now, and any rule on the node
+        itself rather than on its PF states (a new one goes here); then the
+        verdict on its PF states with reservations ``extra`` applied, cached
+        by their fingerprint. ``table`` is :meth:`table` of the demand, when
+        the caller already has it.
+        """
+        # unusable(), its common case inlined: filter calls this for every node.
+        age = self.max_state_age
+        if (
+            view is None
+            or view.problem
+            or (age is not None and not now - age <= view.updated <= now + FUTURE_SKEW)
+        ):
+            return Verdict(False, True, self.unusable(view, now), 0)
+        if extra:
+            return self.verdict(demand, view, extra, table, deadline)
+        if table is None:
+            table = self.table(demand)
+        got = table.get(view.fp)
+        return got if got is not None else self.fill(demand, view, table, deadline)
+
     def table(self, demand: Demand) -> dict[int, Verdict]:
         """Final verdicts for ``demand`` by state id: filter's per-node lookup (one dict get, no hashing
         of the request). Missing entries are filled by :meth:`verdict`."""
@@ -297,16 +425,18 @@ class Decider:
         view: NodeView,
         extra: Extra | None = None,
         table: dict[int, Verdict] | None = None,
+        deadline: Deadline = NEVER,
     ) -> Verdict:
-        """The verdict for a demand on a usable view, with reservations ``extra`` applied.
+        """The verdict for a demand on a usable view's PF states, with reservations ``extra`` applied.
 
+        Only what the fingerprint covers: per-node rules are :meth:`admit`'s.
         ``table`` is :meth:`table` of the demand, when the caller already has it.
         """
         assert view.state is not None
         if extra:
             pfs, fp = self._with_extra(view, extra)
-            return self._final(demand, pfs, fp, view, table)
-        return self._final(demand, view.pfs, view.fp, view, table)
+            return self._final(demand, pfs, fp, view, table, deadline)
+        return self._final(demand, view.pfs, view.fp, view, table, deadline)
 
     def _with_extra(self, view: NodeView, extra: Extra) -> tuple[tuple[placement.PfState, ...], int]:
         """The view's PF states with ``extra`` applied, and their id: built once per (view, extra).
@@ -329,12 +459,12 @@ class Decider:
 
     @staticmethod
     def _empty(state: nodestate.NodeState) -> tuple[placement.PfState, ...]:
-        return tuple(
-            placement.PfState(pf.name, pf.capacity_vfs, pf.capacity_tx_rate, 0, pf.numa_node)
-            for pf in state.pfs
-        )
+        # The published state's one conversion (nodestate.pf_state), as if no pod held anything.
+        return tuple(nodestate.pf_state(pf, empty=True) for pf in state.pfs)
 
-    def fill(self, demand: Demand, view: NodeView, table: dict[int, Verdict]) -> Verdict:
+    def fill(
+        self, demand: Demand, view: NodeView, table: dict[int, Verdict], deadline: Deadline = NEVER
+    ) -> Verdict:
         """:meth:`verdict` without reservations, for filter's first look at a state (its hot path)."""
         pfs = view.pfs
         if demand.simple and (not demand.networks or not view.networks) and greedy_fits(demand.wants, pfs):
@@ -342,7 +472,7 @@ class Decider:
             self._entries += 1
             table[view.fp] = got
             return got
-        return self._final(demand, pfs, view.fp, view, table)
+        return self._final(demand, pfs, view.fp, view, table, deadline)
 
     def _final(
         self,
@@ -351,13 +481,14 @@ class Decider:
         fp: int,
         view: NodeView,
         table: dict[int, Verdict] | None = None,
+        deadline: Deadline = NEVER,
     ) -> Verdict:
         if table is None:
             table = self.table(demand)
         got = table.get(fp)
         if got is not None:
             return got
-        got = self._compute(demand, pfs, view.capacity_vfs, view.networks)
+        got = self._compute(demand, pfs, view.capacity_vfs, view.networks, deadline)
         if not got.fits:
             if fp == view.empty_fp:
                 empty = got
@@ -365,7 +496,7 @@ class Decider:
                 assert view.state is not None
                 # Few distinct empty states: look the verdict up before building the state.
                 empty = table.get(view.empty_fp) or self._final(
-                    demand, self._empty(view.state), view.empty_fp, view, table
+                    demand, self._empty(view.state), view.empty_fp, view, table, deadline
                 )
             # A search that ran out of steps proved nothing: preemption may still help.
             unresolvable = not empty.fits and not empty.exhausted
@@ -385,8 +516,9 @@ class Decider:
         pfs: tuple[placement.PfState, ...],
         capacity_vfs: int,
         networks: tuple[nodestate.Network, ...] = (),
+        deadline: Deadline = NEVER,
     ) -> Verdict:
-        got = self._attach_all(demand, pfs, networks, None)
+        got = self._attach_all(demand, pfs, networks, None, deadline)
         return got or self._fits[self._score(pfs, capacity_vfs, demand)]
 
     def _attach_all(
@@ -395,32 +527,45 @@ class Decider:
         pfs: Sequence[placement.PfState],
         networks: Sequence[nodestate.Network],
         use: dict[str, list[int]] | None,
+        deadline: Deadline = NEVER,
     ) -> Verdict | None:
         """Judge the pod's attachments as its ADDs run: one after the other, each on its network's PFs.
 
         Each ADD takes what placement chooses on what the ones before it
         left, so this is exactly whether every ADD succeeds (on the published
-        state), not whether some joint assignment exists. With ``use`` (bind)
-        it collects per PF the VFs and min rates taken, searches with bind's
-        budget and lets :class:`placement.NoFit` out; else it returns the
-        failing verdict or None.
+        state), not whether some joint assignment exists. All of them share
+        one step budget. With ``use`` (bind) it collects per PF the VFs and
+        min rates taken, searches with bind's budget and lets
+        :class:`placement.NoFit` out; else it returns the failing verdict or None.
         """
         parts = demand.attachments()
+        budget = BIND_STEPS if use is not None else placement.DEFAULT_MAX_STEPS
+        if use is None and len(parts) > 1:
+            # The whole pod's necessary conditions on all the node's PFs (each ADD has a subset of
+            # them): a pod asking for more than a node has fails here in one pass, however many
+            # attachments it has. Its last identical ones are then one check (see _trailing_run).
+            reason = cannot_fit(demand, pfs)
+            if reason:
+                return Verdict(False, False, reason, 0)
+            parts = _trailing_run(parts)
         state = {pf.name: pf for pf in pfs}
         for k, (network, requests, different) in enumerate(parts):
+            deadline.check()
             sub, where = network_pfs(tuple(state.values()), networks, network)
             if use is None and k == len(parts) - 1:
                 # The last ADD leaves nothing to the next: only whether it fits, cheap proofs first.
                 part = Demand(requests, (), demand.source, (), (different,))
-                got = self._misfit(part, sub)
+                got = self._misfit(part, sub, budget)
                 return got._replace(reason=f"{got.reason}{where}") if got is not None else None
-            if use is not None:
-                placed = placement.place(requests, sub, max_steps=BIND_STEPS, different_pfs=different)
-            else:
-                try:
-                    placed = placement.place(requests, sub, different_pfs=different)
-                except placement.NoFit as exc:
-                    return self._refused(exc, sub, where)
+            try:
+                # What earlier attachments left of the budget; at least one step, so that an
+                # exhausted budget ends in placement's own "search_limit" answer.
+                placed = placement.place(requests, sub, max_steps=max(1, budget), different_pfs=different)
+            except placement.NoFit as exc:
+                if use is not None:
+                    raise
+                return self._refused(exc, sub, where)
+            budget -= placed.steps
             for req, name in zip(requests, placed.pfs, strict=True):
                 pf = state[name]
                 state[name] = replace(
@@ -439,7 +584,9 @@ class Decider:
         text = exc.message.removesuffix(f" ({placement.free_summary(pfs)})")
         return Verdict(False, False, f"rdma-cni: {text}{where}", 0, exhausted=exc.reason == "search_limit")
 
-    def _misfit(self, demand: Demand, pfs: tuple[placement.PfState, ...]) -> Verdict | None:
+    def _misfit(
+        self, demand: Demand, pfs: tuple[placement.PfState, ...], budget: int = placement.DEFAULT_MAX_STEPS
+    ) -> Verdict | None:
         """The failing verdict when ``demand`` (one attachment) does not fit on ``pfs``, else None."""
         # Most verdicts are "fits" on a node with room: a greedy assignment that respects every
         # rule proves it in microseconds (placement is exact, so ADD finds a fit too); it knows
@@ -452,7 +599,9 @@ class Decider:
         if reason:
             return Verdict(False, False, reason, 0)
         try:
-            placement.place(demand.requests, pfs, different_pfs=any(demand.different_pfs))
+            placement.place(
+                demand.requests, pfs, max_steps=max(1, budget), different_pfs=any(demand.different_pfs)
+            )
         except placement.NoFit as exc:
             return self._refused(exc, pfs)
         return None

@@ -12,19 +12,27 @@ is not ours.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any
 
+from rdma_cni.extender.bounded import Bounded
 from rdma_cni.extender.wire import pod_annotations, pod_identity
 from rdma_cni.shared import placement
-from rdma_cni.shared.attachments import ARGS_KEY, Selection, attachment_request, selections
+from rdma_cni.shared.attachments import ARGS_KEY, Selection, attachment_request, pod_selections, selections
+from rdma_cni.shared.multusnet import NETWORKS_ANNOTATION
 from rdma_cni.shared.podrequest import PodRequest, parse_request
 
 __all__ = ["NETWORKS_ANNOTATION", "Demand", "Demands", "selected_networks"]
 
-NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+# Annotation texts whose parse is kept, and the bytes they may hold: an annotation is up to 256 KiB
+# (the API's limit for all of a pod's annotations), so a count alone would let 4,096 of them hold 1 GiB.
 _MEMO_LIMIT = 4096
+_MEMO_BYTES = 16 * 1024 * 1024
+# A parsed interface's objects, estimated (a PodRequest, its InterfaceRequest, their strings).
+_INTERFACE_BYTES = 512
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,8 @@ class Demand:
     different_pfs: tuple[bool, ...] = ()
     # Derived once, read per node: (min, max) largest first (best fit's order), the min rates' sum.
     wants: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
+    # ``wants`` without repeats (same order): what the necessary conditions check per node.
+    distinct_wants: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
     min_total: int = field(init=False, repr=False, compare=False)
     # One attachment without constraints: judged by the fast paths that know only rates.
     simple: bool = field(init=False, repr=False, compare=False)
@@ -51,6 +61,7 @@ class Demand:
     def __post_init__(self) -> None:
         rates = sorted((r.min_tx_rate, r.max_tx_rate) for r in self.requests)
         object.__setattr__(self, "wants", tuple(rates[::-1]))
+        object.__setattr__(self, "distinct_wants", tuple(dict.fromkeys(self.wants)))
         object.__setattr__(self, "min_total", sum(low for low, _ in rates))
         constrained = any(self.different_pfs) or any(
             r.pf is not None or r.rail is not None for r in self.requests
@@ -71,15 +82,31 @@ class Demand:
         """The demand of a pod's attachments, ``(network, request, source)`` each, in ADD order."""
         reqs = tuple(r for _, request, _ in parts for r in _requests(request))
         networks = tuple((network, len(request.interfaces)) for network, request, _ in parts)
-        # The ADDs run one after the other, each on what the ones before left: order matters.
-        key = tuple((network, request.different_pfs, _shape(request)) for network, request, _ in parts)
+        # The ADDs run one after the other, each on what the ones before left: order matters. Runs of
+        # the same attachment are one entry with their count: a key's size does not grow with repeats.
+        key = tuple(
+            (part, len(list(run)))
+            for part, run in groupby(
+                (network, request.different_pfs, _shape(request)) for network, request, _ in parts
+            )
+        )
         sources = {source: None for _, _, source in parts}
         return cls(
             reqs, key, "; ".join(sources), networks, tuple(request.different_pfs for _, request, _ in parts)
         )
 
     def attachments(self) -> list[tuple[str | None, tuple[placement.Request, ...], bool]]:
-        """(network or None, requests, different_pfs) of each attachment, in the order ADD runs them."""
+        """(network or None, requests, different_pfs) of each attachment, in the order ADD runs them.
+
+        Built once per demand (decisions read it per node state); callers must not change the list.
+        """
+        got = self.__dict__.get("_attachments")
+        if got is None:
+            got = self._attachments()
+            object.__setattr__(self, "_attachments", got)
+        return got
+
+    def _attachments(self) -> list[tuple[str | None, tuple[placement.Request, ...], bool]]:
         if not self.networks:
             return [(None, self.requests, any(self.different_pfs))]
         out = []
@@ -134,23 +161,25 @@ class Demands:
         # "name" matches the network in any namespace, "ns/name" only there.
         self.networks = networks
         self.default_request = default_request
-        self._memo: dict[str, PodRequest] = {}
+        self._memo: Bounded[str, PodRequest] = Bounded(_MEMO_LIMIT, _MEMO_BYTES)
 
-    def _ours(self, namespace: str, annotations: Mapping[str, Any]) -> list[Selection]:
-        return [
-            sel
-            for sel in selections(namespace, annotations.get(NETWORKS_ANNOTATION))
-            if sel.name in self.networks or f"{sel.namespace}/{sel.name}" in self.networks
-        ]
+    def _ours(self, who: str, namespace: str, annotations: Mapping[str, Any]) -> list[Selection]:
+        return pod_selections(who, namespace, annotations, self._is_ours)
+
+    def _is_ours(self, sel: Selection) -> bool:
+        if sel.name in self.networks or f"{sel.namespace}/{sel.name}" in self.networks:
+            return True
+        # An unqualified default network is looked up in Multus' namespace, which the extender
+        # is not told: it counts as ours in any namespace (never fewer than Multus attaches).
+        return not sel.namespace and any(n.rpartition("/")[2] == sel.name for n in self.networks)
 
     def _parse(self, raw: Any, source: str) -> PodRequest:
         request = self._memo.get(raw) if isinstance(raw, str) else None
         if request is None:
             request = parse_request(raw, source)
             if isinstance(raw, str):
-                if len(self._memo) >= _MEMO_LIMIT:
-                    self._memo.clear()
-                self._memo[raw] = request
+                weight = sys.getsizeof(raw) + _INTERFACE_BYTES * (1 + len(request.interfaces))
+                self._memo.put(raw, request, weight)
         return request
 
     def of_pod(self, pod: Mapping[str, Any]) -> Demand | None:
@@ -171,7 +200,7 @@ class Demands:
         def pod_wide() -> tuple[Any, str]:
             return (raw, annotation_source) if raw is not None else (None, default_source)
 
-        ours = self._ours(namespace, annotations)
+        ours = self._ours(f"pod {namespace}/{name}", namespace, annotations)
         if not ours:
             if raw is None:
                 return None

@@ -9,7 +9,6 @@ cannot be loaded or bound, 0 after SIGTERM or SIGINT.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import signal
@@ -18,11 +17,10 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from rdma_cni.extender.bind import DEFAULT_SCHEDULER_NAMES
 from rdma_cni.extender.listener import UnauthenticatedListener, check_listener
-from rdma_cni.extender.options import parser
+from rdma_cni.extender.options import settings
 from rdma_cni.extender.service import MetricsListenError, Service
-from rdma_cni.shared.podrequest import parse_request
+from rdma_cni.extender.settings import Settings
 
 __all__ = ["main"]
 
@@ -40,7 +38,7 @@ class _Exit(Exception):
 
 def main(argv: list[str], out: TextIO) -> int:
     """Entry point of ``rdma-cni scheduler-extender``."""
-    args = parser().parse_args(argv)
+    args = settings(argv)
     _set_log_level(args.log_level.upper())
     try:
         _check_options(args)
@@ -73,25 +71,22 @@ def _set_log_level(level: str) -> None:
         handler.setLevel(level)  # a long-running server logs at the chosen level
 
 
-def _check_options(args: argparse.Namespace) -> None:
+def _check_options(args: Settings) -> None:
     """Options that go together, and a listener that needs client certificates, before anything is loaded."""
     if bool(args.tls_cert) != bool(args.tls_key):
         raise _Exit(2, "--tls-cert and --tls-key go together")
     if args.client_ca and not args.tls_cert:
         raise _Exit(2, "--client-ca needs --tls-cert and --tls-key")
-    if args.client_name and not args.client_ca:
+    if args.client_names and not args.client_ca:
         raise _Exit(2, "--client-name needs --client-ca")
     if not args.client_ca:
         try:
             check_listener(args.listen[0], None)  # before anything is loaded or bound
         except UnauthenticatedListener as exc:
             raise _Exit(2, str(exc)) from None
-    args.networks = frozenset(n.strip() for n in args.networks.split(",") if n.strip())
-    if args.networks and args.default_request is None:
-        args.default_request = parse_request("[{}]", "--default-request")
 
 
-def _server_tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+def _server_tls(args: Settings) -> ssl.SSLContext | None:
     """The server's TLS context (None: plain HTTP), requiring client certificates with --client-ca."""
     if not args.tls_cert:
         return None
@@ -119,26 +114,15 @@ def _api_client(kubeconfig: str | None) -> Any:
         raise _Exit(1, exc.msg) from None
 
 
-def _service(args: argparse.Namespace, tls: ssl.SSLContext | None, client: Any) -> Service:
+def _service(args: Settings, tls: ssl.SSLContext | None, client: Any) -> Service:
     """The service, its listeners bound; :class:`_Exit` when one cannot be."""
     from rdma_cni.kube.events import EventSink
 
     try:
         return Service(
             client,
-            listen=args.listen,
+            args,
             tls=tls,
-            policy=args.policy,
-            networks=args.networks,
-            default_request=args.default_request,
-            max_state_age=args.max_state_age,
-            reservation_ttl=args.reservation_ttl,
-            annotation=args.annotation,
-            scheduler_names=frozenset(args.scheduler_names or DEFAULT_SCHEDULER_NAMES),
-            client_names=frozenset(args.client_name),
-            probe_listen=args.probe_listen,
-            max_connections=args.max_connections,
-            metrics_listen=args.metrics_listen,
             events=EventSink(client.post, "rdma-cni-extender") if args.events else None,
         )
     except UnauthenticatedListener as exc:  # a host name that resolved to a non-loopback address
@@ -153,7 +137,7 @@ def _service(args: argparse.Namespace, tls: ssl.SSLContext | None, client: Any) 
         raise _Exit(1, f"cannot listen on {where}: {exc}") from None
 
 
-def _announce(service: Service, args: argparse.Namespace, tls: ssl.SSLContext | None, out: TextIO) -> None:
+def _announce(service: Service, args: Settings, tls: ssl.SSLContext | None, out: TextIO) -> None:
     """One JSON line on ``out``: where the service listens (tests and operators read it)."""
     host, port = service.address
     announced: dict[str, Any] = {

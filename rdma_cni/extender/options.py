@@ -1,16 +1,18 @@
-"""The options of ``rdma-cni scheduler-extender``, each checked as it is parsed."""
+"""The options of ``rdma-cni scheduler-extender``, each checked as it is parsed, as one :class:`Settings`."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 
 from rdma_cni import exporter
 from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender.server import MAX_CONNECTIONS
+from rdma_cni.extender.settings import Settings
 from rdma_cni.shared.podrequest import PodRequest, parse_request
 
-__all__ = ["parser"]
+__all__ = ["parser", "settings"]
 
 _ANNOTATION_KEY = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 
@@ -39,6 +41,17 @@ def _default_request(value: str) -> PodRequest:
         return parse_request(value, "--default-request")
     except InvalidPodRequest as exc:
         raise argparse.ArgumentTypeError(exc.msg) from exc
+
+
+def _timeout(value: str) -> float:
+    seconds = _positive(value)
+    if seconds > 600:
+        raise argparse.ArgumentTypeError(f"--http-timeout {value!r}: at most 600 seconds")
+    return seconds
+
+
+def _networks(value: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in value.split(",") if n.strip())
 
 
 def _annotation(value: str) -> str:
@@ -101,7 +114,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=("binpack", "spread"), default="binpack", help="prioritize policy")
     p.add_argument(
         "--networks",
-        default="",
+        type=_networks,
+        default=frozenset(),
         help="comma-separated network names (or ns/name); pods selecting one without the annotation "
         "get --default-request",
     )
@@ -125,5 +139,27 @@ def parser() -> argparse.ArgumentParser:
         default=MAX_CONNECTIONS,
         help=f"connections served at once (default {MAX_CONNECTIONS}); half-open ones give way to new ones",
     )
+    p.add_argument(
+        "--http-timeout",
+        type=_timeout,
+        default=10.0,
+        help="seconds: kube-scheduler's httpTimeout for this extender (default 10, as conf/ sets it); "
+        "a filter or prioritize still deciding after half of it is abandoned",
+    )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return p
+
+
+def settings(argv: list[str]) -> Settings:
+    """The options of ``argv`` as settings (argparse exits with code 2 on a bad one).
+
+    Every option sets the field of its name; fields without an option keep their default.
+    """
+    args = parser().parse_args(argv)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if hasattr(args, f.name)}
+    given["client_names"] = frozenset(args.client_name)
+    given["scheduler_names"] = frozenset(args.scheduler_names or Settings().scheduler_names)
+    if given["networks"] and given["default_request"] is None:
+        # A network selected without a request gets one VF of no rate, as the plugin's default.
+        given["default_request"] = parse_request("[{}]", "--default-request")
+    return Settings(**given)

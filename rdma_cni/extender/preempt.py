@@ -51,6 +51,6 @@ def keep_nodes(
         for pf, (vfs, rate) in released(view, gone).items():
             have = extra.get(pf, (0, 0))
             extra[pf] = (have[0] + vfs, have[1] + rate)
-        if decider.verdict(demand, view, extra).fits:
+        if decider.admit(demand, view, now, extra).fits:
             kept[node] = uids
     return kept

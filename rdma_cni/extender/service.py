@@ -13,18 +13,18 @@ import logging
 import ssl
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from rdma_cni.cni.errors import InvalidPodRequest
-from rdma_cni.extender.bind import DEFAULT_SCHEDULER_NAMES
 from rdma_cni.extender.cache import NodeCache
-from rdma_cni.extender.decide import Decider, Policy
+from rdma_cni.extender.decide import Decider
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.reservations import Reservations
-from rdma_cni.extender.server import MAX_CONNECTIONS, ExtenderServer
+from rdma_cni.extender.server import ExtenderServer
+from rdma_cni.extender.settings import Settings
 from rdma_cni.extender.verbs import Extender
 from rdma_cni.shared import placement
-from rdma_cni.shared.podrequest import PodRequest
 
 __all__ = ["MetricsListenError", "Service", "rebuild_reservations"]
 
@@ -97,34 +97,29 @@ class Service:
     def __init__(
         self,
         client: Any,
+        settings: Settings | None = None,
         *,
-        listen: tuple[str, int],
         tls: ssl.SSLContext | None = None,
-        client_names: frozenset[str] = frozenset(),
-        probe_listen: tuple[str, int] | None = None,
-        policy: Policy = "binpack",
-        networks: frozenset[str] = frozenset(),
-        default_request: PodRequest | None = None,
-        max_state_age: float | None = None,
-        reservation_ttl: float = 300.0,
-        annotation: str = "rdma_interfaces_required",
-        scheduler_names: frozenset[str] = DEFAULT_SCHEDULER_NAMES,
-        sweep_interval: float = 1.0,
-        pod_check_interval: float = 10.0,
-        backoff: tuple[float, float] = (0.2, 10.0),
-        max_connections: int = MAX_CONNECTIONS,
-        metrics_listen: tuple[str, int] | None = None,
         events: Any = None,
+        **overrides: Any,
     ) -> None:
+        """Wire the parts for ``settings`` (handed down whole); ``overrides`` replace some of its fields
+        (tests), ``tls`` is the server's context and ``events`` an EventSink (or None)."""
+        settings = replace(settings or Settings(), **overrides)
+        self.settings = settings
         self.client = client
-        self.decider = Decider(policy=policy, max_state_age=max_state_age)
-        self.demands = Demands(annotation=annotation, networks=networks, default_request=default_request)
-        self.reservations = Reservations(reservation_ttl)
+        self.decider = Decider(settings=settings)
+        self.demands = Demands(
+            annotation=settings.annotation,
+            networks=settings.networks,
+            default_request=settings.default_request,
+        )
+        self.reservations = Reservations(settings.reservation_ttl)
         self.cache = NodeCache(
             client,
             self.decider,
             on_view=lambda name, view: self.reservations.observe(name, view.uids),
-            backoff=backoff,
+            backoff=settings.backoff,
         )
         self.extender = Extender(
             decider=self.decider,
@@ -133,15 +128,19 @@ class Service:
             client=client,
             cache_views=lambda: self.cache.views,
             cache_generation=lambda: self.cache.generation,
-            scheduler_names=scheduler_names,
+            settings=settings,
         )
         self.server = ExtenderServer(
-            listen, self.extender, tls, client_names, max_connections=max_connections
+            settings.listen,
+            self.extender,
+            tls,
+            settings.client_names,
+            max_connections=settings.max_connections,
         )
         self.probe_server: ExtenderServer | None = None
-        if probe_listen is not None:
+        if settings.probe_listen is not None:
             try:
-                self.probe_server = ExtenderServer(probe_listen, self.extender, probes_only=True)
+                self.probe_server = ExtenderServer(settings.probe_listen, self.extender, probes_only=True)
             except BaseException:
                 self.server.server_close()
                 raise
@@ -149,11 +148,11 @@ class Service:
         if events is not None:
             self.extender.binder.on_refused = self._tell_refused
         self.metrics_server: Any = None
-        if metrics_listen is not None:
-            self._serve_metrics(metrics_listen)
-        self.sweep_interval = sweep_interval
-        self.pod_check_interval = pod_check_interval
-        self.backoff = backoff
+        if settings.metrics_listen is not None:
+            self._serve_metrics(settings.metrics_listen)
+        self.sweep_interval = settings.sweep_interval
+        self.pod_check_interval = settings.pod_check_interval
+        self.backoff = settings.backoff
         self.stopping = threading.Event()
         self._threads: list[threading.Thread] = []
 

@@ -1,11 +1,14 @@
 """The extender's verbs: filter, prioritize, preempt and bind on decoded extender/v1 documents.
 
-Every verb answers with its result document; bad input becomes the result's
-``Error`` (or, for a malformed pod annotation, a reason on every node) and
-never a failure of the request, so kube-scheduler shows the reason in the
-pod's events. Both node modes are decided per request by what arrives: full
-``Nodes`` carry their own annotations (decoded once per distinct text),
-``NodeNames`` are looked up in the node cache.
+Every verb answers with its result document; bad input (a malformed pod
+annotation too: invalid on every node, said once) becomes the result's
+``Error`` and never a failure of the request, so kube-scheduler shows the
+reason in the pod's events. Filter and prioritize decide under a
+:class:`Deadline` (half of kube-scheduler's ``httpTimeout``, or what the
+server hands in): past it they are abandoned with an ``Error``. Both node
+modes are decided per request by what arrives: full ``Nodes`` carry their
+own annotations (decoded once per distinct text), ``NodeNames`` are looked
+up in the node cache.
 
 What a request body carries shapes that request's answer and nothing else:
 full Nodes are never kept, and the pod a filter sends is not remembered for
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,11 +30,13 @@ from typing import Any, NamedTuple
 from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender import metrics, wire
 from rdma_cni.extender.answers import Answers
-from rdma_cni.extender.bind import DEFAULT_SCHEDULER_NAMES, Binder
-from rdma_cni.extender.decide import FUTURE_SKEW, Decider, NodeView, Verdict
+from rdma_cni.extender.bind import Binder
+from rdma_cni.extender.bounded import Bounded
+from rdma_cni.extender.decide import NEVER, Abandoned, Deadline, Decider, NodeView, Verdict
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.preempt import keep_nodes
 from rdma_cni.extender.reservations import Reservations
+from rdma_cni.extender.settings import Settings
 from rdma_cni.shared import nodestate
 
 __all__ = ["Extender", "KeptScores", "error_answer"]
@@ -41,7 +46,17 @@ log = logging.getLogger("rdma_cni.extender.server")
 
 # Scores from a pod's filter, reused by its prioritize when it comes within this many seconds.
 _SCORES_FRESH = 5.0
+# Pods whose scores are kept, and the bytes they may hold: scores of a full-Node request are a dict per
+# passing node, and a kept answer's are its verdicts (see _remember).
 _SCORES_KEPT = 1024
+_SCORES_BYTES = 32 * 1024 * 1024
+# A node's share of what kept scores hold: a dict entry or a verdict, its name's share of a list.
+_SCORE_NODE_BYTES = 120
+
+
+def _key_bytes(key: tuple[Any, ...]) -> int:
+    """Roughly what a demand's key holds (tuples of rates, names and flags)."""
+    return 64 + sum(_key_bytes(part) if isinstance(part, tuple) else 48 for part in key)
 
 
 class KeptScores(NamedTuple):
@@ -66,21 +81,22 @@ class Extender:
         client: Any = None,
         cache_views: Callable[[], dict[str, NodeView]] | None = None,
         cache_generation: Callable[[], int | None] | None = None,
-        annotation: str = nodestate.ANNOTATION,
-        scheduler_names: frozenset[str] = DEFAULT_SCHEDULER_NAMES,
+        settings: Settings | None = None,
     ) -> None:
+        self.settings = settings = settings or Settings()
         self.decider = decider
         self.demands = demands
         self.reservations = reservations
-        self.annotation = annotation
+        # The node annotation full-Node requests carry (not the pod's: that is Demands').
+        self.annotation = nodestate.ANNOTATION
         self._cache_views = cache_views or dict
         # Bumped by the cache after every change of its views; None: lists are never reused.
         self._cache_generation: Callable[[], int | None] = cache_generation or (lambda: None)
         self._last_lookup: tuple[int, list[str], list[NodeView | None]] | None = None
         # Per pod uid: what its filter computed, for its prioritize.
-        self._scores: dict[str, KeptScores] = {}
+        self._scores: Bounded[str, KeptScores] = Bounded(_SCORES_KEPT, _SCORES_BYTES)
         self.answers = Answers(reservations, self._judge, decider.max_state_age)
-        self.binder = Binder(client, decider, demands, reservations, self.view_of, scheduler_names)
+        self.binder = Binder(client, decider, demands, reservations, self.view_of, settings.scheduler_names)
         self.ready = threading.Event()
 
     def routes(self) -> dict[str, Callable[[Any], Any]]:
@@ -115,37 +131,40 @@ class Extender:
             out.append(view)
         return names, out
 
-    def _judge(self, demand: Demand, names: list[str], views: list[NodeView | None]) -> list[Verdict]:
-        """The verdict per node (``views`` in the order of ``names``): the hot loop of filter."""
+    def _judge(
+        self, demand: Demand, names: list[str], views: list[NodeView | None], deadline: Deadline | None = None
+    ) -> list[Verdict]:
+        """The verdict per node (``views`` in the order of ``names``): the hot loop of filter.
+
+        Each node's is :meth:`Decider.admit`, the per-node rule bind's check calls too.
+        """
         decider = self.decider
+        admit = decider.admit
         now = decider.now()
-        max_age = decider.max_state_age
-        # Usable states were stamped in [oldest, newest]: a future stamp is no fresher than a stale one.
-        oldest = now - max_age if max_age is not None else -math.inf
-        newest = now + FUTURE_SKEW if max_age is not None else math.inf
         reservations = self.reservations
         reserved = reservations.nodes()
+        extra = reservations.extra
         table = decider.table(demand)
+        deadline = deadline or NEVER
         out: list[Verdict] = []
-        for name, view in zip(names, views, strict=True):
-            if view is None or view.problem or not oldest <= view.updated <= newest:
-                out.append(Verdict(False, True, decider.unusable(view, now), 0))
-            elif name in reserved:
-                out.append(decider.verdict(demand, view, reservations.extra(name)))
-            else:
-                verdict = table.get(view.fp)
-                out.append(verdict if verdict is not None else decider.fill(demand, view, table))
+        # In runs of 256 nodes, the deadline checked before each (computing a verdict checks it too).
+        for at in range(0, len(names), 256):
+            deadline.check()
+            out += [
+                admit(demand, view, now, extra(name) if name in reserved else None, table, deadline)
+                for name, view in zip(names[at : at + 256], views[at : at + 256], strict=True)
+            ]
         return out
 
     def _decide(
-        self, demand: Demand, names: list[str], views: list[NodeView | None]
+        self, demand: Demand, names: list[str], views: list[NodeView | None], deadline: Deadline | None = None
     ) -> tuple[list[str], dict[str, str], dict[str, str], dict[str, int]]:
         """:meth:`_judge` split into passing nodes, failed ones, unresolvable ones and scores."""
         passing: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         scores: dict[str, int] = {}
-        for name, verdict in zip(names, self._judge(demand, names, views), strict=True):
+        for name, verdict in zip(names, self._judge(demand, names, views, deadline), strict=True):
             if verdict.fits:
                 passing.append(name)
                 scores[name] = verdict.score
@@ -159,13 +178,33 @@ class Extender:
         # Not remembered for bind: bind reads the pod from the API server.
         return self.demands.of_pod(pod)
 
-    def filter(self, doc: Any) -> dict[str, Any]:
+    def deadline(self) -> Deadline:
+        """A deadline starting now: the share of kube-scheduler's httpTimeout a verb may spend deciding."""
+        return Deadline(self.settings.decision_timeout)
+
+    def filter(self, doc: Any, deadline: Deadline | None = None) -> dict[str, Any]:
         """ExtenderArgs -> ExtenderFilterResult."""
-        answer = self.filter_encoded(doc)
+        answer = self.filter_encoded(doc, deadline)
         return json.loads(answer) if isinstance(answer, bytes) else answer
 
-    def filter_encoded(self, doc: Any) -> dict[str, Any] | bytes:
-        """:meth:`filter` for the server: already encoded when it came from :class:`Answers`."""
+    def filter_encoded(self, doc: Any, deadline: Deadline | None = None) -> dict[str, Any] | bytes:
+        """:meth:`filter` for the server: already encoded when it came from :class:`Answers`.
+
+        ``deadline`` (default :meth:`deadline`, from now) is when its caller stops waiting: the server
+        may hand in one that also knows when the connection closed.
+        """
+        deadline = deadline or self.deadline()
+        try:
+            return self._filter(doc, deadline)
+        except Abandoned as exc:
+            # Verdicts found so far stay cached: kube-scheduler's retry of the pod goes on from there.
+            metrics.decided("filter", "error")
+            log.warning("filter abandoned: %s", exc)
+            return wire.filter_error(
+                f"rdma-cni: deciding this pod took too long ({exc}); abandoned, kube-scheduler retries it"
+            )
+
+    def _filter(self, doc: Any, deadline: Deadline) -> dict[str, Any] | bytes:
         try:
             args = wire.parse_filter(doc)
         except wire.WireError as exc:
@@ -180,9 +219,10 @@ class Extender:
         try:
             demand = self._demand(args.pod)
         except InvalidPodRequest as exc:
-            reason = f"rdma-cni: {exc.msg}"
+            # Invalid on every node: said once, as the answer's Error, never once per node (see
+            # docs/scheduling.md: kube-scheduler fails the attempt and shows it once in the pod's events).
             metrics.decided("filter", "error")
-            return wire.filter_result(args, [], {}, {n: reason for n in args.names})
+            return wire.filter_error(f"rdma-cni: {exc.msg}")
         except wire.WireError as exc:
             metrics.decided("filter", "error")
             return wire.filter_error(f"rdma-cni: bad ExtenderArgs: {exc}")
@@ -192,15 +232,17 @@ class Extender:
         uid = wire.pod_identity(args.pod)[2]
         if args.node_names is not None:
             names, views = self._lookup(args.node_names)
-            answer = self.answers.filter(demand, names, views, self.decider.now())
-            self._remember(uid, demand, answer.score, answer.passing, answer.prioritize_body)
+            answer = self.answers.filter(demand, names, views, self.decider.now(), deadline)
+            self._remember(
+                uid, demand, answer.score, answer.passing, answer.prioritize_body, len(answer.names)
+            )
             metrics.decided("filter", "fits" if answer.passing else "no_fit")
             if log.isEnabledFor(logging.DEBUG):  # first: answer.failed is built per call
                 self._log_detail(args.pod, answer.failed, self._cache_views())
             return answer.filter_body
         names, views = self._views(args)
-        passing, failed, unresolvable, scores = self._decide(demand, names, views)
-        self._remember(uid, demand, lambda node: scores.get(node, 0), None, b"")
+        passing, failed, unresolvable, scores = self._decide(demand, names, views, deadline)
+        self._remember(uid, demand, lambda node: scores.get(node, 0), None, b"", len(scores))
         metrics.decided("filter", "fits" if passing else "no_fit")
         return wire.filter_result(args, passing, failed, unresolvable)
 
@@ -243,16 +285,25 @@ class Extender:
         score: Callable[[str], int],
         passing: list[str] | None,
         body: bytes,
+        nodes: int,
     ) -> None:
-        # kube-scheduler asks prioritize for the same pod next: its scores are computed now.
+        """Keep what ``uid``'s filter computed (``score`` knows ``nodes`` nodes) for its prioritize."""
+        # kube-scheduler asks prioritize for the same pod next: its scores are computed now. Weighed by
+        # what the entry holds (uids and keys come from the pod, scores from the node list).
         if uid:
-            if len(self._scores) >= _SCORES_KEPT:
-                self._scores.clear()
-            self._scores[uid] = KeptScores(time.monotonic(), demand.key, score, passing, body)
+            kept = KeptScores(time.monotonic(), demand.key, score, passing, body)
+            weight = (
+                len(body)
+                + _SCORE_NODE_BYTES * (nodes + len(passing or ()))
+                + sys.getsizeof(uid)
+                + _key_bytes(demand.key)
+            )
+            self._scores.put(uid, kept, weight)
 
-    def prioritize(self, doc: Any) -> bytes:
+    def prioritize(self, doc: Any, deadline: Deadline | None = None) -> bytes:
         """ExtenderArgs -> HostPriorityList, encoded; nodes that score 0 (that do not fit; all of them
-        for a non-RDMA pod) are left out (see :func:`wire.priority_json`)."""
+        for a non-RDMA pod) are left out (see :func:`wire.priority_json`). Abandoned past ``deadline``
+        (default :meth:`deadline`): then no node gets a score."""
         try:
             args = wire.parse_filter(doc)
             demand = self._demand(args.pod)
@@ -272,7 +323,11 @@ class Extender:
             score = kept.score
             return wire.priority_json((n, score(n)) for n in args.names)
         names, views = self._views(args)
-        _, _, _, scores = self._decide(demand, names, views)
+        try:
+            _, _, _, scores = self._decide(demand, names, views, deadline or self.deadline())
+        except Abandoned as exc:
+            log.warning("prioritize abandoned: %s", exc)
+            return b"[]"
         return wire.priority_json((n, scores.get(n, 0)) for n in names)
 
     def preempt(self, doc: Any) -> dict[str, Any]:
@@ -281,7 +336,7 @@ class Extender:
             args = wire.parse_preempt(doc)
             demand = self.demands.of_pod(args.pod)
         except (wire.WireError, InvalidPodRequest) as exc:
-            log.warning("preempt: %s", getattr(exc, "msg", exc))
+            log.warning("preempt: %s", wire.clip(str(getattr(exc, "msg", exc))))
             metrics.preempted(0, 0, "error")
             return wire.preempt_result({}, {})
         if demand is None:

@@ -16,11 +16,13 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 __all__ = [
+    "MAX_REASON",
     "BindArgs",
     "FilterArgs",
     "PreemptArgs",
     "WireError",
     "bind_result",
+    "clip",
     "filter_result",
     "parse_bind",
     "parse_filter",
@@ -32,6 +34,20 @@ __all__ = [
 
 MAX_NODES = 100_000
 MAX_VICTIMS = 10_000
+# Characters of one reason or Error in an answer. Reasons quote what a pod wrote (a name, a value), and
+# a filter answer repeats a node's reason per node: capped here, whatever the parsers upstream bound, an
+# answer stays within nodes x (name + MAX_REASON) however long the tenant's input.
+MAX_REASON = 1024
+_CUT = " [... {} characters cut]"
+
+
+def clip(text: str) -> str:
+    """``text`` cut to at most :data:`MAX_REASON` characters, saying how much was cut."""
+    if len(text) <= MAX_REASON:
+        return text
+    # The count cut has no more digits than the whole length: the text with its mark fits.
+    keep = MAX_REASON - len(_CUT.format(len(text)))
+    return text[:keep] + _CUT.format(len(text) - keep)
 
 
 class WireError(ValueError):
@@ -158,9 +174,9 @@ def filter_result(
     out: dict[str, Any] = {
         "Nodes": None,
         "NodeNames": None,
-        "FailedNodes": dict(failed),
-        "FailedAndUnresolvableNodes": dict(unresolvable),
-        "Error": error,
+        "FailedNodes": {node: clip(reason) for node, reason in failed.items()},
+        "FailedAndUnresolvableNodes": {node: clip(reason) for node, reason in unresolvable.items()},
+        "Error": clip(error),
     }
     if args.node_names is not None:
         out["NodeNames"] = keep
@@ -182,7 +198,7 @@ def filter_error(error: str) -> dict[str, Any]:
         "NodeNames": None,
         "FailedNodes": {},
         "FailedAndUnresolvableNodes": {},
-        "Error": error,
+        "Error": clip(error),
     }
 
 
@@ -286,4 +302,4 @@ def parse_bind(doc: Any) -> BindArgs:
 
 def bind_result(error: str = "") -> dict[str, Any]:
     """ExtenderBindingResult."""
-    return {"Error": error}
+    return {"Error": clip(error)}

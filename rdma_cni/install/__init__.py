@@ -16,9 +16,13 @@ the plugin credentials to read pods:
   (:mod:`rdma_cni.agent`) in a thread: it publishes this node's RDMA state
   on its Node object for the scheduler extender.
 
+- with ``--mode shim``, installs the static shim instead of the whole plugin
+  and, with ``--watch``, serves the shim's calls (:mod:`rdma_cni.agent.cniserver`,
+  which runs each verb as the plugin, a process per verb).
+
 Standard library only: the installer must not pay for pydantic or requests
-(the node agent imports them when it is switched on), and it never starts
-another process.
+(the node agent imports them when it is switched on), and apart from the CNI
+server's verbs it never starts another process.
 
 The parts, one module each: :mod:`.command` (options, the install pass,
 ``--watch``, the agent thread), :mod:`.binary` (the executable and its

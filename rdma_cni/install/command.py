@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from rdma_cni import __version__, exporter
+from rdma_cni.agent.cniserver import DEFAULT_SOCKET
 from rdma_cni.install.binary import install_binary
 from rdma_cni.install.common import (
     DEFAULT_CNI_BIN_DIR,
@@ -29,8 +30,11 @@ from rdma_cni.install.common import (
     say,
     write_bytes_atomic,
 )
+from rdma_cni.install.handover import refresh_keep
 from rdma_cni.install.kubeconfig import write_kubeconfig
 from rdma_cni.install.netconf import write_conf
+from rdma_cni.install.uninstall import add_options as add_uninstall_options
+from rdma_cni.install.uninstall import run as run_uninstall
 
 
 def _set_ready(path: str | None, ready: bool) -> None:
@@ -75,10 +79,12 @@ def watch(
     """
     ticks = 0
     failing = False
+    # The pod that started last took the file over in run_once; leave it to it (install/handover).
+    keep = refresh_keep(opts.serviceaccount_dir, opts.environ)
     while not stop.wait(opts.interval):
         ticks += 1
         try:
-            if write_kubeconfig(opts.kubeconfig_path, opts.serviceaccount_dir, opts.environ):
+            if write_kubeconfig(opts.kubeconfig_path, opts.serviceaccount_dir, opts.environ, keep=keep):
                 say(out, f"service account changed: rewrote kubeconfig {opts.kubeconfig_path}")
             if failing:
                 say(out, "kubeconfig refresh works again")
@@ -145,6 +151,25 @@ def _parser() -> argparse.ArgumentParser:
         "--conf-source", metavar="PATH", help="configuration to write with --write-conf (default: built-in)"
     )
     parser.add_argument("--force", action="store_true", help="replace files this installer did not write")
+    parser.add_argument(
+        "--mode",
+        choices=("fat", "shim"),
+        default="fat",
+        help="what goes into --cni-bin-dir: 'shim', the static shim that hands verbs to this "
+        "agent's CNI server (any host glibc; needs --watch to serve), or 'fat', the whole plugin "
+        "(hosts with a glibc at least the build machine's) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shim-source",
+        metavar="FILE",
+        help="the shim to install with --mode shim (default: rdma-cni-shim beside --source)",
+    )
+    parser.add_argument(
+        "--cni-socket",
+        metavar="PATH",
+        default=DEFAULT_SOCKET,
+        help="with --mode shim --watch, serve CNI verbs here (default: %(default)s, the shim's own)",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="install and exit (the default)")
     mode.add_argument("--watch", action="store_true", help="install, then keep the kubeconfig fresh")
@@ -156,6 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-iterations", type=int, help=argparse.SUPPRESS)  # tests only
     _agent_options(parser.add_argument_group("node agent (with --watch)"))
+    add_uninstall_options(parser)
     return parser
 
 
@@ -209,8 +235,10 @@ def _agent_options(agent: argparse._ArgumentGroup) -> None:
     agent.add_argument(
         "--metrics-listen",
         metavar="ADDR:PORT",
-        type=exporter.address_option("--metrics-listen", "0.0.0.0:9101"),
-        help="serve the agent's Prometheus /metrics here, plain HTTP (default: off)",
+        type=exporter.address_option("--metrics-listen", "10.0.0.5:9473"),
+        help="serve the agent's Prometheus /metrics here, plain HTTP: the node's own address "
+        "(conf/: $(HOST_IP) from the downward API), not 0.0.0.0, which on the host network is "
+        "every interface of the node (default: off)",
     )
 
 
@@ -220,6 +248,8 @@ def main(argv: list[str], out: TextIO, err: TextIO | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _check_args(parser, args)
+    if args.uninstall:
+        return run_uninstall(args, out, err)
     source = args.source or _default_source()
     if source is None:
         err.write(
@@ -227,6 +257,8 @@ def main(argv: list[str], out: TextIO, err: TextIO | None = None) -> int:
             "pass --source PATH naming the executable to install\n"
         )
         return 1
+    if args.mode == "shim":
+        source = args.shim_source or os.path.join(os.path.dirname(source), "rdma-cni-shim")
     opts = Options(
         source=source,
         cni_bin_dir=args.cni_bin_dir,
@@ -274,30 +306,72 @@ def _run(args: argparse.Namespace, opts: Options, out: TextIO, err: TextIO) -> i
     # Handlers go in before the first write: a SIGTERM mid-install then lets
     # the atomic writes finish instead of leaving temporary files behind.
     with _stop_on_signals(stop):
-        try:
-            run_once(opts, out)
-        except (InstallError, OSError) as exc:
-            err.write(f"rdma-cni install: error: {exc}\n")
-            err.flush()
-            return 1
-        agent = None
-        if args.node_state:
+        server = None
+        if args.mode == "shim" and args.watch:
+            # Serving before the shim is in place: no call finds a shim without a server.
             try:
-                agent = _start_agent(args, opts, stop, out)
+                server = _start_cni_server(args.cni_socket, stop, out)
             except InstallError as exc:
                 err.write(f"rdma-cni install: error: {exc}\n")
                 err.flush()
                 return 1
-        _set_ready(opts.ready_file, True)
-        if not args.watch or stop.is_set():
-            return 0
-        say(out, f"watching {opts.serviceaccount_dir} every {opts.interval:g}s")
-        watch(opts, stop, out, max_iterations=args.max_iterations)
-        stop.set()
-        if agent is not None:
-            agent.join(timeout=10)
+        elif args.mode == "shim":
+            say(out, "--mode shim without --watch: run `rdma-cni cni-server` to serve the shim's calls")
+        try:
+            code = _install_and_watch(args, opts, stop, out, err)
+        finally:
+            stop.set()
+            if server is not None:
+                server.join(timeout=10)
+        if code is not None:
+            return code
     say(out, "stopping")
     return 0
+
+
+def _install_and_watch(
+    args: argparse.Namespace, opts: Options, stop: threading.Event, out: TextIO, err: TextIO
+) -> int | None:
+    """The install pass, the agent, and ``--watch``; an exit code to return early, None when stopped."""
+    try:
+        run_once(opts, out)
+    except (InstallError, OSError) as exc:
+        err.write(f"rdma-cni install: error: {exc}\n")
+        err.flush()
+        return 1
+    agent = None
+    if args.node_state:
+        try:
+            agent = _start_agent(args, opts, stop, out)
+        except InstallError as exc:
+            err.write(f"rdma-cni install: error: {exc}\n")
+            err.flush()
+            return 1
+    _set_ready(opts.ready_file, True)
+    if not args.watch or stop.is_set():
+        return 0
+    say(out, f"watching {opts.serviceaccount_dir} every {opts.interval:g}s")
+    watch(opts, stop, out, max_iterations=args.max_iterations)
+    stop.set()
+    if agent is not None:
+        agent.join(timeout=10)
+    return None
+
+
+def _start_cni_server(socket_path: str, stop: threading.Event, out: TextIO) -> threading.Thread:
+    """Serve the shim's calls in a thread until ``stop``; InstallError when the socket cannot be served."""
+    from rdma_cni.agent.cniserver import CniServer, ServerError
+
+    server = CniServer(socket_path)
+    try:
+        # During a rolling update with surge the old agent still serves: take over when it stops.
+        server.start(wait=stop)
+    except ServerError as exc:
+        raise InstallError(f"CNI server: {exc}") from None
+    thread = threading.Thread(target=server.serve, args=(stop,), name="cni-server", daemon=True)
+    thread.start()
+    say(out, f"serving CNI verbs for the shim on {server.socket_path} (plugin {server.plugin[0]})")
+    return thread
 
 
 def _start_agent(

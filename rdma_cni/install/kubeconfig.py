@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from rdma_cni.install.common import InstallError, write_bytes_atomic
 from rdma_cni.kube.credentials import token_is_valid
@@ -79,11 +79,19 @@ def _read_piece(path: str, what: str) -> bytes:
         raise InstallError(f"cannot read service account {what} {path}: {exc.strerror or exc}") from None
 
 
-def write_kubeconfig(path: str, serviceaccount_dir: str, environ: Mapping[str, str]) -> bool:
+def write_kubeconfig(
+    path: str,
+    serviceaccount_dir: str,
+    environ: Mapping[str, str],
+    *,
+    keep: Callable[[bytes, bytes], str | None] | None = None,
+) -> bool:
     """Write the kubeconfig (mode 0600) if its content would change; return True when it was written.
 
     Comparing content, not timestamps, is what detects a rotated token, and
     it also restores a kubeconfig someone deleted or edited on the host.
+    ``keep(current, new)``, given, may name a reason to leave a differing
+    file as it is (another live agent pod's, :mod:`.handover`).
     """
     data = render_kubeconfig(serviceaccount_dir, environ)
     try:
@@ -93,6 +101,8 @@ def write_kubeconfig(path: str, serviceaccount_dir: str, environ: Mapping[str, s
     except FileNotFoundError:
         current, mode = None, None
     if current == data and mode == 0o600:
+        return False
+    if current is not None and keep is not None and keep(current, data):
         return False
     write_bytes_atomic(path, data, 0o600)
     return True

@@ -6,6 +6,7 @@ import json
 import os
 from typing import Any, TextIO
 
+from rdma_cni.cni.config import DEFAULT_NETWORK_NAME
 from rdma_cni.install.common import DEFAULT_KUBECONFIG_PATH, InstallError, Options, say, write_bytes_atomic
 
 # Extensions libcni loads from a conf directory; anything else is ignored silently.
@@ -19,7 +20,7 @@ def default_conflist(kubeconfig_path: str = DEFAULT_KUBECONFIG_PATH) -> dict[str
     """
     return {
         "cniVersion": "1.0.0",
-        "name": "rdma-net",
+        "name": DEFAULT_NETWORK_NAME,
         "plugins": [
             {
                 "type": "rdma-cni",

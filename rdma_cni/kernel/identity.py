@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from rdma_cni.kernel import sysfs
+from rdma_cni.kernel import linkscan, sysfs
 from rdma_cni.kernel.netlink import Link, Rtnl
 
 if TYPE_CHECKING:
@@ -162,20 +162,29 @@ def identity_for(host_link: HostLinks) -> Identity:
 class VfFinder:
     """Finds VF netdevs in the host and in one pod by identity.
 
-    Few kernel round trips: the pod's links are dumped once; in the host a
-    VF is first looked up under the name sysfs gives (one small request,
-    then its identity is checked), and the host's links are dumped only
-    when that fails (a renamed VF, a look-alike under its name, a VF that
-    came back from a deleted namespace).
+    Few kernel round trips, and none a pod can multiply. In the pod, a VF
+    is asked for by the ifindex it got there (recorded by ADD; a pod can
+    rename a link but not change its index without moving it away), then
+    under its pod-side name: one small request each, and the link the
+    kernel answers with is the VF only if its identity says so. Only when
+    both miss (records without the index, a VF the pod moved away) are the
+    pod's links walked, once per finder, within a bound
+    (:mod:`rdma_cni.kernel.linkscan`): a VF beyond it is not found, which
+    every caller treats as "not proven here". In the host a VF is first
+    looked up under the name sysfs gives, and the host's links are dumped
+    only when that fails (a renamed VF, a look-alike under its name, a VF
+    that came back from a deleted namespace).
     """
 
-    def __init__(self, host: Rtnl, pod: Netns | None = None) -> None:
+    def __init__(self, host: Rtnl, pod: Netns | None = None, bound: linkscan.Bound | None = None) -> None:
         self.host = host
         self.pod = pod
+        self.bound = bound or linkscan.Bound()
         self._host_links: list[Link] | None = None
         self._by_name: dict[str, Link | None] = {}
         self._by_identity: dict[str, dict[str, list[Link]]] = {}
         self._home: dict[str, Link | None] = {}
+        self._in_pod: dict[str, Link | None] = {}
         self.identity = identity_for(self._host_link)
 
     def _host_link(self, name: str) -> Link | None:
@@ -189,8 +198,8 @@ class VfFinder:
         if where not in self._by_identity:
             if where == "pod":
                 assert self.pod is not None
-                links = self.pod.rtnl.links()
                 view = self.pod
+                links = self._walk_pod(view)
             else:
                 if self._host_links is None:
                     self._host_links = self.host.links()
@@ -202,6 +211,23 @@ class VfFinder:
                     table.setdefault(ident, []).append(link)
             self._by_identity[where] = table
         return self._by_identity[where]
+
+    def _walk_pod(self, pod: Netns) -> list[Link]:
+        """The pod's links with a VF identity, from a walk within :attr:`bound`."""
+
+        def has_vf_identity(link: Link) -> bool:
+            return self.identity.of(link, pod) is not None
+
+        walked = linkscan.walk(pod.fd, has_vf_identity, self.bound)
+        if not walked.complete:
+            log.warning(
+                "the links of %s were walked only in part (%s, %d examined): a VF beyond them is not "
+                "found here (it returns to the host when the namespace is deleted)",
+                pod.path,
+                walked.stopped,
+                walked.examined,
+            )
+        return walked.kept
 
     def _match(self, where: str, pci: str) -> Link | None:
         want = self.identity.expected(pci)
@@ -228,13 +254,49 @@ class VfFinder:
             self._home[pci] = link
         return self._home[pci]
 
-    def in_pod(self, pci: str) -> Link | None:
-        """VF ``pci``'s netdev if it is proven to be in the pod."""
-        return self._match("pod", pci) if self.pod is not None else None
+    def asked_in_pod(self, pci: str, index: int, name: str) -> Link | None:
+        """The pod's link at ``index``, else under ``name``, if the kernel shows it is VF ``pci``.
 
-    def find(self, pci: str, name: str | None = None) -> tuple[str, Link] | None:
-        """Where VF ``pci``'s netdev is: ("pod"|"host", link), or None when not proven anywhere."""
-        link = self.in_pod(pci)
+        Two small requests at most, never a walk, nothing cached.
+        """
+        if self.pod is None:
+            return None
+        want = self.identity.expected(pci)
+        if want is None:
+            return None
+        if index:
+            link = self.pod.rtnl.get_link(index=index)
+            if link is not None and self.identity.of(link, self.pod) == want:
+                return link
+        if name:
+            link = self.pod.rtnl.get_link(name=name)
+            if link is not None and self.identity.of(link, self.pod) == want:
+                return link
+        return None
+
+    def in_pod(self, pci: str, index: int = 0, name: str = "") -> Link | None:
+        """VF ``pci``'s netdev if it is proven to be in the pod.
+
+        ``index`` and ``name`` are where ADD left it (its ifindex and name in
+        the pod): hints asked first, each proven by identity; the bounded
+        walk of the pod's links comes only after both missed.
+        """
+        if self.pod is None:
+            return None
+        if pci not in self._in_pod:
+            link = self.asked_in_pod(pci, index, name)
+            self._in_pod[pci] = link if link is not None else self._match("pod", pci)
+        return self._in_pod[pci]
+
+    def find(
+        self, pci: str, name: str | None = None, *, pod_index: int = 0, pod_name: str = ""
+    ) -> tuple[str, Link] | None:
+        """Where VF ``pci``'s netdev is: ("pod"|"host", link), or None when not proven anywhere.
+
+        ``name``: its probable host name; ``pod_index``, ``pod_name``: where
+        ADD left it in the pod.
+        """
+        link = self.in_pod(pci, pod_index, pod_name)
         if link is not None:
             return "pod", link
         link = self.in_host(pci, name)
@@ -246,21 +308,31 @@ class VfFinder:
         self._by_name.clear()
         self._by_identity.clear()
         self._home.clear()
+        self._in_pod.clear()
 
     def unexplained_in_pod(self, pcis: Iterable[str]) -> bool:
-        """Does the pod hold a link with a VF identity that is none of ``pcis``?"""
+        """Does the pod hold a link with a VF identity that is none of ``pcis``?
+
+        Answered from the bounded walk: a VF beyond the bound is not seen.
+        """
         if self.pod is None:
             return False
         known = {self.identity.expected(pci) for pci in pcis}
         return any(ident not in known for ident in self._index("pod"))
 
-    def vfs_in_pod(self, pcis: Iterable[str]) -> dict[str, Link]:
-        """Of ``pcis``, the VFs proven to sit in the pod, with their links there."""
-        if self.pod is None or not self._index("pod"):
+    def vfs_in_pod(
+        self, pcis: Iterable[str], hints: Mapping[str, tuple[int, str]] | None = None
+    ) -> dict[str, Link]:
+        """Of ``pcis``, the VFs proven to sit in the pod, with their links there.
+
+        ``hints``: PCI address -> (ifindex, name) where ADD left that VF.
+        """
+        if self.pod is None:
             return {}
+        hints = hints or {}
         out = {}
         for pci in pcis:
-            link = self.in_pod(pci)
+            link = self.in_pod(pci, *hints.get(pci, (0, "")))
             if link is not None:
                 out[pci] = link
         return out

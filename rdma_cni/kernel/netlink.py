@@ -49,6 +49,24 @@ def _cls(name: str) -> Any:
     return _msgs[name]
 
 
+def neutral_vf_settings() -> dict[str, Any]:
+    """A VF's PF-side settings as the kernel gives a new VF (a fresh dict each call: values are lists).
+
+    The one definition: ADD takes a setting the driver does not report to be
+    this, and resets ``vlan`` and ``trust`` to it; the integration tier's VF
+    table (:class:`~rdma_cni.kernel.vfcontrol.FileVfControl`) starts from it.
+    The keys are :meth:`VfInfo.settings`' and :meth:`Rtnl.set_vf`'s.
+    """
+    return {
+        "rate": [0, 0],
+        "vlan": [0, 0],
+        "spoofchk": True,
+        "trust": False,
+        "link_state": "auto",
+        "mac": "00:00:00:00:00:00",
+    }
+
+
 @dataclass(frozen=True)
 class VfInfo:
     """A VF's PF-side settings as the kernel reports them (IFLA_VF_INFO)."""
@@ -70,11 +88,29 @@ class VfInfo:
             out["rate"] = [self.min_tx_rate or 0, self.max_tx_rate or 0]
         if self.vlan is not None:
             out["vlan"] = [self.vlan, self.qos or 0]
-        for key in ("mac", "spoofchk", "trust", "link_state"):
+        for key in _PLAIN_SETTINGS:
             val = getattr(self, key)
             if val is not None:
                 out[key] = val
         return out
+
+    @classmethod
+    def from_settings(cls, vf: int, settings: dict[str, Any]) -> VfInfo:
+        """The inverse of :meth:`settings`: a VF reporting exactly ``settings`` (the file stand-in's)."""
+        rate = settings.get("rate")
+        vlan = settings.get("vlan")
+        return cls(
+            vf=vf,
+            vlan=vlan[0] if vlan else None,
+            qos=vlan[1] if vlan else None,
+            min_tx_rate=rate[0] if rate else None,
+            max_tx_rate=rate[1] if rate else None,
+            **{key: settings[key] for key in _PLAIN_SETTINGS if key in settings},
+        )
+
+
+# Settings that are one VfInfo field each, under the same name (rate and vlan are pairs).
+_PLAIN_SETTINGS = ("mac", "spoofchk", "trust", "link_state")
 
 
 @dataclass(frozen=True)

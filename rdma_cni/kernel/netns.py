@@ -31,6 +31,11 @@ log = logging.getLogger("rdma_cni.netns")
 
 HOST_NETNS_PATH = "/proc/self/ns/net"
 CLONE_NEWNET = 0x40000000
+# Set by the agent's CNI server (rdma_cni.agent.cniserver) for the verbs it runs
+# for the host's shim: CNI_NETNS is a path in the runtime's mount view, which the
+# agent does not share, so the shim opened it and passed the fd; this names that
+# fd (/proc/<server pid>/fd/<n>), or "errno:<n>" when the shim could not open it.
+NETNS_VIA_ENV = "RDMA_CNI_NETNS_VIA"
 
 _libc: Any = None
 
@@ -78,6 +83,22 @@ class NotAPodNetns(ValueError):
 NS_GET_NSTYPE = 0xB703
 
 
+def _opened_path(path: str) -> str:
+    """What to open for ``path``: the namespace the shim passed when ``path`` is this verb's CNI_NETNS.
+
+    Raises the shim's OSError when it could not open the path itself (the
+    namespace is gone in the runtime's view: the plugin answers as it would
+    for a missing path). Other paths (a record's) are opened as they are.
+    """
+    via = os.environ.get(NETNS_VIA_ENV, "")
+    if not via or not path or path != os.environ.get("CNI_NETNS"):
+        return path
+    if via.startswith("errno:"):
+        code = int(via[6:]) if via[6:].isdigit() else 2
+        raise OSError(code, os.strerror(code), path)
+    return via
+
+
 def open_pod_netns(path: str) -> int:
     """Open ``path`` as a pod's network namespace and return the fd.
 
@@ -89,10 +110,10 @@ def open_pod_netns(path: str) -> int:
     open: only nsfs files are opened, and never without O_NONBLOCK.
     """
     nsfs = os.stat(HOST_NETNS_PATH)
-    before = os.stat(path)
+    before = os.stat(_opened_path(path))
     if not stat.S_ISREG(before.st_mode) or before.st_dev != nsfs.st_dev:
         raise NotAPodNetns(f"{path} is not a network namespace (not an nsfs file)")
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    fd = os.open(_opened_path(path), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     try:
         # Checked again on the fd: the path may have been swapped since the stat.
         st = os.fstat(fd)

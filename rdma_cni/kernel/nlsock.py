@@ -32,7 +32,7 @@ import os
 import socket
 import struct
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
@@ -337,6 +337,41 @@ class NlSocket:
         raise self.error(
             errno.EAGAIN, op, reason=f"the records kept changing during {DUMP_ATTEMPTS} attempts"
         )
+
+    def stream(self, op: str, request: bytes, seq: int) -> Iterator[Frame]:
+        """Send the dump request ``request`` and yield its messages one by one as they arrive.
+
+        The last one yielded is the dump's NLMSG_DONE (its flags may carry
+        NLM_F_DUMP_INTR). The kernel fills the next datagram only when this
+        reads, so a caller that stops early (a bounded search) costs no more
+        than what it read; it must then close the socket, since the rest of
+        the dump would greet the next request. No retry here: the caller
+        decides what an interrupted dump means.
+        """
+        sock = self._sock
+        if sock is None:
+            raise ValueError("the netlink socket is closed")
+        try:
+            sock.send(request)
+        except OSError as exc:
+            raise self._os_error(op, exc) from exc
+        while True:
+            try:
+                data = sock.recv(RECV_BUFSIZE)
+            except OSError as exc:
+                raise self._os_error(op, exc) from exc
+            if not data:
+                raise self.error(errno.EPROTO, op, reason="the socket closed before the answer came")
+            for frame in split_frames(data):
+                if frame.seq != seq or frame.type == NLMSG_NOOP:
+                    continue
+                if frame.type in (NLMSG_ERROR, NLMSG_DONE) and frame.error:
+                    raise self.error(-frame.error, op, kernel_message=frame.kernel_message)
+                if frame.type == NLMSG_OVERRUN:
+                    raise self.error(errno.ENOBUFS, op, reason="the kernel dropped part of the reply")
+                yield frame
+                if frame.type in (NLMSG_DONE, NLMSG_ERROR):
+                    return
 
     def exchange(self, op: str, request: bytes, seq: int) -> list[Frame]:
         """Send ``request`` (whose sequence number is ``seq``) and collect its replies.

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from rdma_cni.cni.errors import KernelError
 from rdma_cni.kernel import sysfs
-from rdma_cni.kernel.netlink import Rtnl, VfInfo
+from rdma_cni.kernel.netlink import Rtnl, VfInfo, neutral_vf_settings
 from rdma_cni.kernel.nlsock import NetlinkError
 from rdma_cni.shared.atomicfile import write_atomic
 
@@ -83,16 +83,6 @@ class KernelVfControl:
             raise _refused(pf, vf, settings, exc.errno or 0, exc.strerror or str(exc)) from exc
 
 
-_DEFAULT = {
-    "mac": "00:00:00:00:00:00",
-    "vlan": [0, 0],
-    "rate": [0, 0],
-    "spoofchk": True,
-    "trust": False,
-    "link_state": "auto",
-}
-
-
 class FileVfControl:
     """Test stand-in: the VF table lives in a JSON file; calls are appended to it.
 
@@ -119,18 +109,7 @@ class FileVfControl:
         table = self._load().get("pfs", {}).get(pf, {})
         out = {}
         for vf in range(sysfs.num_vfs(pf)):
-            s = {**_DEFAULT, **table.get(str(vf), {})}
-            out[vf] = VfInfo(
-                vf=vf,
-                mac=s["mac"],
-                vlan=s["vlan"][0],
-                qos=s["vlan"][1],
-                min_tx_rate=s["rate"][0],
-                max_tx_rate=s["rate"][1],
-                spoofchk=s["spoofchk"],
-                trust=s["trust"],
-                link_state=s["link_state"],
-            )
+            out[vf] = VfInfo.from_settings(vf, {**neutral_vf_settings(), **table.get(str(vf), {})})
         return out
 
     def apply(self, pf: str, vf: int, settings: dict[str, Any]) -> None:

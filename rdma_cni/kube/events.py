@@ -19,16 +19,27 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rdma_cni.shared.quote import bounded
+
 __all__ = ["EventSink"]
 
 log = logging.getLogger("rdma_cni.events")
 
 # The API rejects longer messages; what an operator reads first fits well within.
 MAX_MESSAGE = 1024
+# Room for the "... (N characters)" tail that says a message was cut.
+_TAIL = 40
 
 
 def _now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _message(text: str) -> str:
+    """``text`` escaped and at most :data:`MAX_MESSAGE` characters, its length said when cut."""
+    out = bounded(text, MAX_MESSAGE - _TAIL)
+    # Escapes lengthen what is kept (up to 10 characters each): then keep what surely fits.
+    return out if len(out) <= MAX_MESSAGE else bounded(text, (MAX_MESSAGE - _TAIL) // 10)
 
 
 class EventSink:
@@ -99,7 +110,9 @@ class EventSink:
             "metadata": {"generateName": f"{name}.", "namespace": namespace or "default"},
             "involvedObject": involved,
             "reason": reason,
-            "message": message[:MAX_MESSAGE],
+            # Messages repeat what pods and agents wrote (a refused request's reason): escaped, so
+            # `kubectl describe` prints no escape sequence, and bounded whatever they quoted.
+            "message": _message(message),
             "type": type,
             "source": {"component": self.component, **({"host": self.host} if self.host else {})},
             "reportingComponent": self.component,

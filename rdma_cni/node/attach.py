@@ -232,7 +232,7 @@ class NetdevMove(Step):
         home = ctx.finder.in_host(run.vf.pci)
         if home is None:
             raise KernelError(f"VF {run.vf.pci} is no longer proven to be in the host namespace")
-        run.link = move_in(ctx.host, ctx.pod, run.vf, home)
+        run.link = move_in(ctx.host, ctx.finder, run.vf, home)
         bring_up(ctx.pod, run.link, run.vf)
 
     def undo(self, ctx: Context, run: VfRun) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -11,6 +10,7 @@ from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest
 from rdma_cni.cni.protocol import IFNAMSIZ, CniEnv
 from rdma_cni.shared.attachments import ARGS_KEY, attachment_request
 from rdma_cni.shared.podrequest import InterfaceRequest, PodRequest
+from rdma_cni.shared.quote import quote
 
 log = logging.getLogger("rdma_cni.podmeta")
 
@@ -35,7 +35,7 @@ def runtime_annotations(conf: NetConf) -> dict[str, str] | None:
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise InvalidConfig(
             f'runtimeConfig["{CRI_ANNOTATIONS}"] must be an object mapping annotation keys to '
-            f"strings, or null: got {json.dumps(value)[:200]}"
+            f"strings, or null: got {quote(value)}"
         )
     return value
 

@@ -45,6 +45,12 @@ from rdma_cni.shared import atomicfile
 log = logging.getLogger("rdma_cni.record")
 
 SCHEMA = 1
+# A version reads the next version's records too, so a rollback releases what the newer version
+# allocated: the next schema (SCHEMA + 1) may only add keys, each one a reader of this schema may
+# ignore when it releases the attachment (DEL, GC) and, when absent, defaulted by the newer reader.
+# A change an older reader must not ignore skips a number, making its records unreadable here.
+# Records are only ever rewritten by the ADD that created them, so no reader drops a key it ignored.
+NEXT_SCHEMA = SCHEMA + 1
 _SUFFIX = ".json"
 
 
@@ -69,6 +75,10 @@ class VfRecord:
     ipam: dict[str, Any] | None = None  # the IPAM result for this interface
     rdma_device: str = ""  # the VF's RDMA device, if it has one
     rdma_action: str = ""  # "moved" into the pod, "shared" (left in host), or "" (none/off)
+    # Its ifindex inside the pod, as the kernel reported it after the move
+    # (0: not known yet, or a record written before this field existed).
+    # Where to ask first; identity still decides (rdma_cni.kernel.identity).
+    pod_index: int = 0
 
 
 @dataclass
@@ -102,30 +112,41 @@ class Attachment:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
 
-def _build(cls: type, data: Any, where: str) -> Any:
-    """Construct a record dataclass from JSON, strictly (unknown or missing keys are errors)."""
+def _build(cls: type, data: Any, where: str, *, newer: bool = False) -> Any:
+    """Construct a record dataclass from JSON, strictly (unknown or missing keys are errors).
+
+    ``newer``: the record is of the next schema, whose added keys are left out (see NEXT_SCHEMA).
+    """
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected an object")
     names = {f.name for f in fields(cls)}
     unknown = set(data) - names
-    if unknown:
+    if unknown and not newer:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
-    return cls(**data)
+    return cls(**{k: v for k, v in data.items() if k in names})
 
 
 def parse_attachment(text: str) -> Attachment:
-    """Parse a record file's content; ValueError/TypeError on anything malformed."""
+    """Parse a record file's content; ValueError/TypeError on anything malformed.
+
+    Records of this schema are read strictly; those of the next one (a newer
+    version's, read after a rollback) without the keys it added.
+    """
     data = json.loads(text)
-    att = _build(Attachment, data, "attachment")
-    if att.schema != SCHEMA:
-        raise ValueError(f"record schema {att.schema} is not {SCHEMA}")
+    schema = data.get("schema", SCHEMA) if isinstance(data, dict) else None
+    if schema not in (SCHEMA, NEXT_SCHEMA):
+        raise ValueError(f"record schema {schema!r} is not {SCHEMA} (or {NEXT_SCHEMA}, read back)")
+    newer = schema == NEXT_SCHEMA
+    att = _build(Attachment, data, "attachment", newer=newer)
     if att.state not in ("adding", "ready"):
         raise ValueError(f"unknown state {att.state!r}")
-    att.pod = _build(PodInfo, att.pod, "pod") if att.pod is not None else None
-    att.vfs = [_build(VfRecord, v, f"vfs[{i}]") for i, v in enumerate(att.vfs)]
+    att.pod = _build(PodInfo, att.pod, "pod", newer=newer) if att.pod is not None else None
+    att.vfs = [_build(VfRecord, v, f"vfs[{i}]", newer=newer) for i, v in enumerate(att.vfs)]
     for v in att.vfs:
         if not isinstance(v.pci, str) or not isinstance(v.vf, int) or not isinstance(v.pf, str):
             raise TypeError("vf entries need pf (str), vf (int) and pci (str)")
+        if type(v.pod_index) is not int or not 0 <= v.pod_index < 1 << 31:
+            raise TypeError(f"vf {v.pci}: pod_index must be an ifindex (an integer from 0 to 2^31-1)")
     return att
 
 
@@ -425,8 +446,8 @@ def held_lock() -> int | None:
 @contextlib.contextmanager
 def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
     """Hold the node-wide lock (flock on ``lock_file``); code 11 after ``timeout`` seconds, code 5 at once
-    for a lockFile that can never be locked (under /proc or /sys, a directory, a FIFO) or that another
-    user owns or can write, or a symbolic link (see :mod:`rdma_cni.node.statedir`).
+    for a lockFile that can never be locked (on procfs, sysfs or another pseudo file system, a directory,
+    a FIFO) or that another user owns or can write, or a symbolic link (see :mod:`rdma_cni.node.statedir`).
 
     The lock lives on this process's open file description, so an IPAM guard
     forked while it is held keeps holding it after this process is killed

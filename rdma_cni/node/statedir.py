@@ -16,15 +16,20 @@ cache directory, every verb checks before it reads or writes anything:
   or root, and are writable by others only with the sticky bit (``/tmp``):
   there no other user can rename or remove what the plugin put in them, and a
   file they planted first fails the owner check above;
-- a ``lockFile`` on procfs or sysfs (``/proc/self/status`` locks a copy per
-  process) is refused: its real path may not lie under ``/proc`` or ``/sys``.
+- a ``stateDir`` or ``lockFile`` on a pseudo file system (procfs, sysfs,
+  cgroup, debugfs and the like: ``/proc/self/status`` locks a copy per
+  process, and nothing written there is kept) is refused, wherever it is
+  mounted (``/host/proc`` too): the kernel's own name for the file system
+  (``statfs``'s ``f_type``) is checked, not the path's prefix.
 
-Each path costs one ``lstat`` (or ``fstat`` on the opened lock file).
-Violations are :class:`IOFailure` (code 5) naming the path and its owner.
+Each path costs one ``lstat`` (or ``fstat`` on the opened lock file), and
+the file system check one or two ``statfs``. Violations are
+:class:`IOFailure` (code 5) naming the path and its owner or file system.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -33,8 +38,28 @@ from rdma_cni.cni.errors import IOFailure
 # The directories under stateDir the plugin uses.
 SUBDIRS = ("attachments", "quarantine", "ipam-pending")
 
-# Pseudo file systems a lock file cannot live on (each process opens its own copy).
-_PSEUDO_FS = ("/proc", "/sys")
+# Pseudo file systems (statfs f_type, from linux/magic.h) where a lock or a record makes no sense:
+# their files are made up by the kernel on each open (a lock on one locks nothing shared) and they
+# keep nothing written to them.
+PSEUDO_FS = {
+    0x9FA0: "procfs",
+    0x62656572: "sysfs",
+    0x27E0EB: "cgroup",
+    0x63677270: "cgroup2",
+    0x64626720: "debugfs",
+    0x74726163: "tracefs",
+    0x73636673: "securityfs",
+    0x62656570: "configfs",
+    0xCAFE4A11: "bpf",
+    0xF97CFF8C: "selinuxfs",
+    0x6165676C: "pstore",
+    0xDE5E81E4: "efivarfs",
+    0x42494E4D: "binfmt_misc",
+    0x65735543: "fusectl",
+    0x6E736673: "nsfs",
+}
+# struct statfs is 120 bytes on 64-bit Linux (84 on 32-bit); f_type, a C long, comes first.
+_STATFS_SIZE = 256
 
 
 def _owner(uid: int) -> str:
@@ -97,6 +122,7 @@ def _lstat(path: str, what: str) -> os.stat_result | None:
 def check_state_dir(state_dir: str) -> None:
     """Check ``stateDir``, the directory holding it and the subdirectories the plugin uses (if they exist)."""
     state_dir = os.path.normpath(state_dir)
+    check_state_fs(state_dir)
     check_container(os.path.dirname(state_dir) or "/", "the directory holding stateDir")
     st = _lstat(state_dir, "stateDir")
     if st is None:
@@ -109,13 +135,43 @@ def check_state_dir(state_dir: str) -> None:
             check_owned(path, sub, "state directory", want_dir=True)
 
 
+def fs_type(path: str, what: str) -> int:
+    """``statfs``'s ``f_type`` of ``path``, or of its nearest ancestor that exists."""
+    import ctypes  # here, not at the top: every verb has it loaded already (kernel/netns)
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(_STATFS_SIZE)
+    while True:
+        if libc.statfs(os.fsencode(path), buf) == 0:
+            return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+        err = ctypes.get_errno()
+        parent = os.path.dirname(path)
+        if err not in (errno.ENOENT, errno.ENOTDIR) or parent == path:
+            raise IOFailure(f"cannot inspect the file system of {what} {path}: {os.strerror(err)}")
+        path = parent  # not created yet: it will be on its parent's file system
+
+
+def _pseudo_fs(path: str, what: str) -> str | None:
+    """The name of the pseudo file system ``path`` (or the nearest existing ancestor) is on, if any."""
+    return PSEUDO_FS.get(fs_type(os.path.realpath(path), what))
+
+
+def check_state_fs(state_dir: str) -> None:
+    """Code 5 if ``stateDir`` (or where it would be created) is on a pseudo file system."""
+    name = _pseudo_fs(state_dir, "stateDir")
+    if name is not None:
+        raise IOFailure(
+            f"stateDir {state_dir} is on {name}, where nothing written is kept; use a path under /var/lib"
+        )
+
+
 def check_lock_path(lock_file: str) -> None:
-    """Before opening it: ``lockFile`` is not on procfs/sysfs and its directory is trustworthy."""
-    real = os.path.realpath(lock_file)
-    for root in _PSEUDO_FS:
-        if real == root or real.startswith(root + "/"):
+    """Before opening it: ``lockFile`` is not on a pseudo file system and its directory is trustworthy."""
+    for path in (lock_file, os.path.dirname(os.path.normpath(lock_file)) or "/"):
+        name = _pseudo_fs(path, "lockFile")
+        if name is not None:
             raise IOFailure(
-                f"lockFile {lock_file} is under {root}, where it cannot be locked; use a path under /run"
+                f"lockFile {lock_file} is on {name}, where it cannot be locked; use a path under /run"
             )
     check_container(os.path.dirname(os.path.normpath(lock_file)) or "/", "the directory of lockFile")
 

@@ -44,8 +44,17 @@ def netlink_failure(what: str, exc: NetlinkError) -> KernelError:
     return KernelError(f"{what}: {exc.strerror}", f"errno {exc.errno}")
 
 
-def move_in(host: Rtnl, pod: Netns, vf: VfRecord, link: Link) -> Link:
-    """Move the VF netdev ``link`` (proven to be VF ``vf.pci``) into the pod under its pod-side name."""
+def move_in(host: Rtnl, finder: VfFinder, vf: VfRecord, link: Link) -> Link:
+    """Move the VF netdev ``link`` (proven to be VF ``vf.pci``) into the pod under its pod-side name.
+
+    Returns its link in the pod, proven by identity, and keeps its ifindex
+    there in ``vf.pod_index``: where DEL and NRI ask for it, instead of
+    walking every link the pod made. The kernel keeps the index across the
+    move unless the pod already uses it, so that is asked first, then the
+    pod-side name.
+    """
+    pod = finder.pod
+    assert pod is not None
     if pod.rtnl.get_link(name=vf.pod_name) is not None:
         raise KernelError(f"the pod already has an interface named {vf.pod_name}", f"netns {pod.path}")
     try:
@@ -54,9 +63,10 @@ def move_in(host: Rtnl, pod: Netns, vf: VfRecord, link: Link) -> Link:
         raise netlink_failure(
             f"cannot move {link.name} ({vf.pci}) into {pod.path} as {vf.pod_name}", exc
         ) from exc
-    moved = pod.rtnl.get_link(name=vf.pod_name)
+    moved = finder.asked_in_pod(vf.pci, link.index, vf.pod_name)
     if moved is None:
-        raise KernelError(f"{vf.pod_name} vanished from {pod.path} right after the move")
+        raise KernelError(f"VF {vf.pci} is not proven to be in {pod.path} right after the move")
+    vf.pod_index = moved.index
     return moved
 
 
@@ -67,9 +77,8 @@ def move_out(host: Rtnl, finder: VfFinder, vf: VfRecord) -> None:
     netns was deleted is back in the host under its pod-side name; identity
     finds it there too.
     """
-    spare = fallback_name(vf.pci)
     for fallback in (False, True):
-        found = finder.find(vf.pci, vf.host_name)
+        found = finder.find(vf.pci, vf.host_name, pod_index=vf.pod_index, pod_name=vf.pod_name)
         if found is None:
             log.warning(
                 "VF %s (%s) has no netdev proven to be it in the host%s: nothing to move back",
@@ -83,7 +92,9 @@ def move_out(host: Rtnl, finder: VfFinder, vf: VfRecord) -> None:
         mtu = vf.host_mtu if vf.mtu and vf.host_mtu else None
         name = vf.host_name if link.name != vf.host_name or where == "pod" else None
         try:
-            _send_home(host, finder, where, link, name=spare if fallback else name, mac=mac, mtu=mtu)
+            _send_home(
+                host, finder, where, link, name=fallback_name(vf.pci) if fallback else name, mac=mac, mtu=mtu
+            )
             return
         except NetlinkError as exc:
             if exc.errno != errno.EEXIST or fallback:
@@ -95,7 +106,9 @@ def move_out(host: Rtnl, finder: VfFinder, vf: VfRecord) -> None:
             # refused the rename, and its old index in the pod may by now be
             # a device the pod made. So the next try finds the VF again, by
             # identity, wherever it is.
-            log.warning("host name %s of VF %s is taken; naming it %s", vf.host_name, vf.pci, spare)
+            log.warning(
+                "host name %s of VF %s is taken; naming it %s", vf.host_name, vf.pci, fallback_name(vf.pci)
+            )
             finder.forget()
 
 

@@ -16,12 +16,14 @@ extender and ADD cannot disagree about how many VFs a PF offers.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from rdma_cni.shared import placement
+from rdma_cni.shared import names, placement
+from rdma_cni.shared.quote import quote
 
 __all__ = [
     "ANNOTATION",
@@ -36,6 +38,7 @@ __all__ = [
     "decode",
     "eligible_vf",
     "encode",
+    "pf_state",
     "pf_states",
     "same_content",
 ]
@@ -57,6 +60,8 @@ MAX_RATE_MBPS = 10_000_000
 # Sums of min rates on a PF: every VF at the largest rate.
 MAX_USED_RATE = MAX_RATE_MBPS * MAX_VFS_PER_PF
 MAX_NAME = 253
+# A Kubernetes UID is a UUID (36 characters); an allocation record outside Kubernetes has none.
+MAX_UID = 128
 MAX_NUMA = 1 << 16
 MAX_GENERATION = (1 << 63) - 1
 
@@ -66,6 +71,37 @@ USERSPACE_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio"})
 ISOLATION_POLICIES = ("auto", "required", "off")
 
 _NO_EXTRA: Mapping[str, tuple[int, int]] = MappingProxyType({})
+
+# What each name in the state must be (docs/node-state.md#names): a reader refuses the whole state
+# otherwise, so a corrupt or hostile agent can neither send terminal escapes to an operator's
+# `rdma-cni nodes` nor names no real node has into the extender's answers.
+_UID = re.compile(rf"[A-Za-z0-9._-]{{0,{MAX_UID}}}")
+_STAMP = re.compile(r"[0-9A-Za-z:.+-]{1,64}")
+
+
+def _empty_or(check: Callable[[str], bool]) -> Callable[[str], bool]:
+    # Records made outside Kubernetes (cnitool) name no pod: empty namespace, name and uid.
+    return lambda value: not value or check(value)
+
+
+# rule -> (check, what a value must be); the message says the rule.
+_RULES: Mapping[str, tuple[Callable[[str], bool], str]] = MappingProxyType(
+    {
+        "pf": (names.kernel_ifname, f"an interface name the kernel allows: {names.KERNEL_IFNAME_RULE}"),
+        "rail": (names.valid_rail, f"a rail label: {names.RAIL_RULE}"),
+        "network": (names.valid_network_name, f"a network name: {names.NETWORK_RULE}"),
+        "namespace": (_empty_or(names.dns_label), f"empty or a namespace name: {names.LABEL_RULE}"),
+        "pod": (_empty_or(names.dns_subdomain), f"empty or a Pod name: {names.SUBDOMAIN_RULE}"),
+        "uid": (
+            lambda v: _UID.fullmatch(v) is not None,
+            f"a UID: 0-{MAX_UID} letters, digits, '-', '_' or '.'",
+        ),
+        "updated": (
+            lambda v: _STAMP.fullmatch(v) is not None,
+            "an RFC 3339 time: 1-64 digits, letters, ':', '.', '+' or '-'",
+        ),
+    }
+)
 
 
 class NodeStateError(ValueError):
@@ -85,8 +121,8 @@ class PfSummary:
 
     @property
     def free_vfs(self) -> int:
-        """VFs ADD could still hand out (never negative)."""
-        return max(0, self.capacity_vfs - self.used_vfs)
+        """VFs ADD could still hand out (never negative): as placement counts them (:func:`pf_state`)."""
+        return pf_state(self).free_vfs
 
     @property
     def free_tx_rate(self) -> int | None:
@@ -234,18 +270,20 @@ def _int(obj: Mapping[str, Any], key: str, where: str, low: int, high: int, *, n
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         kind = "an integer or null" if nullable else "an integer"
-        raise NodeStateError(f"{where}.{key}: expected {kind}, got {json.dumps(value)[:40]}")
+        raise NodeStateError(f"{where}.{key}: expected {kind}, got {quote(value)}")
     if not low <= value <= high:
         raise NodeStateError(f"{where}.{key}: {value} is outside {low}..{high}")
     return value
 
 
-def _str(obj: Mapping[str, Any], key: str, where: str, *, allow_empty: bool = False) -> str:
+def _name(obj: Mapping[str, Any], key: str, where: str, rule: str) -> str:
+    """``obj[key]``, a string that keeps the named rule of :data:`_RULES`; the error quotes it bounded."""
     value = _field(obj, key, where)
     if not isinstance(value, str):
-        raise NodeStateError(f"{where}.{key}: expected a string, got {json.dumps(value)[:40]}")
-    if (not value and not allow_empty) or len(value) > MAX_NAME:
-        raise NodeStateError(f"{where}.{key}: must be 1-{MAX_NAME} characters")
+        raise NodeStateError(f"{where}.{key}: expected a string, got {quote(value)}")
+    check, what = _RULES[rule]
+    if len(value) > MAX_NAME or not check(value):
+        raise NodeStateError(f"{where}.{key}: {quote(value)} is not {what}")
     return value
 
 
@@ -267,7 +305,7 @@ def _list(obj: Mapping[str, Any], key: str, where: str, limit: int) -> list[Any]
 def _pf(raw: Any, where: str) -> PfSummary:
     obj = _obj(raw, where)
     pf = PfSummary(
-        name=_str(obj, "name", where),
+        name=_name(obj, "name", where, "pf"),
         capacity_tx_rate=_int(obj, "capacity_tx_rate", where, 0, MAX_RATE_MBPS, nullable=True),
         used_tx_rate=_int(obj, "used_tx_rate", where, 0, MAX_USED_RATE),
         capacity_vfs=_int(obj, "capacity_vfs", where, 0, MAX_VFS_PER_PF),
@@ -288,16 +326,16 @@ def _allocation(raw: Any, where: str) -> Allocation:
         iobj = _obj(item, iwhere)
         interfaces.append(
             InterfaceUse(
-                pf=_str(iobj, "pf", iwhere),
+                pf=_name(iobj, "pf", iwhere, "pf"),
                 min_tx_rate=_int(iobj, "min_tx_rate", iwhere, 0, MAX_RATE_MBPS),
                 max_tx_rate=_int(iobj, "max_tx_rate", iwhere, 0, MAX_RATE_MBPS),
             )
         )
     return Allocation(
         # Outside Kubernetes (cnitool) a record names no pod: empty strings.
-        namespace=_str(obj, "namespace", where, allow_empty=True),
-        name=_str(obj, "name", where, allow_empty=True),
-        uid=_str(obj, "uid", where, allow_empty=True),
+        namespace=_name(obj, "namespace", where, "namespace"),
+        name=_name(obj, "name", where, "pod"),
+        uid=_name(obj, "uid", where, "uid"),
         interfaces=tuple(interfaces),
     )
 
@@ -334,7 +372,9 @@ def decode(text: str) -> NodeState:
     for i, alloc in enumerate(allocations):
         for j, use in enumerate(alloc.interfaces):
             if use.pf not in known:
-                raise NodeStateError(f"allocations[{i}].interfaces[{j}].pf: {use.pf!r} is not a listed PF")
+                raise NodeStateError(
+                    f"allocations[{i}].interfaces[{j}].pf: {quote(use.pf)} is not a listed PF"
+                )
     return NodeState(
         version=version, generation=generation, updated=updated, pfs=pfs, allocations=allocations
     )
@@ -354,13 +394,13 @@ def _pf_v2(raw: Any, where: str) -> PfSummary:
 
 def _index(value: Any, where: str, pfs: tuple[PfSummary, ...]) -> str:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(pfs):
-        raise NodeStateError(f"{where}: {json.dumps(value)[:40]} is not the index of a listed PF")
+        raise NodeStateError(f"{where}: {quote(value)} is not the index of a listed PF")
     return pfs[value].name
 
 
 def _network_v2(raw: Any, where: str, pfs: tuple[PfSummary, ...]) -> Network:
     row = _row(raw, where, 2)
-    name = _str({"name": row[0]}, "name", where)
+    name = _name({"name": row[0]}, "name", where, "network")
     members = row[1]
     if not isinstance(members, list) or len(members) > MAX_PFS:
         raise NodeStateError(f"{where}: its PF list must be a list of at most {MAX_PFS} entries")
@@ -371,7 +411,7 @@ def _network_v2(raw: Any, where: str, pfs: tuple[PfSummary, ...]) -> Network:
         pair = _row(item, mwhere, 2)
         names.append(_index(pair[0], mwhere, pfs))
         rail = pair[1]
-        rails.append(None if rail is None else _str({"rail": rail}, "rail", mwhere))
+        rails.append(None if rail is None else _name({"rail": rail}, "rail", mwhere, "rail"))
     if len(set(names)) != len(names):
         raise NodeStateError(f"{where}: lists a PF more than once")
     return Network(name, tuple(names), tuple(rails))
@@ -399,9 +439,9 @@ def _allocation_v2(raw: Any, where: str, pfs: tuple[PfSummary, ...]) -> Allocati
         )
     ids = {"namespace": row[0], "name": row[1], "uid": row[2]}
     return Allocation(
-        namespace=_str(ids, "namespace", where, allow_empty=True),
-        name=_str(ids, "name", where, allow_empty=True),
-        uid=_str(ids, "uid", where, allow_empty=True),
+        namespace=_name(ids, "namespace", where, "namespace"),
+        name=_name(ids, "name", where, "pod"),
+        uid=_name(ids, "uid", where, "uid"),
         interfaces=tuple(uses),
     )
 
@@ -411,12 +451,12 @@ def _common(
 ) -> tuple[int, str, tuple[PfSummary, ...]]:
     """What every version has: the generation, the updated stamp, and the PFs (each name once)."""
     generation = _int(top, "generation", "node state", 0, MAX_GENERATION)
-    updated = _str(top, "updated", "node state")
+    updated = _name(top, "updated", "node state", "updated")
     pfs = tuple(pf(raw, f"pfs[{i}]") for i, raw in enumerate(_list(top, "pfs", "node state", MAX_PFS)))
     names = [p.name for p in pfs]
     if len(set(names)) != len(names):
         dupes = sorted({n for n in names if names.count(n) > 1})
-        raise NodeStateError(f"node state lists PF {dupes[0]!r} more than once")
+        raise NodeStateError(f"node state lists PF {quote(dupes[0])} more than once")
     return generation, updated, pfs
 
 
@@ -443,26 +483,33 @@ def same_content(a: NodeState, b: NodeState) -> bool:
     )
 
 
+def pf_state(pf: PfSummary, held: tuple[int, int] = (0, 0), *, empty: bool = False) -> placement.PfState:
+    """One published PF as :func:`placement.place` sees it: the one conversion, home of every per-PF rule.
+
+    ``held`` is ``(vfs, min_tx_rate sum)`` held beyond the published state
+    (reservations not yet published; negative values release, for preemption
+    victims). ``empty`` gives the PF as if nothing held any of its VFs (the
+    extender's "could this node ever fit" question); ``held`` is then ignored.
+    Free VFs and reserved bandwidth are clamped to what placement accepts.
+    """
+    vfs, rate = (0, 0) if empty else held
+    used_vfs, used_rate = (0, 0) if empty else (pf.used_vfs, pf.used_tx_rate)
+    return placement.PfState(
+        name=pf.name,
+        free_vfs=max(0, min(pf.capacity_vfs, pf.capacity_vfs - used_vfs - vfs)),
+        capacity_mbps=pf.capacity_tx_rate,
+        reserved_mbps=max(0, used_rate + rate),
+        numa_node=pf.numa_node,
+    )
+
+
 def pf_states(
-    state: NodeState, extra_used: Mapping[str, tuple[int, int]] = _NO_EXTRA
+    state: NodeState, extra_used: Mapping[str, tuple[int, int]] = _NO_EXTRA, *, empty: bool = False
 ) -> list[placement.PfState]:
     """The node as :func:`placement.place` sees it, minus (or plus) reservations not yet published.
 
     ``extra_used`` maps a PF name to ``(vfs, min_tx_rate sum)`` held beyond the
-    published state; negative values release (preemption victims). Free VFs
-    and reserved bandwidth are clamped to what placement accepts.
+    published state; ``empty``: every PF as if no pod held anything
+    (:func:`pf_state` says how each PF is converted).
     """
-    extra = extra_used
-    out = []
-    for pf in state.pfs:
-        vfs, rate = extra.get(pf.name, (0, 0))
-        out.append(
-            placement.PfState(
-                name=pf.name,
-                free_vfs=max(0, min(pf.capacity_vfs, pf.capacity_vfs - pf.used_vfs - vfs)),
-                capacity_mbps=pf.capacity_tx_rate,
-                reserved_mbps=max(0, pf.used_tx_rate + rate),
-                numa_node=pf.numa_node,
-            )
-        )
-    return out
+    return [pf_state(pf, extra_used.get(pf.name, (0, 0)), empty=empty) for pf in state.pfs]

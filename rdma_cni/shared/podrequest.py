@@ -10,7 +10,6 @@ that once at start-up.
 from __future__ import annotations
 
 import json
-import re
 from typing import Annotated, Any
 
 from pydantic import (
@@ -25,8 +24,9 @@ from pydantic import (
     model_validator,
 )
 
-from rdma_cni.cni.errors import InvalidPodRequest
-from rdma_cni.cni.protocol import IFNAMSIZ, valid_ifname
+from rdma_cni.shared.errors import InvalidPodRequest
+from rdma_cni.shared.names import IFNAME_RULE, RAIL_RULE, valid_ifname, valid_rail
+from rdma_cni.shared.quote import quote
 
 __all__ = [
     "DEFAULT_ANNOTATION",
@@ -40,6 +40,7 @@ __all__ = [
     "parse_request",
     "valid_rail",
 ]
+# valid_rail and RAIL_RULE live in shared.names (the node state checks rail labels too).
 
 MAX_INTERFACES = 32
 # 10 Tbit/s: far above any NIC, low enough that sums cannot overflow anything.
@@ -50,20 +51,10 @@ DEFAULT_ANNOTATION = "rdma_interfaces_required"
 
 Rate = Annotated[StrictInt, Field(ge=0, le=MAX_RATE_MBPS)]
 
-# A rail label: what a Kubernetes label value allows (1-63 characters), so that
-# operators can reuse their node or NIC labels.
-_RAIL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
-RAIL_RULE = "1-63 characters: letters, digits, '-', '_' or '.', beginning and ending with a letter or digit"
-
-
-def valid_rail(value: object) -> bool:
-    """Whether ``value`` is a rail label (the network config's ``rail`` and a request's)."""
-    return isinstance(value, str) and _RAIL.fullmatch(value) is not None
-
 
 def _rail_label(value: str) -> str:
     if not valid_rail(value):
-        raise ValueError(f"{value[:70]!r} is not a rail label ({RAIL_RULE})")
+        raise ValueError(f"{quote(value)} is not a rail label ({RAIL_RULE})")
     return value
 
 
@@ -92,23 +83,20 @@ class InterfaceRequest(BaseModel):
     @classmethod
     def _pf_is_ifname(cls, v: str | None) -> str | None:
         if v is not None and not valid_ifname(v):
-            raise ValueError(f"{v!r} is not a valid PF interface name (1-{IFNAMSIZ} printable ASCII)")
+            raise ValueError(f"{quote(v)} is not a valid PF interface name ({IFNAME_RULE})")
         return v
 
     @model_validator(mode="after")
     def _pf_or_rail(self) -> InterfaceRequest:
         if self.pf is not None and self.rail is not None:
-            raise ValueError(f"names both pf {self.pf!r} and rail {self.rail!r}: name one of them")
+            raise ValueError(f"names both pf {quote(self.pf)} and rail {quote(self.rail)}: name one of them")
         return self
 
     @field_validator("name")
     @classmethod
     def _name_is_ifname(cls, v: str | None) -> str | None:
         if v is not None and not valid_ifname(v):
-            raise ValueError(
-                f"{v!r} is not a valid interface name (1-{IFNAMSIZ} printable ASCII characters, "
-                "no '/', ':', '%', '.' or '..')"
-            )
+            raise ValueError(f"{quote(v)} is not a valid interface name ({IFNAME_RULE})")
         return v
 
     @model_validator(mode="after")
@@ -137,20 +125,39 @@ class PodRequest(BaseModel):
             if entry.name in seen:
                 raise ValueError(
                     f"interface names must be unique: entries {seen[entry.name]} and {index} "
-                    f"are both named {entry.name!r}"
+                    f"are both named {quote(entry.name)}"
                 )
             seen[entry.name] = index
         return self
 
 
+# Errors listed at most: a request (or config) with thousands of bad keys gets a message of bounded size.
+MAX_ERRORS = 8
+
+
+def _loc_part(part: str | int) -> str:
+    # A location holds a key the author chose (an unknown key under extra="forbid"): quoted when
+    # it is not a plain identifier, so its size and characters are bounded like any quoted value.
+    if isinstance(part, int) or (part.isidentifier() and len(part) <= 64):
+        return str(part)
+    return quote(part)
+
+
 def format_errors(exc: ValidationError, prefix: str = "") -> str:
-    """pydantic's errors as one line: ``field.path: reason; ...``."""
+    """pydantic's errors as one line: ``field.path: reason; ...``, at most :data:`MAX_ERRORS` of them.
+
+    Keys in locations are quoted bounded; pydantic's own texts quote no input
+    values (``include_input`` is off), the validators here quote theirs bounded.
+    """
     parts = []
-    for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err["loc"])
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    for err in errors[:MAX_ERRORS]:
+        loc = ".".join(_loc_part(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         # A model-level check has no location; its message names the fields.
         parts.append(f"{prefix}{loc}: {msg}" if loc else f"{prefix}{msg}")
+    if len(errors) > MAX_ERRORS:
+        parts.append(f"and {len(errors) - MAX_ERRORS} more")
     return "; ".join(parts)
 
 
@@ -171,7 +178,9 @@ def parse_request(raw: Any, source: str) -> PodRequest:
     the config's ``args``; either way a list of interface objects (the
     original form), or an object ``{"interfaces": [...], "different_pfs": bool}``
     for requests that set ``different_pfs``. Raises
-    :class:`~rdma_cni.cni.errors.InvalidPodRequest` (code 101).
+    :class:`~rdma_cni.shared.errors.InvalidPodRequest` (code 101). Every value of the
+    request an error repeats is quoted bounded (:func:`~rdma_cni.shared.quote.quote`), so
+    the message's size does not grow with the request's.
     """
     value = raw
     if isinstance(raw, str):

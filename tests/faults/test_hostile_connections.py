@@ -222,9 +222,9 @@ def test_slow_and_oversized_bodies(served: tuple[Extender, Scheduler]) -> None:
     slow_count, big_count, huge_count = scaled(200), scaled(24), scaled(50)
     # Slow: a 1 MiB body announced, a few bytes sent, then one byte a second; headers trickling.
     slow = [
-        _connect(ext.port, b'POST /filter HTTP/1.1\r\nContent-Length: 1048576\r\n\r\n{"Pod":')
+        _connect(ext.port, b'POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n{"Pod":')
         if i % 2
-        else _connect(ext.port, b"POST /filter HTTP/1.1\r\nContent-Le")
+        else _connect(ext.port, b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Le")
         for i in range(slow_count)
     ]
 

@@ -225,7 +225,7 @@ def test_process_serves_https(tmp_path: Path, api: ApiServer, procs: list[Extend
     assert ext.call("POST", "/filter", so.args_names(pod, ["n1"]))[1]["NodeNames"] == ["n1"]
     # A client that does not speak TLS gets the connection closed, and the server goes on.
     with socket.create_connection(("127.0.0.1", ext.port), timeout=10) as plain:
-        plain.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+        plain.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert not plain.recv(100).startswith(b"HTTP/1.1 200")
     assert ext.call("GET", "/healthz")[0] == 200
     assert ext.proc.poll() is None

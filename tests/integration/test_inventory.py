@@ -122,3 +122,42 @@ def test_inventory_counts_a_vf_left_in_a_pod_without_record_as_not_free(cluster:
     assert cluster.run("DEL", pod, conf).ok  # DEL without a record brings it home
     doc = inventory(cluster, conf)
     assert all(vf["free"] for pf in doc["pfs"] for vf in pf["vfs"])
+
+
+@pytest.mark.node([SimPf("simpf0", 3, 25000), SimPf("simpf1", 2, None)])
+def test_doctor_reads_the_simulated_node(cluster: Cluster) -> None:
+    """``rdma-cni doctor`` counts each PF's VFs through the inventory and exits with the worst finding."""
+    conf = cluster.conf()
+    assert cluster.run("ADD", cluster.pod([{}]), conf).ok
+    path = os.path.join(cluster.tmp, "doctor-conf.json")
+    with open(path, "w") as f:
+        json.dump(conf, f)
+    cache = os.path.join(cluster.tmp, "doctor-cache")
+    out = subprocess.run(
+        [
+            *plugin_command(),
+            "doctor",
+            "--json",
+            "--config",
+            path,
+            "--nri-socket",
+            "",
+            "--kubeconfig",
+            os.path.join(cluster.tmp, "no.kubeconfig"),
+            "--cache-dir",
+            cache,
+        ],
+        env=cluster.env("VERSION"),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    doc = json.loads(out.stdout)
+    checks = {c["check"]: c for c in doc["checks"]}
+    assert checks["vfs"]["status"] == "OK", checks["vfs"]
+    detail = checks["vfs"]["detail"]
+    assert "simpf0: 3 VFs" in detail and "simpf1: 2 VFs" in detail
+    assert detail.count("1 used") == 1  # the one pod's VF, on whichever PF placement chose
+    assert checks["kubeconfig-token"]["status"] == "FAIL"  # this node has no installer's kubeconfig
+    assert checks["nri-socket"]["status"] == "SKIP"
+    assert out.returncode == doc["exit_code"] == 2

@@ -66,7 +66,7 @@ def nobody_lock(cluster: Cluster) -> Iterator[tuple[dict[str, Any], str, str]]:
 
 @contextmanager
 def proc_lock(cluster: Cluster) -> Iterator[tuple[dict[str, Any], str, str]]:
-    yield cluster.conf(lockFile="/proc/self/status"), "/proc/self/status", "under /proc"
+    yield cluster.conf(lockFile="/proc/self/status"), "/proc/self/status", "on procfs"
 
 
 CASES: dict[str, Callable[[Cluster], Any]] = {

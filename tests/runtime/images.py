@@ -1,8 +1,11 @@
-"""A minimal container image built offline from Debian's static busybox.
+"""Minimal container images built offline: Debian's static busybox, and a glibc base for the plugin.
 
 One layer: ``/bin/busybox`` and links for the applets the tier runs. For
 containerd it is packaged as an OCI image layout archive (``ctr images
-import``); podman imports the bare root filesystem tarball.
+import``); podman imports the bare root filesystem tarball. :func:`glibc_base_tar`
+stands in for ``debian:12-slim`` (conf/Containerfile's base, which the tier cannot
+pull): the shared objects of the host's own packages that debian:12-slim has too (glibc, zlib,
+libgcc, libstdc++), as the host installed them, and busybox.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import subprocess
 import tarfile
 from typing import Any
 
@@ -45,6 +50,76 @@ def rootfs_tar() -> bytes:
             info.linkname = "busybox"
             tar.addfile(info)
         _add(tar, "etc/passwd", b"root:x:0:0:root:/:/bin/sh\n")
+        _add(tar, "etc/group", b"root:x:0:\n")
+    return buf.getvalue()
+
+
+# Packages in debian:12-slim (dpkg's and apt's dependencies) whose shared objects the one-file
+# binary may load from the system (its PyInstaller loader links zlib; glibc is never bundled),
+# and what the DaemonSet's probe runs (`test`).
+BASE_PACKAGES = ("libc6", "zlib1g", "libgcc-s1", "libstdc++6")
+BASE_APPLETS = ("sh", "test", "cat", "ls", "sleep")
+BASE_DIRS = (
+    "bin",
+    "dev",
+    "etc",
+    "proc",
+    "sys",
+    "tmp",
+    "run",
+    "var",
+    "var/cache",
+    "usr",
+    "usr/local",
+    "usr/local/bin",
+)
+
+
+def _library_files() -> list[str]:
+    """The shared objects of :data:`BASE_PACKAGES` on the host (no gconv modules), by their listed paths."""
+    listed = subprocess.run(["dpkg", "-L", *BASE_PACKAGES], capture_output=True, text=True, check=True).stdout
+    return [
+        path
+        for path in listed.splitlines()
+        if path.startswith(("/lib", "/usr/lib"))
+        and ".so" in os.path.basename(path)
+        and "/gconv/" not in path
+        and os.path.isfile(path)
+    ]
+
+
+def glibc_base_tar() -> bytes:
+    """A Debian-like root without a registry: the base libraries (each file dereferenced, at the path
+    its package lists), busybox with :data:`BASE_APPLETS`, ``/var/run -> /run`` as in Debian, root."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        dirs = set(BASE_DIRS)
+        files = sorted(set(_library_files()))
+        for path in files:
+            parent = os.path.dirname(path).lstrip("/")
+            while parent:
+                dirs.add(parent)
+                parent = os.path.dirname(parent)
+        for d in sorted(dirs):
+            info = tarfile.TarInfo(d)
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o1777 if d == "tmp" else 0o755
+            tar.addfile(info)
+        link = tarfile.TarInfo("var/run")
+        link.type = tarfile.SYMTYPE
+        link.linkname = "../run"
+        tar.addfile(link)
+        for path in files:
+            with open(path, "rb") as f:
+                _add(tar, path.lstrip("/"), f.read(), 0o755)
+        with open(BUSYBOX, "rb") as f:
+            _add(tar, "bin/busybox", f.read(), 0o755)
+        for applet in BASE_APPLETS:
+            info = tarfile.TarInfo(f"bin/{applet}")
+            info.type = tarfile.SYMTYPE
+            info.linkname = "busybox"
+            tar.addfile(info)
+        _add(tar, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
         _add(tar, "etc/group", b"root:x:0:\n")
     return buf.getvalue()
 

@@ -241,7 +241,7 @@ def test_rfc3339() -> None:
 
 def test_the_shipped_daemonset_needs_no_network_config_for_the_shipped_network(tmp_path: Any) -> None:
     # conf/daemonset.yaml runs the agent without --network-config: the plugin's
-    # defaults must then describe the sample network exactly (its name aside).
+    # defaults must then describe the sample network exactly, its name included.
     import yaml
 
     conf = os.path.join(os.path.dirname(__file__), "..", "..", "conf")
@@ -249,7 +249,8 @@ def test_the_shipped_daemonset_needs_no_network_config_for_the_shipped_network(t
         nad = next(d for d in yaml.safe_load_all(f) if d and d.get("kind") == "NetworkAttachmentDefinition")
     view = snapshot.load_view(write(tmp_path, "nad.conf", nad["spec"]["config"]))
     default = snapshot.default_view()
-    assert (view.pfs, dict(view.capacity), view.isolation, view.state_dir, view.lock_file) == (
+    assert (view.name, view.pfs, dict(view.capacity), view.isolation, view.state_dir, view.lock_file) == (
+        default.name,
         default.pfs,
         dict(default.capacity),
         default.isolation,
@@ -260,6 +261,21 @@ def test_the_shipped_daemonset_needs_no_network_config_for_the_shipped_network(t
         ds = next(d for d in yaml.safe_load_all(f) if d and d.get("kind") == "DaemonSet")
     command = ds["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--node-state" in command and not any(a.startswith("--network-config") for a in command)
+
+
+def test_the_defaults_state_is_one_readers_accept() -> None:
+    """The agent without --network-config publishes a state that decodes (a network name readers
+    accept): it once named its network "(defaults)", which every reader refused."""
+    view = snapshot.default_view()
+    state = nodestate.NodeState(
+        version=2,
+        generation=1,
+        updated="2026-11-26T07:00:00Z",
+        pfs=(),
+        allocations=(),
+        networks=(nodestate.Network(view.name, (), ()),),
+    )
+    assert nodestate.decode(nodestate.encode(state)).networks[0].name == view.name
 
 
 def test_a_v2_state_with_railed_networks_at_256_pods_by_8_interfaces_stays_well_inside_128_kib() -> None:

@@ -241,14 +241,25 @@ def test_cold_version_loads_no_runtime_hook_modules(binary: str, sysfs: Path, tm
 
 
 def test_cold_config_verb_does_not_load_importlib_metadata(binary: str, sysfs: Path, tmp_path: Path) -> None:
-    # A DEL without a record looks for stray VFs in the pod's namespace over
-    # netlink (so pyroute2 loads): here a new, empty one of the test's own.
+    # A DEL of a recorded VF asks the pod's namespace for the link at the
+    # recorded index over netlink (so pyroute2 loads), and walks the namespace
+    # for stray VFs: here a new, empty one of the test's own.
+    from rdma_cni.node.record import Attachment, VfRecord
+
     name = f"cb{os.getpid()}"
     netns = add_netns(name)
+    att = Attachment(DEL_ENV["CNI_CONTAINERID"], "net1", "rdma-net", netns, "1.1.0", state="ready")
+    att.vfs.append(VfRecord("pf0", 0, "0000:3b:02.1", "vf0", "", 1500, "net1", pod_index=1))
+    records = tmp_path / "state" / "attachments"
+    records.mkdir(parents=True, mode=0o700)
+    (tmp_path / "state").chmod(0o700)
+    (records / "0a1b2c3d@net1.json").write_text(att.to_json())
+    (records / "0a1b2c3d@net1.json").chmod(0o600)
     try:
         modules = modules_loaded(binary, sysfs, tmp_path, conf(tmp_path), **DEL_ENV, CNI_NETNS=netns)
     finally:
         del_netns(name)
+    assert not (records / "0a1b2c3d@net1.json").exists()  # the DEL ran through
     assert {"rdma_cni.cni.config", "pydantic.types", "pyroute2.config"} <= modules
     assert loaded_from(modules, NOT_IN_CONFIG_VERBS + AGENT_ONLY + LONG_RUNNING_ONLY) == []
 

@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from rdma_cni.agent import cniserver
 from rdma_cni.agent.nri import plugin as nri_plugin
 from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, load_netconf
 from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
@@ -35,12 +36,16 @@ EXPECTED_FILES = {
     *MANIFESTS,
     "rdma-cni.conflist",
     "kubeconfig.template.json",
+    "kustomization.yaml",  # with overlays/: checked in test_conf_kustomize.py
+    "overlays",
     "Containerfile",
     "metrics.yaml",
     # Checked in test_conf_scheduler.py:
     "scheduler-extender.yaml",
     "scheduler-extender-mtls.yaml",
     "kube-scheduler-default.yaml",
+    # conf/monitoring/prometheus-rules.yaml, checked in test_conf_monitoring.py.
+    "monitoring",
     # Served and checked by the real API server in tests/cluster (test_conf_applies.py):
     "network-attachment-definition-crd.yaml",
 }
@@ -136,7 +141,7 @@ def test_broken_daemonset_fails_validation(path: tuple[str | int, ...], value: A
 
 def test_broken_pod_fails_validation() -> None:
     doc = copy.deepcopy(one("pod.yaml", "Pod"))
-    doc["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] = "IPC_LOCK"  # not a list
+    doc["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": "IPC_LOCK"}}  # not a list
     with pytest.raises(kubernetes_validate.ValidationError):
         validate_k8s(doc, K8S_VERSIONS[0])
 
@@ -223,17 +228,28 @@ def test_broken_pod_request_is_rejected() -> None:
         parse_request('[{"min_tx_rate": 15000, "max_tx_rat": 20000}]', "mutated")
 
 
-def test_pod_has_ipc_lock_and_rdma_device_resource() -> None:
-    (container,) = one("pod.yaml", "Pod")["spec"]["containers"]
-    assert "IPC_LOCK" in container["securityContext"]["capabilities"]["add"]
-    assert container["resources"]["limits"]["rdma/hca_shared_devices_a"] == 1
+def test_pod_works_with_nri_and_rdma_scheduler() -> None:
+    """The sample pod needs what rdma-cni gives it and nothing else: no device plugin, no IPC_LOCK."""
+    pod = one("pod.yaml", "Pod")
+    assert pod["spec"]["schedulerName"] == "rdma-scheduler"
+    for container in pod["spec"]["containers"]:
+        # The NRI plugin injects the VFs' device nodes and an unlimited memlock limit.
+        assert "IPC_LOCK" not in str(container.get("securityContext", {}))
+        resources = container.get("resources", {})
+        named = {*resources.get("requests", {}), *resources.get("limits", {})}
+        assert named <= {"cpu", "memory", "ephemeral-storage"}, named  # no device-plugin resource
+    ds = one("daemonset.yaml", "DaemonSet")
+    (agent,) = ds["spec"]["template"]["spec"]["containers"]
+    memlock = [a.split("=", 1)[1] for a in agent["command"] if a.startswith("--memlock")]
+    assert memlock in ([], ["unlimited"])  # the default, unlimited, is what lets IPC_LOCK go
+    assert "--nri-socket=" not in agent["command"]  # NRI on: it is what injects the devices
 
 
 # --------------------------------------------------------------------------
 # DaemonSet and RBAC semantics the schemas cannot see
 
 
-def test_daemonset_installs_with_least_privilege() -> None:
+def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
     ds = one("daemonset.yaml", "DaemonSet")
     assert ds["metadata"]["namespace"] == "kube-system"
     spec = ds["spec"]["template"]["spec"]
@@ -246,8 +262,10 @@ def test_daemonset_installs_with_least_privilege() -> None:
     assert not spec.get("hostPID") and not spec.get("hostIPC")
     (container,) = spec["containers"]
     assert container["command"][:3] == ["/usr/local/bin/rdma-cni", "install", "--watch"]
-    assert container["securityContext"].get("privileged") is False
-    assert container["securityContext"].get("allowPrivilegeEscalation") is False
+    # The shim in /opt/cni/bin; the verbs run in this container, which therefore is privileged.
+    assert "--mode=shim" in container["command"]
+    assert container["securityContext"].get("privileged") is True
+    assert "allowPrivilegeEscalation" not in container["securityContext"]  # refused with privileged
     assert container["resources"]["requests"] and container["resources"]["limits"]
     assert "readinessProbe" in container
 
@@ -261,6 +279,9 @@ def test_daemonset_installs_with_least_privilege() -> None:
             common.DEFAULT_CNI_CONF_DIR,
             DEFAULT_STATE_DIR,
             os.path.dirname(DEFAULT_LOCK_FILE),
+            # What the plugin's verbs write: host-local's allocations, the log.
+            "/var/lib/cni/networks",
+            "/var/log",
             # The NRI plugin: the runtime's socket, and the pods' namespaces to prove their VFs.
             os.path.dirname(nri_plugin.DEFAULT_SOCKET),
             "/var/run/netns",
@@ -268,11 +289,10 @@ def test_daemonset_installs_with_least_privilege() -> None:
     )
     for volume, host_path in host_paths.items():
         assert mounts[volume] == host_path
-    # The agent only reads the records; the lock directory is where it takes the node lock.
+    # The lock directory holds the node lock, the shim's socket and its DEL spool.
+    assert os.path.dirname(DEFAULT_LOCK_FILE) == os.path.dirname(os.path.dirname(cniserver.DEFAULT_SOCKET))
     read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
-    assert read_only == {DEFAULT_STATE_DIR, "/var/run/netns"}
-    # Entering a pod's netns is the one capability; everything else is dropped.
-    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert read_only == {"/var/run/netns"}
 
     # The node agent is on, and names its Node from the downward API.
     assert "--node-state" in container["command"]
@@ -286,7 +306,11 @@ def test_daemonset_installs_with_least_privilege() -> None:
 
 
 def test_rbac_gets_pods_and_patches_nodes_only() -> None:
-    role = one("rbac.yaml", "ClusterRole")
+    (role,) = [
+        d
+        for d in load_docs("rbac.yaml")
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "rdma-cni"
+    ]
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
@@ -332,7 +356,16 @@ def test_metrics_service_reaches_the_port_the_component_serves(
         listen = install_command._parser().parse_args(command[2:]).metrics_listen
     else:
         listen = extender_parser().parse_args(command[2:]).metrics_listen
-    assert listen is not None and listen[0] == "0.0.0.0"
+    assert listen is not None
+    if template["spec"].get("hostNetwork"):
+        # On the host's network 0.0.0.0 is every interface of the node: the node's own address only.
+        assert listen[0] == "$(HOST_IP)"
+        env = {
+            e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]
+        }
+        assert env["HOST_IP"] == "status.hostIP"
+    else:
+        assert listen[0] == "0.0.0.0"  # the pod's own network namespace: its address and loopback
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     service = _metrics_service(component)
     assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()

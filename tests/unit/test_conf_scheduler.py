@@ -48,6 +48,12 @@ SERVED_VERBS = {
     "bindVerb": "bind",
 }
 
+# An extended resource name (validateExtendedResourceName): a DNS-subdomain prefix with a dot,
+# then a qualified name; kubernetes.io prefixes are native resources.
+_EXTENDED_RESOURCE = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+
 # Go's time.ParseDuration grammar, as metav1.Duration parses it.
 _DURATION = re.compile(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+")
 
@@ -172,6 +178,15 @@ def validation_errors(doc: dict[str, Any]) -> list[str]:
             errors.append(f"extenders[{i}].weight: must have a positive weight applied to it")
         if not ext.get("urlPrefix"):
             errors.append(f"extenders[{i}].urlPrefix: required")
+        names = [r.get("name") for r in ext.get("managedResources") or [] if isinstance(r, dict)]
+        for j, name in enumerate(names):
+            where = f"extenders[{i}].managedResources[{j}].name"
+            if not isinstance(name, str) or not _EXTENDED_RESOURCE.fullmatch(name):
+                errors.append(f"{where}: {name!r} is not a valid extended resource name")
+            elif name.split("/", 1)[0].endswith("kubernetes.io"):
+                errors.append(f"{where}: {name!r} is a native resource name, not an extended one")
+            if names.count(name) > 1:
+                errors.append(f"{where}: duplicate extender managed resource name {name!r}")
     return errors
 
 
@@ -188,6 +203,11 @@ def one(name: str, kind: str, metadata_name: str | None = None) -> dict[str, Any
     ]
     assert len(found) == 1, f"{name}: expected one {kind} {metadata_name or ''}, found {len(found)}"
     return found[0]
+
+
+def extender_role() -> dict[str, Any]:
+    """The extender's ClusterRole, which conf/rbac.yaml holds for both variants."""
+    return one("rbac.yaml", "ClusterRole", "rdma-cni-scheduler-extender")
 
 
 def pod_spec(name: str) -> dict[str, Any]:
@@ -232,7 +252,6 @@ def mounts(name: str, container: dict[str, Any]) -> dict[str, dict[str, Any]]:
             SIDECAR,
             {
                 "ServiceAccount",
-                "ClusterRole",
                 "ClusterRoleBinding",
                 "Role",
                 "RoleBinding",
@@ -240,7 +259,7 @@ def mounts(name: str, container: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "Deployment",
             },
         ),
-        (MTLS, {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"}),
+        (MTLS, {"ServiceAccount", "ClusterRoleBinding", "Service", "Deployment"}),
     ],
 )
 def test_extender_manifests_validate_strictly(name: str, kinds: set[str], version: str) -> None:
@@ -313,7 +332,7 @@ def test_sidecar_kube_scheduler_has_kube_schedulers_rights() -> None:
     }
     lease = one(SIDECAR, "Role", "rdma-scheduler-lease")
     assert bound == {
-        ("ClusterRoleBinding", "ClusterRole", one(SIDECAR, "ClusterRole")["metadata"]["name"]),
+        ("ClusterRoleBinding", "ClusterRole", extender_role()["metadata"]["name"]),
         ("ClusterRoleBinding", "ClusterRole", "system:kube-scheduler"),
         ("ClusterRoleBinding", "ClusterRole", "system:volume-scheduler"),
         ("RoleBinding", "Role", "extension-apiserver-authentication-reader"),
@@ -375,7 +394,7 @@ def test_extender_runs_unprivileged(name: str) -> None:
 
 @pytest.mark.parametrize("name", EXTENDERS)
 def test_extender_rbac_is_exactly_what_it_uses(name: str) -> None:
-    role = one(name, "ClusterRole")
+    role = extender_role()
     rules = role["rules"]
     granted = {(res, verb) for rule in rules for res in rule["resources"] for verb in rule["verbs"]}
     assert all(rule["apiGroups"] == [""] for rule in rules)
@@ -400,9 +419,12 @@ def test_extender_rbac_is_exactly_what_it_uses(name: str) -> None:
     ]
 
 
-def test_both_variants_grant_the_extender_the_same_rights() -> None:
-    # Same ClusterRole name in both files: applying one after the other changes nothing.
-    assert one(SIDECAR, "ClusterRole") == one(MTLS, "ClusterRole")
+def test_both_variants_bind_the_one_extender_role() -> None:
+    """One ClusterRole per component, in conf/rbac.yaml: no variant defines (and so redefines) one."""
+    assert [d for n in EXTENDERS for d in load(n) if d["kind"] == "ClusterRole"] == []
+    for name in EXTENDERS:
+        refs = [d["roleRef"]["name"] for d in load(name) if d["kind"] == "ClusterRoleBinding"]
+        assert extender_role()["metadata"]["name"] in refs
     names = {d["metadata"]["name"] for n in EXTENDERS for d in load(n) if d["kind"] == "ClusterRoleBinding"}
     assert len(names) == sum(1 for n in EXTENDERS for d in load(n) if d["kind"] == "ClusterRoleBinding")
 
@@ -435,6 +457,18 @@ def test_scheduler_config_is_valid(where: str) -> None:
         (lambda d: d["profiles"][0].update(percentageOfNodesToScore=101), "must be in [0, 100]"),
         (lambda d: d.update(apiVersion="kubescheduler.config.k8s.io/v1beta3"), "apiVersion/kind"),
         (lambda d: d.update(extenders={}), "extenders: expected a list"),
+        (
+            lambda d: d["extenders"][0]["managedResources"][0].update(name="interfaces"),
+            "is not a valid extended resource name",
+        ),
+        (
+            lambda d: d["extenders"][0]["managedResources"][0].update(name="kubernetes.io/rdma"),
+            "is a native resource name",
+        ),
+        (
+            lambda d: d["extenders"][0]["managedResources"].append(d["extenders"][0]["managedResources"][0]),
+            "duplicate extender managed resource name",
+        ),
     ],
 )
 def test_broken_scheduler_config_is_rejected(change: Any, expected: str) -> None:
@@ -472,7 +506,7 @@ def test_scheduler_config_serves_the_verbs_with_these_choices(where: str) -> Non
     assert {key: ext[key] for key in SERVED_VERBS} == SERVED_VERBS
     assert ext["nodeCacheCapable"] is True  # names only: the extender's cache holds node states
     assert ext["ignorable"] is False  # never schedule RDMA pods blind
-    assert ext["weight"] >= 1 and "managedResources" not in ext
+    assert ext["weight"] >= 1
     # Extenders only see the feasible nodes kube-scheduler found before it stopped looking.
     assert all(p["percentageOfNodesToScore"] == 100 for p in doc["profiles"])
 
@@ -490,6 +524,14 @@ def test_extender_binds_the_pods_of_the_profile_that_calls_it(name: str, where: 
     doc = scheduler_config(where)
     args = extender_parser().parse_args(extender_args(name))
     assert args.scheduler_names == [p["schedulerName"] for p in doc["profiles"]]
+
+
+@pytest.mark.parametrize(("name", "where"), [(SIDECAR, "sidecar"), (MTLS, "kube-scheduler-default.yaml")])
+def test_extender_knows_the_http_timeout_kube_scheduler_gives_it(name: str, where: str) -> None:
+    # The extender abandons deciding at half of it: the two must be the same number.
+    (extender,) = scheduler_config(where)["extenders"]
+    args = extender_parser().parse_args(extender_args(name))
+    assert extender["httpTimeout"] == f"{args.http_timeout:g}s"
 
 
 def test_default_scheduler_config_keeps_the_default_profile() -> None:
@@ -528,7 +570,7 @@ def test_extender_rbac_covers_every_call_it_makes(tmp_path: Path) -> None:
     from tests.support import sched_objects as so
     from tests.support.apiserver import ApiServer
 
-    rules = one(SIDECAR, "ClusterRole")["rules"]
+    rules = extender_role()["rules"]
     granted = {(res, verb) for rule in rules for res in rule["resources"] for verb in rule["verbs"]}
     with ApiServer() as api:
         state = nodestate.encode(so.state([("ens1f0", 25_000, 4)]))

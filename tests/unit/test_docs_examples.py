@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rdma_cni.agent.cniserver import parser as cni_server_parser
 from rdma_cni.cni import errors
 from rdma_cni.cni.config import NetConf, load_netconf
 from rdma_cni.extender.options import parser as extender_parser
@@ -153,8 +154,9 @@ def test_node_agent_option_table_names_real_options() -> None:
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.marker == "synopsis"], ids=lambda b: b.where)
 def test_synopsis_lists_exactly_the_options(block: Block) -> None:
-    assert block.value == "rdma-cni scheduler-extender", f"{block.where}: no parser known for {block.value}"
-    assert set(re.findall(r"--[\w-]+", block.text)) == options(extender_parser())
+    parsers = {"rdma-cni scheduler-extender": extender_parser, "rdma-cni cni-server": cni_server_parser}
+    assert block.value in parsers, f"{block.where}: no parser known for {block.value}"
+    assert set(re.findall(r"--[\w-]+", block.text)) == options(parsers[block.value]())
 
 
 def test_error_code_table_matches_the_code() -> None:

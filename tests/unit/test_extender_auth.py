@@ -221,7 +221,7 @@ def test_mtls_refuses_a_client_without_a_certificate_of_the_ca(
         _bind(pki, mtls[1], cert)
     # A raw socket that sends a request and no handshake gets no HTTP answer either.
     with socket.create_connection(("127.0.0.1", mtls[1]), timeout=10) as raw:
-        raw.sendall(b"POST /bind HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+        raw.sendall(b"POST /bind HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
         try:
             answer = raw.recv(100)
         except ConnectionError:

@@ -128,15 +128,15 @@ def test_pod_without_the_annotation_passes_everywhere(served: tuple[Extender, Cl
     assert client.post("/prioritize", so.args_nodes(so.pod("web"), nodes)) == []
 
 
-def test_malformed_annotation_fails_every_node_with_the_parsers_message(
+def test_malformed_annotation_is_said_once_as_the_answers_error(
     served: tuple[Extender, Client],
 ) -> None:
+    # Invalid on every node: the parser's message once, in Error, not once per node (issue 29 item 2).
     _, client = served
     bad = so.pod("p", {"rdma_interfaces_required": '[{"min_tx_rate": -1}]'})
     out = client.post("/filter", so.args_names(bad, ["a", "b"]))
-    assert out["Error"] == "" and out["NodeNames"] == [] and out["FailedNodes"] == {}
-    assert set(out["FailedAndUnresolvableNodes"]) == {"a", "b"}
-    assert out["FailedAndUnresolvableNodes"]["a"].startswith(
+    assert out["NodeNames"] is None and out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}
+    assert out["Error"].startswith(
         "rdma-cni: pod team-a/p annotation rdma_interfaces_required: "
         "entry 0.min_tx_rate: Input should be greater"
     )
@@ -265,42 +265,87 @@ def exchange(port: int, data: bytes, *, read_all: bool = True) -> bytes:
 @pytest.mark.parametrize(
     ("request_bytes", "status"),
     [
-        (b"GET /" + b"x" * 70_000 + b" HTTP/1.1\r\n\r\n", b"414"),
+        (b"GET /" + b"x" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", b"414"),
+        # Heads that never end: refused once they pass the limit, without waiting for the rest.
+        (b"GET /" + b"x" * 200_000, b"414"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"y" * 200_000, b"431"),
         (b"HELLO\r\n\r\n", b"400"),
         (b"GET /healthz SPDY/3\r\n\r\n", b"400"),
-        (b"GET /healthz HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n", b"431"),
-        (b"GET /healthz HTTP/1.1\r\nX: " + b"y" * 70_000 + b"\r\n\r\n", b"431"),
-        (b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n", b"400"),
-        (b"GET /healthz HTTP/1.1\r\n Folded: x\r\n\r\n", b"400"),
-        (b"POST /filter HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", b"411"),
-        (b"POST /filter HTTP/1.1\r\nContent-Length: -1\r\n\r\n", b"400"),
-        (b"PUT /filter HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", b"405"),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X: y\r\n" * 101 + b"\r\n", b"431"),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: " + b"y" * 70_000 + b"\r\n\r\n", b"431"),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\n Folded: x\r\n\r\n", b"400"),
+        (
+            b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+            b"411",
+        ),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", b"400"),
+        (b"PUT /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", b"405"),
+        # Framing errors (RFC 9112 sections 3.2, 5.2, 6.1 and 6.3): 400, whatever the body says.
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 40\r\n\r\n{}", b"400"),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\nContent-Length: 2\r\n\r\n{}", b"400"),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2, 40\r\n\r\n{}", b"400"),
+        (
+            b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}",
+            b"400",
+        ),
+        (
+            b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}",
+            b"400",
+        ),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\r\n\tb\r\n\r\n", b"400"),
+        (
+            b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n",
+            b"400",
+        ),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", b"400"),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, identity\r\n\r\n", b"400"),
+        (b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/1.1\r\n\r\n", b"400"),  # no Host
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", b"400"),
     ],
 )
 def test_requests_that_cannot_be_read_are_refused_and_closed(
     served: tuple[Extender, Client], request_bytes: bytes, status: bytes
 ) -> None:
     _, client = served
-    out = exchange(client.conn.port, request_bytes + b"GET /healthz HTTP/1.1\r\n\r\n")
+    out = exchange(client.conn.port, request_bytes + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 " + status + b" ")
     # One answer, with Connection: close, and nothing for the request behind it.
     assert out.count(b"HTTP/1.1 ") == 1 and b"\r\nConnection: close\r\n" in out
 
 
+def test_a_head_arriving_a_byte_at_a_time_is_read(served: tuple[Extender, Client]) -> None:
+    _, client = served
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: %s\r\n" % (b"p" * 2000) + b"\r\n"
+    with socket.create_connection(("127.0.0.1", client.conn.port), timeout=10) as raw:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(0, len(head), 7):
+            raw.sendall(head[i : i + 7])
+        assert raw.recv(100).startswith(b"HTTP/1.1 200 OK\r\n")
+
+
 def test_connections_are_kept_or_closed_as_the_client_asks(served: tuple[Extender, Client]) -> None:
     _, client = served
     port = client.conn.port
-    health = b"GET /healthz HTTP/1.1\r\n\r\n"
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     # Keep-alive by default in HTTP/1.1: both answered on one connection.
     assert exchange(port, health + health).count(b"HTTP/1.1 200 OK") == 2
     # Connection: close, HTTP/1.0, and a GET with a body end the connection after one answer.
     for first in (
-        b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         b"GET /healthz HTTP/1.0\r\n\r\n",
-        b"GET /healthz HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
     ):
         out = exchange(port, first + health)
         assert out.count(b"HTTP/1.1 200 OK") == 1 and b"\r\nConnection: close\r\n" in out
+    # Requests with bodies sent back to back in one write: each body ends where its length says.
+    bind = b"POST /bind HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    out = exchange(port, bind + bind + health, read_all=True)
+    assert out.count(b"HTTP/1.1 200 OK") == 3, out
     # HTTP/1.0 asking for keep-alive gets it.
     assert (
         exchange(port, b"GET /readyz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" + health).count(b" 200 ")
@@ -312,7 +357,7 @@ def test_expect_100_continue_and_a_client_gone_mid_body(served: tuple[Extender, 
     _, client = served
     port = client.conn.port
     body = json.dumps({"PodName": "p", "PodNamespace": "ns", "Node": "a"}).encode()
-    head = b"POST /bind HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+    head = b"POST /bind HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
         raw.sendall(head)
         assert raw.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -374,7 +419,7 @@ def _timed_filter(port: int) -> float:
 def test_an_oversized_body_is_refused_unread(tight: tuple[ExtenderServer, int]) -> None:
     server, port = tight
     with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-        raw.sendall(b"POST /filter HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (server.max_body + 1))
+        raw.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (server.max_body + 1))
         # Answered at once, with nothing of the body sent: 413 and the connection closed.
         out = raw.recv(65536)
         assert out.startswith(b"HTTP/1.1 413 ") and b"Connection: close" in out
@@ -384,7 +429,9 @@ def test_an_oversized_body_is_refused_unread(tight: tuple[ExtenderServer, int]) 
 
 def test_expect_100_continue_over_the_limit_gets_413_and_no_100(tight: tuple[ExtenderServer, int]) -> None:
     _, port = tight
-    head = b"POST /filter HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % (2 * 1024**3)
+    head = b"POST /filter HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % (
+        2 * 1024**3
+    )
     out = exchange(port, head)
     assert out.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in out
 
@@ -397,7 +444,7 @@ def test_body_budget_refuses_the_excess_and_keeps_a_reserve_for_known_clients(
     kept = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     kept.request("GET", "/healthz")
     assert kept.getresponse().read() == b"ok\n"
-    head = b"POST /filter HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % server.max_body
+    head = b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % server.max_body
     first = socket.create_connection(("127.0.0.1", port), timeout=5)
     try:
         first.sendall(head + b" ")  # takes the room strangers may use; the body trickles
@@ -423,7 +470,12 @@ def test_body_budget_refuses_the_excess_and_keeps_a_reserve_for_known_clients(
 
 @pytest.mark.parametrize(
     "partial",
-    [b"", b"\x16\x03\x01", b"POST /filter HTTP/1.1\r\nContent-Length: 9", b"GET /healthz HTTP/1.1\r\n\r\n"],
+    [
+        b"",
+        b"\x16\x03\x01",
+        b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 9",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+    ],
 )
 def test_slow_or_idle_clients_are_closed_after_their_timeout(
     tight: tuple[ExtenderServer, int], partial: bytes
@@ -484,7 +536,7 @@ def test_connection_cap_keeps_threads_bounded_and_filters_answered(tight: tuple[
     try:
         for _ in range(server.max_connections * 4):
             raw = socket.create_connection(("127.0.0.1", port), timeout=5)
-            raw.sendall(b"POST /filter HTTP/1.1\r\n")  # and no more
+            raw.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\n")  # and no more
             idle.append(raw)
         time.sleep(0.2)
         assert server.connections() <= server.max_connections + server.max_connections // 4

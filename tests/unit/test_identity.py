@@ -88,3 +88,83 @@ def test_before_5_16_the_identity_is_ethtool_bus_info(monkeypatch: pytest.Monkey
     assert old.of(link(7, "ens1f0v1"), None) == old.expected(PCI)
     assert old.of(link(8, "decoy", alias="rdma-cni:" + PCI), None) is None
     assert old.of(link(9, "ens1f0v1", link_index=7), None) is None  # a stacked device
+
+
+class FakePodRtnl:
+    """A pod's rtnetlink answering single-link requests by index or name, counting them."""
+
+    def __init__(self, links: list[Link]) -> None:
+        self.links_by_index = {lk.index: lk for lk in links}
+        self.asked: list[tuple[str, object]] = []
+
+    def get_link(self, *, name: str | None = None, index: int | None = None) -> Link | None:
+        if index is not None:
+            self.asked.append(("index", index))
+            return self.links_by_index.get(index)
+        self.asked.append(("name", name))
+        return next((lk for lk in self.links_by_index.values() if lk.name == name), None)
+
+
+class FakePod:
+    path = "/run/netns/pod"
+    fd = -1
+
+    def __init__(self, links: list[Link]) -> None:
+        self.rtnl = FakePodRtnl(links)
+
+
+def walked(monkeypatch: pytest.MonkeyPatch, links: list[Link], *, complete: bool = True) -> list[int]:
+    """Replace the bounded walk with one over ``links``; returns a list that counts the walks."""
+    from rdma_cni.kernel import linkscan
+
+    walks: list[int] = []
+
+    def walk(netns: object, keep: object, bound: object = None) -> linkscan.Scan:
+        walks.append(1)
+        kept = [lk for lk in links if keep(lk)]  # type: ignore[operator]
+        return linkscan.Scan(kept, len(links), complete, "" if complete else "4096 links examined")
+
+    monkeypatch.setattr(linkscan, "walk", walk)
+    return walks
+
+
+def test_a_pods_vf_is_asked_for_at_its_recorded_index_and_nothing_is_walked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    vf = link(40, "renamed", parent_dev=PCI, parent_bus="pci")
+    pod = FakePod([vf, link(2, "net1")])  # a decoy under the recorded name
+    walks = walked(monkeypatch, [vf])
+    finder = VfFinder(FakeHost([]), pod)  # type: ignore[arg-type]
+    assert finder.find(PCI, pod_index=40, pod_name="net1") == ("pod", vf)
+    assert pod.rtnl.asked == [("index", 40)] and walks == []
+
+
+def test_what_sits_at_the_index_or_under_the_name_is_taken_only_with_the_vfs_identity(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    vf = link(77, "elsewhere", parent_dev=PCI, parent_bus="pci")
+    decoys = [
+        link(40, "x", alias="rdma-cni:" + PCI),
+        link(2, "net1", parent_dev=PCI, parent_bus="pci", link_index=9),
+    ]
+    pod = FakePod([*decoys, vf])
+    walks = walked(monkeypatch, [*decoys, vf], complete=False)
+    finder = VfFinder(FakeHost([]), pod)  # type: ignore[arg-type]
+    assert finder.in_pod(PCI, 40, "net1") == vf  # neither decoy: the walk found it
+    assert pod.rtnl.asked == [("index", 40), ("name", "net1")]
+    assert finder.vfs_in_pod([PCI, "0000:3b:02.2"], {PCI: (40, "net1")}) == {PCI: vf}
+    assert walks == [1]  # once per finder
+    assert "walked only in part (4096 links examined" in caplog.text
+    assert finder.asked_in_pod(PCI, 40, "net1") is None  # the asking alone never walks
+
+
+def test_a_record_without_an_index_asks_by_name_then_walks(monkeypatch: pytest.MonkeyPatch) -> None:
+    vf = link(5, "net1", parent_dev=PCI, parent_bus="pci")
+    pod = FakePod([vf])
+    walks = walked(monkeypatch, [vf])
+    assert VfFinder(FakeHost([]), pod).in_pod(PCI, 0, "net1") == vf  # type: ignore[arg-type]
+    assert pod.rtnl.asked == [("name", "net1")] and walks == []
+    assert VfFinder(FakeHost([]), pod).in_pod(PCI) == vf  # type: ignore[arg-type]
+    assert walks == [1]
+    assert VfFinder(FakeHost([])).in_pod(PCI) is None  # type: ignore[arg-type]
+    assert VfFinder(FakeHost([])).asked_in_pod(PCI, 5, "net1") is None  # type: ignore[arg-type]

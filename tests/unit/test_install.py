@@ -545,3 +545,54 @@ def test_cli_dispatches_to_install(node: Node) -> None:
     out = io.StringIO()
     assert cli_main(["install", *node.args(node.script("v1"))], stdout=out) == 0
     assert node.target.exists()
+
+
+# --mode shim: the static shim goes into the bin dir, and with --watch the agent serves its calls.
+
+
+def test_mode_shim_installs_the_shim_beside_the_source(node: Node) -> None:
+    fat = node.script("fat")
+    shim = node.src_dir / "rdma-cni-shim"
+    shim.write_text("#!/bin/sh\necho shim\n")
+    shim.chmod(0o755)
+    code, out, _ = run(node.args(fat, "--mode", "shim"))
+    assert code == 0
+    assert node.target.read_bytes() == shim.read_bytes()
+    assert "run `rdma-cni cni-server`" in out
+    # Back to the fat binary: the installer wrote the shim, so it may replace it.
+    assert run(node.args(fat, "--mode", "fat"))[0] == 0
+    assert node.target.read_bytes() == fat.read_bytes()
+
+
+def test_mode_shim_without_a_shim_is_an_install_error(node: Node) -> None:
+    code, _, err = run(node.args(node.script("fat"), "--mode", "shim"))
+    assert code == 1
+    assert "rdma-cni-shim does not exist" in err
+
+
+def test_mode_shim_with_watch_serves_the_socket_first(node: Node, tmp_path: Path) -> None:
+    shim = node.src_dir / "shim-elsewhere"
+    shim.write_text("#!/bin/sh\n")
+    socket_path = tmp_path / "agent" / "cni.sock"
+    argv = node.args(node.script("fat"), "--mode", "shim", "--shim-source", str(shim))
+    argv += ["--cni-socket", str(socket_path), "--watch", "--interval", "0.05", "--max-iterations", "2"]
+    code, out, _ = run(argv)
+    assert code == 0
+    assert f"serving CNI verbs for the shim on {socket_path}" in out
+    assert not socket_path.exists()  # stopped with the installer
+    # A socket directory others can enter is refused before anything is installed.
+    os.chmod(tmp_path / "agent", 0o755)
+    node.target.unlink()
+    code, _, err = run(argv)
+    assert code == 1 and "CNI server" in err and "mode 0700" in err
+    assert not node.target.exists()
+
+
+def test_cni_server_command_line(tmp_path: Path) -> None:
+    from rdma_cni.agent import cniserver
+
+    assert cniserver.main(["--max-connections", "0"]) == 2
+    d = tmp_path / "open"
+    d.mkdir(mode=0o755)
+    os.chmod(d, 0o755)
+    assert cniserver.main(["--socket", str(d / "cni.sock")]) == 1

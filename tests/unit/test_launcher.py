@@ -129,3 +129,34 @@ def test_install_copies_the_launcher_not_the_unpacked_program(tmp_path: Path) ->
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
     assert digest(bindir / "rdma-cni") == digest(BINARY)
+
+
+def in_read_only_root(script: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` as root in a mount namespace of its own where /var/cache is an empty read-only
+    filesystem and /tmp a fresh writable one: a container's read-only root, as the DaemonSet runs."""
+    setup = "mount --make-rprivate / && mount -t tmpfs -o ro none /var/cache && mount -t tmpfs none /tmp"
+    return subprocess.run(
+        ["unshare", "--mount", "sh", "-euc", f"{setup}\n{script}"],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root: the default cache and a mount namespace")
+def test_root_on_a_read_only_root_unpacks_into_tmp() -> None:
+    """root's default cache, /var/cache/rdma-cni, cannot be made on a read-only root: /tmp/rdma-cni-0 is."""
+    assert BINARY
+    got = in_read_only_root(f"{BINARY} --version\nls /tmp/rdma-cni-0\nstat -c %a /tmp/rdma-cni-0")
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split()[-2:] == [cache_id(BINARY), "700"], got.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root: a mount namespace")
+def test_an_explicit_cache_on_a_read_only_filesystem_is_not_replaced() -> None:
+    """RDMA_CNI_CACHE_DIR is the operator's choice: an unusable one fails, naming the cause."""
+    assert BINARY
+    got = in_read_only_root(f"RDMA_CNI_CACHE_DIR=/var/cache/mine {BINARY} --version")
+    assert got.returncode == 1
+    assert "cannot create the cache directory: Read-only file system" in got.stderr, got.stderr

@@ -25,7 +25,16 @@ PACKAGE = "rdma_cni"
 KERNEL_LAYER = ("kernel", "node", "commands")
 # The executable's entry points dispatch to every half, by design.
 ENTRY_POINTS = ("__main__", "cli", "warm", "install", "nodes_cli")
-SHARED_STDLIB_ONLY = ("shared.placement", "shared.nodestate", "shared.atomicfile")
+SHARED_STDLIB_ONLY = (
+    "shared.placement",
+    "shared.nodestate",
+    "shared.atomicfile",
+    "shared.names",
+    "shared.quote",
+    "shared.errors",
+)
+# Every other layer: shared/ is the bottom of the house, imported by both halves, importing neither.
+ABOVE_SHARED = ("cni", "kube", *KERNEL_LAYER, "agent", "extender", *ENTRY_POINTS, "inventory_cli", "exporter")
 
 
 def module_name(path: str, root: str = ROOT) -> str:
@@ -162,6 +171,8 @@ RULES = [
         ("extender.verbs",),
         ("extender.server", "extender.listener", "extender.main", "extender.service", "extender.options"),
     ),
+    # The arrows point down: shared/ (the pod request above all) takes nothing from cni/ or higher.
+    Rule("shared modules never import a layer above them", ("shared",), ABOVE_SHARED),
 ]
 
 
@@ -359,6 +370,12 @@ def test_clean_fake_package_passes(tmp_path: object) -> None:
             6,
             "rdma_cni.extender.verbs reaches rdma_cni.extender.server via rdma_cni.extender.verbs -> "
             "rdma_cni.extender.decide -> rdma_cni.extender.server",
+        ),
+        # the pod request taking its error type from the CNI edge, as it once did
+        (
+            {"shared/podrequest.py": "from rdma_cni.cni.errors import InvalidPodRequest\n"},
+            7,
+            "rdma_cni.shared.podrequest reaches rdma_cni.cni.errors",
         ),
     ],
 )

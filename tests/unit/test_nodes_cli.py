@@ -317,3 +317,74 @@ def test_fits_with_a_network_judges_rails_as_the_extender_does() -> None:
         demand=nodes_cli.demand_of(nodes_cli._fits('[{"rail": "rail-0"}]'), None),
     )
     assert doc["fitting_nodes"] == [] and "network" not in doc
+
+
+# ---------------------------------------------------------------------------
+# What agents publish is not trusted (issue 29, item 7)
+
+# Clears the screen, sets the terminal's title, and starts a forged row for another node.
+FORGED = "\x1b]0;pwned\x07\x1b[2J\nzz  ok  0s  ens9  99999/99999  64/64"
+# Short enough for the kernel, which allows ESC in an interface name: decodes, must be escaped.
+KERNEL_VALID = "\x1b[2J\x1b[H"
+BIDI = "\u202eeth0"  # right-to-left override: printable to no terminal, allowed by the kernel
+
+
+def _hostile_nodes(api: ApiServer) -> None:
+    def state(pf: str) -> str:
+        # Written as an agent would, with only the PF name hostile.
+        text = nodestate.encode(so.state([("ens1f0", 25_000, 4)]))
+        return text.replace('"ens1f0"', json.dumps(pf))
+
+    reset_nodes(api, {"forged": state(FORGED), "esc": state(KERNEL_VALID), "bidi": state(BIDI)})
+
+
+def test_table_escapes_what_agents_publish(api: ApiServer, kubeconfig: str) -> None:
+    _hostile_nodes(api)
+    code, text = run("--kubeconfig", kubeconfig)
+    assert code == 0
+    lines = text.splitlines()
+    # One header and one row per node: the newline in the forged name made no row.
+    assert len(lines) == 4 and text.count("\n") == 4
+    assert [line.split()[0] for line in lines[1:]] == ["bidi", "esc", "forged"]
+    assert all(c.isprintable() for line in lines for c in line)
+    rows = {line.split()[0]: line for line in lines[1:]}
+    # The forged name is refused on decode (whitespace): the node is invalid, its reason escaped.
+    assert "invalid" in rows["forged"] and "is not an interface name the kernel allows" in rows["forged"]
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\nzz" in rows["forged"]
+    # Names the kernel allows decode, and are shown escaped.
+    assert "ok" in rows["esc"] and "\\x1b[2J\\x1b[H" in rows["esc"]
+    assert "ok" in rows["bidi"] and "\\u202eeth0" in rows["bidi"]
+
+
+def test_json_stays_exact_json_with_hostile_names(api: ApiServer, kubeconfig: str) -> None:
+    _hostile_nodes(api)
+    code, text = run("--kubeconfig", kubeconfig, "--json")
+    assert code == 0
+    assert text.isascii() and all(c.isprintable() or c == "\n" for c in text)
+    nodes = {n["name"]: n for n in json.loads(text)["nodes"]}
+    # The exact names, as published, once decoded.
+    assert nodes["esc"]["pfs"][0]["name"] == KERNEL_VALID
+    assert nodes["bidi"]["pfs"][0]["name"] == BIDI
+    assert nodes["forged"]["state"] == "invalid" and nodes["forged"]["pfs"] == []
+
+
+def test_node_names_and_errors_are_escaped_too() -> None:
+    # Node names come from the API server: a hostile one (or a stand-in's) is escaped as well.
+    items = [{"metadata": {"name": "n\x1b[31m\nx", "annotations": {}}}, {"metadata": {"name": 7}}]
+    table = nodes_cli.render_table(nodes_cli.report(items, now=0.0))
+    assert table.count("\n") == 3 and "\x1b" not in table and "n\\x1b[31m\\nx" in table
+
+
+def test_api_error_text_is_bounded_and_escaped(
+    api: ApiServer, kubeconfig: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rdma_cni.kube import client as kubeapi
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise kubeapi.ApiError(500, "InternalError", "\x1b]0;x\x07" + "y" * 60_000)
+
+    monkeypatch.setattr(kubeapi.ApiClient, "list", refuse)
+    code, _ = run("--kubeconfig", kubeconfig)
+    err = capsys.readouterr().err
+    assert code == 1 and len(err) < 1200 and "\x1b" not in err and "(60006 characters)" in err
+    assert err.count("\n") == 1

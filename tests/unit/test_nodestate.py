@@ -94,7 +94,7 @@ def _mutate(path: str, value: Any) -> str:
         ("updated", 5, "node state.updated: expected a string"),
         ("pfs", {}, "node state.pfs: expected a list"),
         ("pfs/0", [], "pfs[0]: expected an object"),
-        ("pfs/0/name", "", "pfs[0].name: must be 1-253 characters"),
+        ("pfs/0/name", "", "pfs[0].name: '' is not an interface name the kernel allows"),
         ("pfs/0/capacity_tx_rate", 1.5, "pfs[0].capacity_tx_rate: expected an integer or null"),
         ("pfs/0/capacity_tx_rate", 10_000_001, "pfs[0].capacity_tx_rate: 10000001 is outside 0..10000000"),
         ("pfs/0/used_vfs", True, "pfs[0].used_vfs: expected an integer"),
@@ -288,7 +288,7 @@ def _v2_mutated(path: str, value: Any) -> str:
         ("networks/0/1/0/0", 2, "networks[0].pfs[0]: 2 is not the index of a listed PF"),
         ("networks/0/1/0/1", 5, "networks[0].pfs[0].rail: expected a string"),
         ("networks/1/1/1/0", 0, "networks[1]: lists a PF more than once"),
-        ("networks/0/0", "", "networks[0].name: must be 1-253 characters"),
+        ("networks/0/0", "", "networks[0].name: '' is not a network name"),
         ("allocations/0/3", [0, 1], "allocations[0]: interfaces must be a flat list"),
         ("allocations/0/3/3", True, "allocations[0].interfaces[1]: true is not the index"),
         ("allocations/0/3/4", -5, "allocations[0].interfaces[1].min_tx_rate: -5 is outside"),
@@ -326,3 +326,211 @@ def test_v2_keeps_256_pods_of_8_interfaces_well_inside_128_kib() -> None:
     print(f"node state at 256 pods x 8 interfaces: v2 {len(text.encode())} bytes, v1 {v1_size} bytes")
     assert len(text.encode()) < 100 * 1024
     assert nodestate.decode(text) == state
+
+
+# ---------------------------------------------------------------------------
+# One conversion from published state to placement input (style item 1)
+
+
+def test_pf_state_is_the_one_conversion() -> None:
+    pf = nodestate.PfSummary("ens1f0", 25_000, 10_000, 8, 3, 1)
+    assert nodestate.pf_state(pf) == placement.PfState("ens1f0", 5, 25_000, 10_000, 1)
+    # Reservations not yet published, and releases (preemption victims), clamped.
+    assert nodestate.pf_state(pf, (2, 5_000)).free_vfs == 3
+    assert nodestate.pf_state(pf, (2, 5_000)).reserved_mbps == 15_000
+    assert nodestate.pf_state(pf, (-9, -50_000)) == placement.PfState("ens1f0", 8, 25_000, 0, 1)
+    # As if empty: every eligible VF free, nothing reserved, whatever is held.
+    assert nodestate.pf_state(pf, (2, 5_000), empty=True) == placement.PfState("ens1f0", 8, 25_000, 0, 1)
+    # PfSummary.free_vfs says what the conversion says.
+    assert pf.free_vfs == 5 and nodestate.PfSummary("p", None, 0, 2, 4, None).free_vfs == 0
+
+
+def test_pf_states_and_the_extenders_empty_states_use_it() -> None:
+    from rdma_cni.extender.decide import Decider
+
+    state = nodestate.NodeState(
+        2,
+        1,
+        "2026-01-01T00:00:00Z",
+        (nodestate.PfSummary("a", 100, 40, 4, 2, 0), nodestate.PfSummary("b", None, 0, 2, 2, None)),
+        (),
+    )
+    held = {"a": (1, 10)}
+    assert nodestate.pf_states(state, held) == [
+        nodestate.pf_state(pf, held.get(pf.name, (0, 0))) for pf in state.pfs
+    ]
+    empty = [nodestate.pf_state(pf, empty=True) for pf in state.pfs]
+    assert nodestate.pf_states(state, held, empty=True) == empty
+    assert list(Decider._empty(state)) == empty
+
+
+def test_a_per_pf_rule_in_pf_state_reaches_every_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The point of one conversion: a rule added there (here: PF "b" offers nothing) is seen by
+    # pf_states, PfSummary.free_vfs and the extender's "as if empty" states alike.
+    from rdma_cni.extender.decide import Decider
+
+    real = nodestate.pf_state
+
+    def rule(pf: nodestate.PfSummary, held: tuple[int, int] = (0, 0), *, empty: bool = False) -> Any:
+        got = real(pf, held, empty=empty)
+        return (
+            placement.PfState(got.name, 0, got.capacity_mbps, got.reserved_mbps, got.numa_node)
+            if pf.name == "b"
+            else got
+        )
+
+    monkeypatch.setattr(nodestate, "pf_state", rule)
+    b = nodestate.PfSummary("b", None, 0, 4, 0, None)
+    state = nodestate.NodeState(2, 1, "2026-01-01T00:00:00Z", (b,), ())
+    assert b.free_vfs == 0
+    assert nodestate.pf_states(state)[0].free_vfs == 0
+    assert Decider._empty(state)[0].free_vfs == 0
+
+
+# ---------------------------------------------------------------------------
+# Names are checked on decode (issue 29, item 7)
+
+_V2 = {
+    "version": 2,
+    "generation": 1,
+    "updated": "2026-01-01T00:00:00Z",
+    "pfs": [["ens1f0", 100, 0, 4, 0, 0]],
+    "networks": [["rdma-a", [[0, "rail-0"]]]],
+    "allocations": [["ml", "p-0", "6f0d93e4-5d3a-4c4b-9a1e-2f7c0b8e1d55", [0, 0, 0]]],
+}
+_V1 = {
+    "version": 1,
+    "generation": 1,
+    "updated": "2026-01-01T00:00:00Z",
+    "pfs": [
+        {
+            "name": "ens1f0",
+            "capacity_tx_rate": 100,
+            "used_tx_rate": 0,
+            "capacity_vfs": 4,
+            "used_vfs": 0,
+            "numa_node": 0,
+        }
+    ],
+    "allocations": [
+        {
+            "namespace": "ml",
+            "name": "p-0",
+            "uid": "u",
+            "interfaces": [{"pf": "ens1f0", "min_tx_rate": 0, "max_tx_rate": 0}],
+        }
+    ],
+}
+
+
+def _with(doc: dict[str, Any], path: tuple[Any, ...], value: Any) -> str:
+    doc = json.loads(json.dumps(doc))
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return json.dumps(doc)
+
+
+V2_NAMES = {
+    "pf": ("pfs", 0, 0),
+    "network": ("networks", 0, 0),
+    "rail": ("networks", 0, 1, 0, 1),
+    "namespace": ("allocations", 0, 0),
+    "pod": ("allocations", 0, 1),
+    "uid": ("allocations", 0, 2),
+    "updated": ("updated",),
+}
+V1_NAMES = {
+    "pf": ("pfs", 0, "name"),
+    "namespace": ("allocations", 0, "namespace"),
+    "pod": ("allocations", 0, "name"),
+    "uid": ("allocations", 0, "uid"),
+    "updated": ("updated",),
+}
+HOSTILE_NAMES = ["\x1b]0;t\x07\n", "a\nb", "x" * 60_000, "a b", "\u2028\t", "é" * 8, "\udc80"]
+
+
+def test_both_versions_decode_with_good_names() -> None:
+    assert nodestate.decode(json.dumps(_V2)).networks[0].rails == ("rail-0",)
+    assert nodestate.decode(json.dumps(_V1)).pfs[0].name == "ens1f0"
+
+
+@pytest.mark.parametrize("value", HOSTILE_NAMES, ids=repr)
+@pytest.mark.parametrize(("doc", "field"), [(_V2, f) for f in V2_NAMES] + [(_V1, f) for f in V1_NAMES])
+def test_a_bad_name_makes_the_state_invalid(doc: dict[str, Any], field: str, value: str) -> None:
+    path = (V2_NAMES if doc is _V2 else V1_NAMES)[field]
+    text = _with(doc, path, value)
+    if doc is _V1 and field == "pf":  # the allocation names the PF too: rename both
+        text = _with(json.loads(text), ("allocations", 0, "interfaces", 0, "pf"), value)
+    with pytest.raises(NodeStateError) as info:
+        nodestate.decode(text)
+    message = str(info.value)
+    assert len(message) < 1000 and message.isprintable()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("pf", "\x1b[2J"),  # the kernel allows control characters: valid, escaped by every printer
+        ("pf", "\u2028"),  # a line separator: no whitespace byte in its UTF-8
+        ("pf", "eth%d"),
+        ("pf", "é" * 7),
+        ("pf", "x" * 15),
+        ("pf", "ib0.8001"),
+        ("network", "rdma.example-1"),
+        ("network", "RDMA_net.1"),  # the CNI specification's rule, as the configuration's
+        ("rail", "Rail_0.a"),
+        ("namespace", ""),
+        ("pod", ""),
+        ("uid", ""),
+        ("updated", "2026-11-26T07:00:00.123456+00:00"),
+    ],
+)
+def test_names_within_their_rules_decode(field: str, value: str) -> None:
+    assert nodestate.decode(_with(_V2, V2_NAMES[field], value)).version == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "rule"),
+    [
+        ("pf", "x" * 16, "1-15 bytes"),
+        ("pf", "é" * 8, "1-15 bytes"),
+        ("pf", "à", "whitespace"),  # its UTF-8 holds 0xa0, whitespace to the kernel
+        ("pf", "..", "not '.' or '..'"),
+        ("pf", "a/b", "'/'"),
+        ("pf", "a:b", "':'"),
+        ("pf", "a\x00", "NUL"),
+        ("network", "-x", "a network name"),
+        ("network", "a\n", "a network name"),
+        ("rail", "-x", "rail label"),
+        ("namespace", "a.b", "namespace name"),
+        ("pod", "P", "Pod name"),
+        ("uid", "u u", "a UID"),
+        ("updated", "yesterday at 5", "RFC 3339"),
+    ],
+)
+def test_a_bad_name_is_refused_saying_its_rule(field: str, value: str, rule: str) -> None:
+    with pytest.raises(NodeStateError, match=re.escape(rule)):
+        nodestate.decode(_with(_V2, V2_NAMES[field], value))
+
+
+@pytest.mark.parametrize(
+    "name", ["rdma-a", "RDMA_A", "net.1", "a" * 253, "-x", "a b", "a\n", "é", "a" * 254, ""]
+)
+def test_network_names_follow_the_configurations_rule(name: str) -> None:
+    # An agent publishes its configurations' names: the state must accept exactly what the config does.
+    from rdma_cni.cni.config import load_netconf
+    from rdma_cni.cni.errors import InvalidConfig
+
+    try:
+        load_netconf({"cniVersion": "1.0.0", "name": name, "type": "rdma-cni"})
+        config_ok = len(name) <= 253  # the state's bound on every name (the config has none)
+    except InvalidConfig:
+        config_ok = False
+    try:
+        nodestate.decode(_with(_V2, V2_NAMES["network"], name))
+        state_ok = True
+    except NodeStateError:
+        state_ok = False
+    assert state_ok == config_ok

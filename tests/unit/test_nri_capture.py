@@ -15,12 +15,10 @@ peer that means harm.
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,50 +26,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from rdma_cni.agent.nri import mux, plugin, ttrpc
 from rdma_cni.agent.nri import nri_api_pb2 as api
-
-CAPTURE = Path(__file__).resolve().parent / "data" / "nri" / "containerd-1.7.24.jsonl"
-
-
-@dataclass
-class Chunk:
-    to: str  # "plugin" or "runtime": who received these bytes
-    data: bytes
-
-
-def chunks() -> list[Chunk]:
-    """The first connection's chunks, in the order the relay moved them."""
-    out = []
-    for line in CAPTURE.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("conn") == 1 and "hex" in rec:
-            out.append(Chunk(rec["dir"], bytes.fromhex(rec["hex"])))
-    return out
-
-
-def stream(to: str) -> bytes:
-    return b"".join(c.data for c in chunks() if c.to == to)
-
-
-def frames(data: bytes) -> list[tuple[int, bytes]]:
-    """Multiplexer frames of a whole recorded direction, checked to end on a frame boundary."""
-    out = []
-    pos = 0
-    while pos < len(data):
-        conn, size = mux.HEADER.unpack_from(data, pos)
-        assert size <= mux.MAX_PAYLOAD
-        out.append((conn, data[pos + mux.HEADER.size : pos + mux.HEADER.size + size]))
-        pos += mux.HEADER.size + size
-    assert pos == len(data), "the recording ends inside a frame"
-    return out
-
-
-def messages(to: str) -> list[tuple[int, ttrpc.Message]]:
-    readers: dict[int, ttrpc.Reader] = {}
-    out = []
-    for conn, payload in frames(stream(to)):
-        out += [(conn, m) for m in readers.setdefault(conn, ttrpc.Reader()).feed(payload)]
-    assert all(r.pending == 0 for r in readers.values())
-    return out
+from tests.support.nri_capture import chunks, messages, replay_runtime, stream
 
 
 def requests_to_plugin() -> list[tuple[int, ttrpc.Request]]:
@@ -384,3 +339,17 @@ def test_the_plugin_loop_outlives_a_hostile_runtime_and_registers_with_the_next(
     finally:
         stop.set()
         server.close()
+
+
+def test_the_replaying_runtime_gets_every_recorded_call_answered() -> None:
+    """tests.support.nri_capture.replay_runtime (the runtime tier's containerd) against the plugin."""
+    p = plugin.NriPlugin("replay", lambda _sandbox: [])
+    rt, t, stop, errors = serve(p)
+    with rt:
+        register, calls = replay_runtime(rt)
+        assert api.RegisterPluginRequest.FromString(register.payload).plugin_name == plugin.PLUGIN_NAME
+        assert [req.method for req, _ in calls] == [req.method for _, req in requests_to_plugin()]
+        assert all(resp.code == ttrpc.OK for _, resp in calls)
+    stop.set()
+    t.join(5)
+    assert not t.is_alive() and len(errors) <= 1

@@ -553,3 +553,29 @@ def test_netdev_rdma_devices_without_rdma_or_with_a_failing_kernel_is_empty(
     with caplog.at_level(logging.WARNING, logger="rdma_cni.agent.nri"):
         assert plugin.netdev_rdma_devices(5) == {}
     assert "soft devices left out" in caplog.text
+
+
+def test_proofs_stop_after_their_time_and_inject_nothing_unproven(
+    node: RecordStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    record(node, "sandbox-a", VF_A)
+    second = VfRecord(
+        pf="ens1f0", vf=1, pci=VF_B, host_name="vf1", host_mac="", host_mtu=1500, pod_name="net2"
+    )
+    node.write(
+        Attachment(
+            "sandbox-a", "net2", "rdma", "/var/run/netns/sandbox-a", "1.0.0", state="ready", vfs=[second]
+        )
+    )
+    monkeypatch.setattr(plugin, "PROOF_SECONDS", 0.05)
+    calls: list[str] = []
+
+    def slow(att: Attachment, pcis: list[str]) -> dict[str, list[str]]:
+        calls.append(att.ifname)
+        time.sleep(0.1)  # a proof that used up the whole budget
+        return {pci: [] for pci in pcis}
+
+    devices = plugin.PodDevices([os.path.dirname(node.dir)], prove=slow)("sandbox-a")
+    assert calls == ["net1"]
+    assert [d.path for d in devices if "uverbs" in d.path] == ["/dev/infiniband/uverbs0"]
+    assert "the devices of sandbox-a/net2 are not injected" in caplog.text

@@ -80,3 +80,30 @@ def test_temporaries_that_cannot_be_listed_or_removed_are_io_errors(tmp_path: Pa
     with pytest.raises(IOFailure) as info:
         remove_orphaned_temporaries(str(tmp_path / "dir"))
     assert "cannot remove orphaned temporary file" in info.value.msg
+
+
+def test_records_of_the_previous_version_have_no_pod_index_and_read_as_zero(tmp_path: Path) -> None:
+    import json
+
+    from rdma_cni.node.record import VfRecord, parse_attachment
+
+    att = Attachment("c", "net1", "n", "/run/netns/p", "1.1.0", state="ready")
+    att.vfs.append(VfRecord("pf0", 0, "0000:3b:02.1", "vf0", "", 1500, "net1", pod_index=41))
+    doc = json.loads(att.to_json())
+    assert parse_attachment(json.dumps(doc)).vfs[0].pod_index == 41
+    del doc["vfs"][0]["pod_index"]  # as the version before wrote it
+    assert parse_attachment(json.dumps(doc)).vfs[0].pod_index == 0
+
+
+@pytest.mark.parametrize("value", ["41", -1, 1 << 31, True, 4.0, None])
+def test_a_pod_index_that_is_no_ifindex_makes_the_record_corrupt(tmp_path: Path, value: object) -> None:
+    import json
+
+    from rdma_cni.node.record import VfRecord, parse_attachment
+
+    att = Attachment("c", "net1", "n", "/run/netns/p", "1.1.0", state="ready")
+    att.vfs.append(VfRecord("pf0", 0, "0000:3b:02.1", "vf0", "", 1500, "net1"))
+    doc = json.loads(att.to_json())
+    doc["vfs"][0]["pod_index"] = value
+    with pytest.raises(TypeError, match="pod_index"):
+        parse_attachment(json.dumps(doc))

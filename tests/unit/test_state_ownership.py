@@ -5,7 +5,10 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -193,12 +196,73 @@ def test_symlinked_lock_file_is_code_5(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", ["/proc/self/status", "/proc/version", "/sys/kernel/uevent_seqnum"])
 def test_lock_file_on_procfs_or_sysfs_is_code_5(path: str) -> None:
     err = lock_refused(path)
-    assert path in err.msg and ("under /proc" in err.msg or "under /sys" in err.msg)
+    assert path in err.msg and ("on procfs" in err.msg or "on sysfs" in err.msg)
 
 
 def test_lock_file_reached_through_a_link_to_proc_is_code_5(tmp_path: Path) -> None:
     (tmp_path / "p").symlink_to("/proc/self")
-    assert "under /proc" in lock_refused(str(tmp_path / "p" / "status")).msg
+    assert "on procfs" in lock_refused(str(tmp_path / "p" / "status")).msg
+
+
+@contextmanager
+def mounted(fstype: str, where: Path) -> Iterator[Path]:
+    """A pseudo file system of ``fstype`` mounted at ``where`` (as a node's /host/proc is) for the test."""
+    where.mkdir()
+    subprocess.run(["mount", "-t", fstype, fstype, str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+needs_mount = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a pseudo file system needs root")
+
+
+@needs_mount
+@pytest.mark.parametrize(
+    ("fstype", "name", "inside"),
+    [
+        ("proc", "procfs", "self/status"),  # an existing file
+        ("proc", "procfs", "rdma-cni.lock"),  # one the plugin would create
+        ("sysfs", "sysfs", "kernel/rdma-cni.lock"),
+        ("cgroup2", "cgroup2", "rdma-cni.lock"),
+        ("debugfs", "debugfs", "rdma-cni.lock"),
+    ],
+)
+def test_lock_file_on_a_pseudo_fs_mounted_elsewhere_is_code_5(
+    tmp_path: Path, fstype: str, name: str, inside: str
+) -> None:
+    with mounted(fstype, tmp_path / "host-proc") as where:
+        lock_file = str(where / inside)
+        err = lock_refused(lock_file)
+        assert (
+            err.msg == f"lockFile {lock_file} is on {name}, where it cannot be locked; use a path under /run"
+        )
+
+
+@needs_mount
+@pytest.mark.parametrize("inside", ["", "rdma-cni", "self"])
+def test_state_dir_on_procfs_mounted_elsewhere_is_code_5(tmp_path: Path, inside: str) -> None:
+    with mounted("proc", tmp_path / "host-proc") as where:
+        state = where / inside if inside else where
+        err = refused(state)
+        assert (
+            err.msg
+            == f"stateDir {state} is on procfs, where nothing written is kept; use a path under /var/lib"
+        )
+        assert not (where / "rdma-cni").exists()
+
+
+@needs_mount
+def test_lock_file_on_tmpfs_mounted_elsewhere_is_fine(tmp_path: Path) -> None:
+    with mounted("tmpfs", tmp_path / "run"), node_lock(str(tmp_path / "run" / "lock"), 1):
+        pass
+
+
+def test_lock_file_whose_file_system_cannot_be_read_is_code_5(tmp_path: Path) -> None:
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")  # statfs: too many levels of symbolic links
+    err = lock_refused(str(tmp_path / "loop" / "lock"))
+    assert err.msg.startswith(f"cannot inspect the file system of lockFile {tmp_path / 'loop'}")
 
 
 def test_plugin_creates_the_lock_file_0600(tmp_path: Path) -> None:

@@ -14,7 +14,10 @@ RLIMIT_MEMLOCK is raised so memory registration works without IPC_LOCK.
 NRI's timeouts (containerd/nri ``pkg/api/timeouts.go``): registration must
 finish within 5 s and each request be answered within 2 s, or the runtime
 drops the plugin and creates containers without it. Every answer here is a
-few sysfs reads and one netlink dump per pod; nothing waits on the node lock.
+few sysfs reads and, per recorded VF, a netlink request for its ifindex in the
+pod; a pod's links are walked only when that misses, within a bound
+(:mod:`rdma_cni.kernel.linkscan`), and all the proofs of one request stop
+after :data:`PROOF_SECONDS`. Nothing waits on the node lock.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ RECONNECT_DELAY = 2.0
 # A runtime that stops inside a frame must not hang the plugin: give up on the connection.
 STALL_TIMEOUT = 10.0
 DEV_DIR = "/dev/infiniband"
+# What one CreateContainer may spend proving its pod's VFs before it gives up on the rest (each
+# proof is itself bounded: see prove_in_pod). Well inside NRI's 2 s per request.
+PROOF_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -164,10 +170,17 @@ def netdev_rdma_devices(netns_fd: int) -> dict[int, list[str]]:
 def prove_in_pod(att: Attachment, pcis: list[str]) -> dict[str, list[str]]:
     """Of ``pcis``, the VFs the kernel shows in the attachment's pod namespace (by identity).
 
-    Each comes with the soft RDMA devices whose port's netdev is that VF's
-    link in the pod (:func:`netdev_rdma_devices`). The ports are read before
-    the links are proven, so a port's netdev index is checked against the
-    links as they are at or after the moment the kernel named it.
+    Each VF is asked for at the ifindex, then under the name, ADD left it
+    with (its record's ``pod_index`` and ``pod_name``), and proven by what
+    the kernel reports; the pod's links are walked only for VFs both miss,
+    once and within :class:`rdma_cni.kernel.linkscan.Bound` (records from
+    before ``pod_index``, a VF the pod moved away): a pod with any number of
+    links costs a few requests, and a VF beyond the bound is not proven, so
+    its devices are not injected. Each comes with the soft RDMA devices
+    whose port's netdev is that VF's link in the pod
+    (:func:`netdev_rdma_devices`). The ports are read before the links are
+    proven, so a port's netdev index is checked against the links as they
+    are at or after the moment the kernel named it.
     """
     from rdma_cni.kernel.identity import VfFinder
     from rdma_cni.kernel.netlink import Rtnl
@@ -178,8 +191,9 @@ def prove_in_pod(att: Attachment, pcis: list[str]) -> dict[str, list[str]]:
         return {}
     try:
         soft = netdev_rdma_devices(pod.fd)
+        hints = {vf.pci: (vf.pod_index, vf.pod_name) for vf in att.vfs}
         with Rtnl() as host:
-            proven = VfFinder(host, pod).vfs_in_pod(pcis)
+            proven = VfFinder(host, pod).vfs_in_pod(pcis, hints)
         return {pci: soft.get(link.index, []) for pci, link in proven.items()}
     finally:
         pod.close()
@@ -201,8 +215,19 @@ class PodDevices:
             for vf in att.vfs:
                 claims.setdefault(vf.pci, set()).add(att.container_id)
         devices: dict[str, CharDevice] = {}
+        deadline = time.monotonic() + PROOF_SECONDS
         for att in records:
             if att.container_id != sandbox_id or att.state != "ready":
+                continue
+            if time.monotonic() > deadline:
+                log.error(
+                    "NRI: proving the VFs of pod sandbox %s took over %g s; the devices of %s/%s are not "
+                    "injected",
+                    sandbox_id,
+                    PROOF_SECONDS,
+                    att.container_id,
+                    att.ifname,
+                )
                 continue
             pcis = []
             for vf in att.vfs:

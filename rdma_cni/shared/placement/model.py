@@ -157,6 +157,12 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
+def _shown(name: str) -> str:
+    # PF names come from node states, and the kernel allows an ESC in one: never raw in a message
+    # (the package stays self-contained, so this is shared/quote's escape, written out).
+    return name if name.isprintable() else repr(name)[1:-1]
+
+
 def free_summary(pfs: Sequence[PfState]) -> str:
     """One line describing what each PF has free, by PF name, for error messages."""
     parts = []
@@ -165,7 +171,7 @@ def free_summary(pfs: Sequence[PfState]) -> str:
             bandwidth = "capacity unknown"
         else:
             bandwidth = f"{pf.free_mbps} of {pf.capacity_mbps} Mbit/s free"
-        parts.append(f"{pf.name}: {_plural(pf.free_vfs, 'VF')}, {bandwidth}")
+        parts.append(f"{_shown(pf.name)}: {_plural(pf.free_vfs, 'VF')}, {bandwidth}")
     return "; ".join(parts) if parts else "no PFs"
 
 

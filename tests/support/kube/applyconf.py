@@ -20,6 +20,7 @@ CONF = os.path.join(REPO, "conf")
 # conf/ files kube-apiserver never sees.
 NOT_API_OBJECTS = {
     "kube-scheduler-default.yaml": "a KubeSchedulerConfiguration file for the cluster's own kube-scheduler",
+    "kustomization.yaml": "kustomize's input (its resources are the files applied here)",
 }
 FIELD_MANAGER = "rdma-cni-operator"
 

@@ -1,0 +1,347 @@
+"""The agent's CNI server: runs the verbs the host's shim (launcher/shim.c) hands over.
+
+The thick design: /opt/cni/bin holds a small static shim, which runs on any
+host glibc, and the plugin itself runs here, in the agent's userspace (the
+DaemonSet image's), started exactly as a runtime starts it: the same
+executable, the runtime's ``CNI_*`` variables and stdin, its stdout, stderr and
+exit status relayed back. Every guarantee of the plugin (the node lock,
+records, rollback, the IPAM guard, warm start) is the plugin's own, unchanged.
+
+- **Who may connect:** the socket's directory is 0700, the socket 0600, and
+  a peer whose uid (SO_PEERCRED) is neither root nor ours is dropped unanswered.
+- **The pod's namespace** comes as an fd the shim opened in the runtime's
+  mount view; the plugin opens it as ``/proc/<this pid>/fd/<n>`` (named in
+  ``RDMA_CNI_NETNS_VIA``, see :mod:`rdma_cni.kernel.netns`), so this side never
+  resolves a host path and ``CNI_NETNS`` keeps the runtime's value for results,
+  records and logs.
+- **Bounds:** at most ``max_connections`` calls at once (one more is answered
+  with code 11 at once), 10 s to send a request, sizes checked before reading,
+  ``verb_timeout`` per verb (the plugin's process group is then killed, as a
+  runtime's timeout would), answers capped.
+- **A caller that goes away** (a runtime killing the shim) gets its verb's
+  process group killed, as killing a plugin would.
+- **Spooled DELs** (:mod:`rdma_cni.agent.delspool`) run at start and before
+  every ADD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+from rdma_cni.agent.delspool import run_spool, spool_dir
+from rdma_cni.agent.shimconn import REQUEST_SECONDS, hung_up, peer_allowed, read_request
+from rdma_cni.agent.shimwire import Request, WireError, encode_answer
+
+log = logging.getLogger("rdma_cni.agent.cniserver")
+
+DEFAULT_SOCKET = "/run/rdma-cni/agent/cni.sock"
+VIA_ENV = "RDMA_CNI_NETNS_VIA"  # rdma_cni.kernel.netns.NETNS_VIA_ENV (the agent does not import the plugin)
+# Below the shim's wait (300 s) so that the shim hears the timeout as an answer.
+VERB_TIMEOUT = 270.0
+MAX_OUTPUT = 4 << 20
+DEFAULT_MAX_CONNECTIONS = 32
+
+
+class ServerError(Exception):
+    """The server cannot start (its directory, its socket, another server): the message says why."""
+
+
+def default_plugin() -> list[str]:
+    """The plugin to run: the built executable this process came from, else this package."""
+    launcher = os.environ.get("RDMA_CNI_LAUNCHER")
+    if launcher and getattr(sys, "frozen", False):
+        return [launcher]
+    if getattr(sys, "frozen", False):
+        return [sys.executable]
+    return [sys.executable, "-m", "rdma_cni"]
+
+
+def plugin_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a verb inherits from the server: its environment, less what is the caller's or the bundle's.
+
+    The caller's ``CNI_*`` variables are the only ones a verb gets from outside. The built
+    binary's bootloader sets ``LD_LIBRARY_PATH`` to its own libraries (and ``_PYI_*`` for its
+    children): a verb must start as a runtime starts the plugin, and the IPAM plugins it runs
+    must load their own libraries, not the bundle's.
+    """
+    env = {
+        k: v
+        for k, v in environ.items()
+        if not k.startswith(("CNI_", "_PYI_", "_MEI")) and k not in (VIA_ENV, "LD_LIBRARY_PATH")
+    }
+    env.pop("LD_LIBRARY_PATH_ORIG", None)
+    if environ.get("LD_LIBRARY_PATH_ORIG"):
+        env["LD_LIBRARY_PATH"] = environ["LD_LIBRARY_PATH_ORIG"]
+    return env
+
+
+def _private_dir(path: str) -> None:
+    """Create ``path`` 0700 if missing; ServerError unless it is ours and closed to others."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as exc:
+        raise ServerError(f"cannot create the socket directory {path}: {exc.strerror}") from None
+    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ServerError(
+            f"the socket directory {path} must be a directory owned by this user with mode 0700 "
+            f"(it is {oct(st.st_mode & 0o777)}, owner {st.st_uid})"
+        )
+
+
+def cni_error(code: int, msg: str) -> bytes:
+    """A CNI error document, for the answers the server gives itself."""
+    return (json.dumps({"cniVersion": "1.1.0", "code": code, "msg": msg}) + "\n").encode()
+
+
+class CniServer:
+    """Listens on ``socket_path`` and runs each call through ``plugin`` (a command line)."""
+
+    def __init__(
+        self,
+        socket_path: str = DEFAULT_SOCKET,
+        plugin: Sequence[str] | None = None,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        verb_timeout: float = VERB_TIMEOUT,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        """Nothing is opened until :meth:`start`."""
+        self.socket_path = os.path.abspath(socket_path)
+        self.plugin = list(plugin or default_plugin())
+        self.verb_timeout = verb_timeout
+        self.base_env = plugin_environment(os.environ if environ is None else environ)
+        self._slots = threading.BoundedSemaphore(max_connections)
+        # Calls told "busy" are bounded too: beyond these, a call is closed unanswered.
+        self._busy_slots = threading.BoundedSemaphore(max_connections)
+        self._spool_lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._lock_fd = -1
+
+    @property
+    def spool(self) -> str:
+        """The directory of spooled DELs."""
+        return spool_dir(self.socket_path)
+
+    def start(self, wait: threading.Event | None = None) -> None:
+        """Make the directory, take its lock, bind and listen; ServerError when it cannot.
+
+        With ``wait``, a lock held by another server (the old agent of a rolling update with
+        surge) is waited for until that server stops or ``wait`` is set (ServerError then).
+        """
+        directory = os.path.dirname(self.socket_path)
+        _private_dir(directory)
+        if len(self.socket_path.encode()) > 107:
+            raise ServerError(f"the socket path {self.socket_path} is longer than a unix socket allows")
+        fd = os.open(os.path.join(directory, "cni.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if wait is None or wait.is_set():
+                    os.close(fd)
+                    raise ServerError(f"another CNI server serves {self.socket_path}") from None
+            if not told:
+                log.warning("another CNI server serves %s: waiting for it to stop", self.socket_path)
+                told = True
+            wait.wait(0.5)
+        self._lock_fd = fd
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)  # a dead server's: we hold the lock
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old = os.umask(0o177)
+        try:
+            sock.bind(self.socket_path)
+        except OSError as exc:
+            sock.close()
+            raise ServerError(f"cannot listen on {self.socket_path}: {exc.strerror}") from None
+        finally:
+            os.umask(old)
+        sock.listen(64)
+        self._sock = sock
+        _private_dir(self.spool)
+        self.run_spool()
+
+    def close(self) -> None:
+        """Stop listening (calls under way finish)."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
+            self._sock.close()
+            self._sock = None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def serve(self, stop: threading.Event) -> None:
+        """Accept calls until ``stop`` is set; each runs in a thread of its own."""
+        assert self._sock is not None, "start() first"
+        self._sock.settimeout(0.5)
+        try:
+            while not stop.is_set():
+                try:
+                    conn, _ = self._sock.accept()
+                except TimeoutError:
+                    continue
+                except OSError as exc:
+                    log.error("accept on %s failed: %s", self.socket_path, exc)
+                    time.sleep(0.1)
+                    continue
+                conn.settimeout(None)
+                if not self._slots.acquire(blocking=False):
+                    if self._busy_slots.acquire(blocking=False):
+                        threading.Thread(target=self._busy, args=(conn,), daemon=True).start()
+                    else:
+                        conn.close()
+                    continue
+                threading.Thread(target=self._handle, args=(conn,), name="cni-call", daemon=True).start()
+        finally:
+            self.close()
+
+    def run_spool(self) -> None:
+        """Run the spooled DELs once (one pass at a time)."""
+        with self._spool_lock:
+            done, left = run_spool(self.spool, lambda req: self._run(req, None, None)[0])
+        if done or left:
+            log.info("spooled DELs: %d run, %d left for the next pass", done, left)
+
+    def _busy(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                self._answer_busy(conn)
+            finally:
+                self._busy_slots.release()
+
+    def _answer_busy(self, conn: socket.socket) -> None:
+        if peer_allowed(conn):
+            with contextlib.suppress(OSError, WireError):
+                # The request is read (and its fd closed) so that the shim's send completes.
+                _request, fd = read_request(conn)
+                if fd is not None:
+                    os.close(fd)
+                msg = "the rdma-cni agent is serving too many calls at once; try again later"
+                conn.sendall(encode_answer(1, cni_error(11, msg), b""))
+
+    def _handle(self, conn: socket.socket) -> None:
+        fd: int | None = None
+        try:
+            with conn:
+                if not peer_allowed(conn):
+                    return
+                try:
+                    request, fd = read_request(conn)
+                except (OSError, WireError) as exc:
+                    log.warning("dropped a call: %s", exc)
+                    return
+                if request.command == "ADD":
+                    self.run_spool()
+                status, out, err = self._run(request, fd, conn)
+                conn.settimeout(REQUEST_SECONDS)
+                with contextlib.suppress(OSError):
+                    conn.sendall(encode_answer(status, out, err))
+        finally:
+            if fd is not None:
+                os.close(fd)
+            self._slots.release()
+
+    def _env(self, request: Request, fd: int | None) -> dict[str, str]:
+        env = dict(self.base_env)
+        env.update(request.env)
+        if fd is not None:
+            env[VIA_ENV] = f"/proc/{os.getpid()}/fd/{fd}"
+        elif request.netns_errno and request.env.get("CNI_NETNS"):
+            env[VIA_ENV] = f"errno:{request.netns_errno}"
+        return env
+
+    def _run(self, request: Request, fd: int | None, conn: socket.socket | None) -> tuple[int, bytes, bytes]:
+        """Run one verb: (exit status, stdout, stderr)."""
+        try:
+            proc = subprocess.Popen(
+                self.plugin,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self._env(request, fd),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            log.error("cannot start the plugin %s: %s", self.plugin[0], exc)
+            return 1, cni_error(11, f"the rdma-cni agent cannot start the plugin: {exc.strerror}"), b""
+        deadline = time.monotonic() + self.verb_timeout
+        stdin: bytes | None = request.stdin
+        out = err = b""
+        while True:
+            try:
+                out, err = proc.communicate(stdin, timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                stdin = None  # already written
+            gone = conn is not None and hung_up(conn)
+            if gone or time.monotonic() > deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+                if gone:
+                    log.warning("the caller of %s went away: its verb was killed", request.command)
+                    return 1, b"", b""
+                log.error("%s ran longer than %.0f s: killed", request.command, self.verb_timeout)
+                msg = (
+                    f"the plugin did not finish {request.command} within {self.verb_timeout:.0f} s; "
+                    "try again later"
+                )
+                return 1, cni_error(11, msg), err[-4096:]
+        if len(out) > MAX_OUTPUT:
+            return 1, cni_error(999, "the plugin's answer is too large to relay"), b""
+        status = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        return status, out, err[-(64 << 10) :]
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options of ``rdma-cni cni-server``."""
+    p = argparse.ArgumentParser(
+        prog="rdma-cni cni-server", description="Run the CNI verbs the rdma-cni shim hands over."
+    )
+    p.add_argument("--socket", default=DEFAULT_SOCKET, help="default: %(default)s")
+    p.add_argument("--plugin", metavar="PATH", help="the plugin executable to run (default: this executable)")
+    p.add_argument(
+        "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="default: %(default)s"
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """``rdma-cni cni-server``: the CNI server alone (podman or cnitool with the shim, no DaemonSet)."""
+    args = parser().parse_args(argv)
+    if args.max_connections < 1:
+        sys.stderr.write("rdma-cni cni-server: error: --max-connections must be at least 1\n")
+        return 2
+    logging.basicConfig(level=logging.INFO, format="rdma-cni cni-server: %(message)s")
+    server = CniServer(
+        args.socket, [args.plugin] if args.plugin else None, max_connections=args.max_connections
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _s, _f: stop.set())
+    try:
+        server.start()
+    except ServerError as exc:
+        sys.stderr.write(f"rdma-cni cni-server: error: {exc}\n")
+        return 1
+    sys.stdout.write(json.dumps({"listening": server.socket_path}) + "\n")
+    sys.stdout.flush()
+    server.serve(stop)
+    return 0

@@ -1,0 +1,106 @@
+"""The host shim (launcher/shim.c) for tests: built from source, run as a runtime runs it, a plugin stand-in.
+
+Built once per session with the same flags as ``make build`` into a directory
+of the caller's, so a test always runs the shim of the tree it tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def build_shim(out_dir: str) -> str:
+    """Compile launcher/shim.c statically into ``out_dir``; its path."""
+    path = os.path.join(out_dir, "rdma-cni-shim")
+    subprocess.run(
+        [
+            os.environ.get("CC", "cc"),
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-static",
+            "-o",
+            path,
+            os.path.join(REPO, "launcher", "shim.c"),
+        ],
+        check=True,
+    )
+    return path
+
+
+@dataclass
+class ShimOutcome:
+    """What a runtime sees of one shim call."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def doc(self) -> dict[str, Any] | None:
+        """The JSON document on stdout, if any."""
+        return json.loads(self.stdout) if self.stdout.strip() else None
+
+
+def run_shim(
+    shim: str, socket_path: str, env: dict[str, str], stdin: bytes = b"{}", timeout: float = 60
+) -> ShimOutcome:
+    """Run the shim with ``env`` (plus the socket's path) and ``stdin``."""
+    proc = subprocess.run(
+        [shim],
+        input=stdin,
+        env={"PATH": "/usr/bin:/bin", **env, "RDMA_CNI_SHIM_SOCKET": socket_path},
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+    )
+    return ShimOutcome(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
+def write_echo_plugin(path: str) -> str:
+    """A plugin stand-in that answers with what it was given (environment, stdin, the namespace it opens).
+
+    Its stdin picks a behaviour: ``{"exit": N}`` exits N, ``{"sleep": S, "pidfile": P}``
+    writes its pid to P and sleeps S seconds first, ``{"big": N}`` prints N bytes,
+    ``{"kill": SIG}`` kills itself with SIG.
+    """
+    body = textwrap.dedent(
+        """\
+        import json, os, sys, time
+        raw = sys.stdin.buffer.read()
+        try:
+            conf = json.loads(raw or b"{}")
+        except ValueError:
+            conf = {}
+        if conf.get("big"):
+            sys.stdout.write("x" * conf["big"])
+            sys.exit(0)
+        if conf.get("kill"):
+            os.kill(os.getpid(), conf["kill"])
+        if conf.get("pidfile"):
+            with open(conf["pidfile"], "w") as f:
+                f.write(str(os.getpid()))
+        time.sleep(conf.get("sleep", 0))
+        via = os.environ.get("RDMA_CNI_NETNS_VIA", "")
+        ns = None
+        if via.startswith("/"):
+            st = os.stat(via)
+            ns = [st.st_dev, st.st_ino]
+        sys.stderr.write("plugin stderr\\n")
+        print(json.dumps({"env": dict(os.environ), "stdin": raw.decode(), "netns": ns}))
+        sys.exit(conf.get("exit", 0))
+        """
+    )
+    with open(path, "w") as f:
+        f.write(f"#!{sys.executable}\n{body}")
+    os.chmod(path, 0o755)
+    return path

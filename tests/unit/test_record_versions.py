@@ -1,0 +1,130 @@
+"""Records and node state across one version up and down: what one version writes, the other reads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rdma_cni.node import record
+from rdma_cni.node.record import Attachment, PodInfo, RecordStore, VfRecord, parse_attachment
+from rdma_cni.shared import nodestate
+from rdma_cni.shared.nodestate import Allocation, InterfaceUse, NodeState, PfSummary
+
+# What a schema-1 writer writes, frozen: a key added here without a schema bump is caught below,
+# and so is a key removed (an older reader would find its record unreadable). `pod_index` joined
+# schema 1 in the release that brought this rule (records before it read it as 0; the release
+# before cannot read it: docs/protocol.md says what a downgrade across it does).
+SCHEMA_1_ATTACHMENT = {
+    "container_id", "ifname", "network", "netns", "cni_version", "state", "pod",
+    "created_at", "vfs", "result", "schema",
+}  # fmt: skip
+SCHEMA_1_VF = {
+    "pf", "vf", "pci", "host_name", "host_mac", "host_mtu", "pod_name", "min_tx_rate", "max_tx_rate",
+    "pf_original", "pf_applied", "mac", "mtu", "ipam", "rdma_device", "rdma_action", "pod_index",
+}  # fmt: skip
+SCHEMA_1_POD = {"namespace", "name", "uid"}
+
+
+def attachment() -> Attachment:
+    vf = VfRecord("ens1f0", 3, "0000:5e:00.3", "ens1f0v3", "02:00:00:00:00:03", 1500, "net1", 1000, 2000)
+    return Attachment(
+        "c" * 64,
+        "net1",
+        "rdma-net",
+        "/var/run/netns/p",
+        "1.1.0",
+        state="ready",
+        pod=PodInfo("team-a", "trainer-0", "uid-1"),
+        created_at=1.5,
+        vfs=[vf],
+    )
+
+
+def next_schema(att: Attachment) -> dict[str, Any]:
+    """``att`` as the next version writes it: schema 2, with keys at every level this one does not know."""
+    doc = json.loads(att.to_json())
+    doc["schema"] = record.NEXT_SCHEMA
+    doc["placement_hint"] = {"rail": "rail-0"}
+    doc["pod"]["priority"] = 7
+    doc["vfs"][0]["restore_queues"] = 8
+    return doc
+
+
+def test_this_schema_writes_exactly_the_frozen_keys() -> None:
+    doc = json.loads(attachment().to_json())
+    assert record.SCHEMA == 1
+    assert set(doc) == SCHEMA_1_ATTACHMENT
+    assert set(doc["vfs"][0]) == SCHEMA_1_VF
+    assert set(doc["pod"]) == SCHEMA_1_POD
+
+
+def test_a_record_of_the_previous_release_is_read() -> None:
+    # Only the keys without defaults, as the oldest schema-1 writer's, and no schema key at all.
+    vf = {k: v for k, v in asdict(attachment().vfs[0]).items() if k in ("pf", "vf", "pci", "host_name")}
+    vf |= {"host_mac": "02:00:00:00:00:03", "host_mtu": 1500, "pod_name": "net1"}
+    doc = {"container_id": "c" * 64, "ifname": "net1", "network": "n", "netns": "/p", "cni_version": "1.0.0"}
+    att = parse_attachment(json.dumps({**doc, "vfs": [vf]}))
+    assert att.state == "adding" and att.schema == record.SCHEMA and att.vfs[0].rdma_action == ""
+
+
+def test_a_record_of_the_next_version_is_read_without_its_additions() -> None:
+    """After a rollback, this version reads what the newer one allocated, to release it."""
+    att = parse_attachment(json.dumps(next_schema(attachment())))
+    expected = attachment()
+    expected.schema = record.NEXT_SCHEMA
+    assert att == expected
+
+
+def test_unknown_keys_in_this_schema_are_still_corrupt() -> None:
+    doc = next_schema(attachment())
+    doc["schema"] = record.SCHEMA
+    with pytest.raises(ValueError, match=r"unknown keys \['placement_hint'\]"):
+        parse_attachment(json.dumps(doc))
+
+
+@pytest.mark.parametrize("schema", [0, record.SCHEMA + 2, "1", None])
+def test_other_schemas_are_unreadable(schema: Any) -> None:
+    doc = json.loads(attachment().to_json())
+    doc["schema"] = schema
+    with pytest.raises(ValueError, match="record schema"):
+        parse_attachment(json.dumps(doc))
+
+
+def test_the_store_holds_a_next_version_record_as_allocated(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    store = RecordStore(str(state))
+    store.ensure()
+    att = attachment()
+    Path(store.path(att.container_id, att.ifname)).write_text(json.dumps(next_schema(att)))
+    unreadable: list[str] = []
+    [read] = store.all(unreadable)
+    assert unreadable == [] and read.vfs[0].pci == "0000:5e:00.3"
+
+
+def _state(version: int) -> NodeState:
+    return NodeState(
+        version=version,
+        generation=3,
+        updated="2026-11-26T08:00:00Z",
+        pfs=(PfSummary("ens1f0", 100_000, 1_000, 8, 1, 0),),
+        allocations=(Allocation("team-a", "trainer-0", "uid-1", (InterfaceUse("ens1f0", 1_000, 2_000),)),),
+    )
+
+
+def test_node_state_written_by_a_newer_agent_is_read() -> None:
+    """An extender one version back reads a newer agent's state: added keys and trailing entries ignored."""
+    doc = json.loads(nodestate.encode(_state(nodestate.VERSION_2)))
+    doc["pfs"][0].append("a-new-trailing-entry")
+    doc["allocations"][0].append({"new": True})
+    doc["drain"] = False
+    assert nodestate.decode(json.dumps(doc)) == _state(nodestate.VERSION_2)
+
+
+def test_node_state_of_an_older_agent_is_read() -> None:
+    old = nodestate.decode(nodestate.encode(_state(1)))
+    new = nodestate.decode(nodestate.encode(_state(nodestate.VERSION_2)))
+    assert (old.pfs, old.allocations) == (new.pfs, new.allocations)
