@@ -5,7 +5,8 @@ simulated node of its own (tests/support/simnode.py), authenticated by a token
 bound to a pod on its Node (the DaemonSet's projected token, so the admission
 policy applies to every write). What a pod provides and a test run cannot is
 replaced: host paths become the run's folders (the CNI bin and conf dirs, the
-plugin's state directory and lock, the service-account mount), the metrics
+plugin's state directory and lock, the service-account mount, the shim and
+the CNI server's socket), the metrics
 listener a free loopback port, NRI off (no runtime here), and a short
 heartbeat so that rewrites are seen within the test's patience.
 """
@@ -24,7 +25,7 @@ from tests.support.simnode import SimNode, SimPf
 
 NAMESPACE, ACCOUNT = "kube-system", "rdma-cni"
 # DaemonSet args that name host paths or listeners: replaced below.
-_REPLACED = ("--ready-file", "--metrics-listen", "--nri-socket")
+_REPLACED = ("--ready-file", "--metrics-listen", "--nri-socket", "--cni-socket", "--shim-source")
 
 
 @dataclass
@@ -84,6 +85,9 @@ def start_agent(
     for file, text in (("token", token), ("namespace", NAMESPACE), ("ca.crt", ca)):
         with open(os.path.join(sa_dir, file), "w") as f:
             f.write(text)
+    # The CNI server's socket directory must be the agent's own, 0700.
+    sock_dir = os.path.join(directory, "agent")
+    os.makedirs(sock_dir, mode=0o700, exist_ok=True)
     node = SimNode(os.path.join(directory, "node"), pfs, prefix=prefix)
     node.up()
     args = [a for a in daemonset_args() if not a.startswith(_REPLACED)]
@@ -95,6 +99,9 @@ def start_agent(
         "install",
         *args,
         f"--source={source}",
+        # --mode=shim: the shim file installed and the CNI server's socket.
+        f"--shim-source={source}",
+        f"--cni-socket={os.path.join(sock_dir, 'cni.sock')}",
         f"--cni-bin-dir={os.path.join(directory, 'bin')}",
         f"--cni-conf-dir={os.path.join(directory, 'net.d')}",
         f"--kubeconfig-path={os.path.join(directory, 'net.d', 'rdma-cni.kubeconfig')}",
@@ -116,6 +123,7 @@ def start_agent(
         )
     except BaseException:
         node.down()
+        cp.kubectl("delete", "node", name, "--wait=false", check=False)
         raise
     return Agent(node, name, process, directory)
 

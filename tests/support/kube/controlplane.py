@@ -195,6 +195,8 @@ class ControlPlane:
             # Only allocated, never routed: no traffic goes to this range.
             "--service-cluster-ip-range=10.96.0.0/24",
             "--authorization-mode=Node,RBAC",
+            # As kubeadm and kind run it: privileged containers (the DaemonSet's) allowed.
+            "--allow-privileged=true",
             f"--cert-dir={self.path('apiserver-certs')}",
             "--v=1",
         ]
