@@ -22,7 +22,7 @@ RUNTIME_PACKAGES := podman runc conmon containerd
 DEB_PACKAGES     := $(DEMO_PACKAGES) $(RUNTIME_PACKAGES) openssl strace \
 	debootstrap busybox-static cpio xz-utils zstd golang-go golang-github-appc-cni-dev
 
-.PHONY: all deps deps-check venv proto build cnitool demo test unit integration e2e runtime faults oldroot bench lint clean
+.PHONY: all deps deps-check venv proto build cnitool demo test unit integration e2e runtime faults oldroot components cluster bench lint clean
 
 all: build
 
@@ -117,6 +117,16 @@ oldroot: build
 
 e2e: build  ## QEMU guest with an emulated SR-IOV NIC (igb), driven by a libcni runtime
 	$(BIN)/pytest -q -p no:cacheprovider -m e2e tests/e2e
+
+# The real Kubernetes components, built with Go 1.26 from the modules pinned in
+# gobuild/ into /var/cache/rdma-cni-build/<name>-<version>/ (a no-op when built).
+components:  ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
+	bash scripts/build_components.sh
+
+# The cluster tier: that control plane on 127.0.0.1, conf/ applied to it,
+# rdma-scheduler from conf/ with the built extender.
+cluster: build components
+	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/cluster
 
 bench: build
 	$(BIN)/python benchmarks/startup_bench.py --binary $(BINARY)

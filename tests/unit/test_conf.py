@@ -46,6 +46,8 @@ EXPECTED_FILES = {
     "kube-scheduler-default.yaml",
     # conf/monitoring/prometheus-rules.yaml, checked in test_conf_monitoring.py.
     "monitoring",
+    # Served and checked by the real API server in tests/cluster (test_conf_applies.py):
+    "network-attachment-definition-crd.yaml",
 }
 
 NAD_API_VERSION = "k8s.cni.cncf.io/v1"

@@ -1,0 +1,151 @@
+"""The node-state admission policy of conf/rbac.yaml, enforced by the real kube-apiserver.
+
+The agent's service account, with a token bound to a pod on node A (what the
+DaemonSet's projected token is), may change node A's
+``rdma-cni.io/node-state`` annotation and nothing else; node B, another
+annotation, a label or the spec are denied with the policy's message, the
+status subresource by RBAC, and a token bound to no node is denied.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from rdma_cni.kube.client import ApiClient, ApiError
+from rdma_cni.shared import nodestate
+from tests.cluster.conftest import unique
+from tests.support import sched_objects as so
+from tests.support.kube.controlplane import ControlPlane
+from tests.support.kube.objects import client_for_token, create, create_node, pod_doc, token_claims
+
+AGENT_NAMESPACE, AGENT_ACCOUNT = "kube-system", "rdma-cni"
+WRONG_NODE = "rdma-cni may only patch the Node its own pod runs on"
+WRONG_FIELD = "rdma-cni may only change the rdma-cni.io/node-state annotation"
+
+
+@dataclass
+class Agents:
+    cp: ControlPlane
+    node_a: str
+    node_b: str
+    bound: ApiClient  # token bound to a pod on node A
+    unbound: ApiClient  # token of the same account, bound to nothing
+
+
+@pytest.fixture(scope="module")
+def agents(applied: ControlPlane) -> Iterator[Agents]:
+    node_a, node_b = unique("policy-a"), unique("policy-b")
+    for name in (node_a, node_b):
+        create_node(applied, name, {"kept": "yes"})
+    pod = unique("rdma-cni-agent")
+    create(applied, pod_doc(AGENT_NAMESPACE, pod, node=node_a, account=AGENT_ACCOUNT))
+    bound = applied.token(
+        AGENT_NAMESPACE, AGENT_ACCOUNT, "--bound-object-kind=Pod", f"--bound-object-name={pod}"
+    )
+    # What the API server put in the token: the pod and the node it runs on.
+    claims = token_claims(bound)["kubernetes.io"]
+    assert claims["pod"]["name"] == pod and claims["node"]["name"] == node_a, claims
+    unbound = applied.token(AGENT_NAMESPACE, AGENT_ACCOUNT)
+    assert "node" not in token_claims(unbound)["kubernetes.io"]
+    with (
+        client_for_token(applied, bound, "agent-bound") as b,
+        client_for_token(applied, unbound, "agent-unbound") as u,
+    ):
+        yield Agents(applied, node_a, node_b, b, u)
+    applied.kubectl("delete", "node", node_a, node_b, "--wait=false", check=False)
+
+
+def _state() -> str:
+    return nodestate.encode(so.state([("ens1f0", 25_000, 4)]))
+
+
+def _annotations(cp: ControlPlane, node: str) -> dict[str, str]:
+    return dict(cp.get("node", node)["metadata"].get("annotations") or {})
+
+
+def _denied(client: ApiClient, path: str, body: dict[str, Any]) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        client.patch_merge(path, body)
+    return caught.value
+
+
+def test_the_agent_patches_its_own_nodes_state(agents: Agents) -> None:
+    text = _state()
+    stored = agents.bound.patch_merge(
+        f"/api/v1/nodes/{agents.node_a}", {"metadata": {"annotations": {nodestate.ANNOTATION: text}}}
+    )
+    assert stored["metadata"]["annotations"][nodestate.ANNOTATION] == text
+    assert _annotations(agents.cp, agents.node_a) == {**_annotations(agents.cp, agents.node_a), "kept": "yes"}
+    # Removing it again is a change of that annotation alone, too.
+    agents.bound.patch_merge(
+        f"/api/v1/nodes/{agents.node_a}", {"metadata": {"annotations": {nodestate.ANNOTATION: None}}}
+    )
+    assert nodestate.ANNOTATION not in _annotations(agents.cp, agents.node_a)
+
+
+@pytest.mark.parametrize(
+    "what, body",
+    [
+        ("another annotation", {"metadata": {"annotations": {"other.example/x": "1"}}}),
+        ("an existing annotation changed", {"metadata": {"annotations": {"kept": "no"}}}),
+        ("an existing annotation removed", {"metadata": {"annotations": {"kept": None}}}),
+        ("a label", {"metadata": {"labels": {"rdma": "true"}}}),
+        ("the spec", {"spec": {"unschedulable": True}}),
+        ("a taint", {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}),
+        (
+            "the state and a label at once",
+            {"metadata": {"annotations": {nodestate.ANNOTATION: "x"}, "labels": {"rdma": "true"}}},
+        ),
+    ],
+)
+def test_anything_else_on_its_own_node_is_denied_with_the_policys_message(
+    agents: Agents, what: str, body: dict[str, Any]
+) -> None:
+    before = agents.cp.get("node", agents.node_a)
+    error = _denied(agents.bound, f"/api/v1/nodes/{agents.node_a}", body)
+    assert WRONG_FIELD in error.message, (what, error.status, error.message)
+    after = agents.cp.get("node", agents.node_a)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], what
+
+
+def test_another_nodes_state_is_denied(agents: Agents) -> None:
+    body = {"metadata": {"annotations": {nodestate.ANNOTATION: _state()}}}
+    error = _denied(agents.bound, f"/api/v1/nodes/{agents.node_b}", body)
+    assert WRONG_NODE in error.message, error.message
+    assert nodestate.ANNOTATION not in _annotations(agents.cp, agents.node_b)
+
+
+def test_a_token_bound_to_no_node_is_denied(agents: Agents) -> None:
+    body = {"metadata": {"annotations": {nodestate.ANNOTATION: _state()}}}
+    for node in (agents.node_a, agents.node_b):
+        error = _denied(agents.unbound, f"/api/v1/nodes/{node}", body)
+        assert WRONG_NODE in error.message, error.message
+        assert nodestate.ANNOTATION not in _annotations(agents.cp, node)
+
+
+def test_status_is_out_of_reach(agents: Agents) -> None:
+    # The status subresource: RBAC grants the agent nodes, not nodes/status.
+    body = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "x", "message": "x"}]}}
+    error = _denied(agents.bound, f"/api/v1/nodes/{agents.node_a}/status", body)
+    assert error.status == 403 and "nodes/status" in error.message, error.message
+    # Through the main resource a status change is dropped by the API server
+    # before admission: nothing changes, whatever the policy says.
+    agents.bound.patch_merge(f"/api/v1/nodes/{agents.node_a}", body)
+    ready = [c for c in agents.cp.get("node", agents.node_a)["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready[0]["status"] == "True"
+
+
+def test_the_agents_rbac_denies_what_the_policy_does_not_see(agents: Agents) -> None:
+    # Creating or deleting Nodes is not an UPDATE: RBAC alone must refuse it.
+    with pytest.raises(ApiError) as caught:
+        agents.bound._json("DELETE", f"/api/v1/nodes/{agents.node_b}")
+    assert caught.value.status == 403
+    with pytest.raises(ApiError) as caught:
+        agents.bound.post("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "x"}})
+    assert caught.value.status == 403
+    assert json.loads(json.dumps(agents.cp.get("node", agents.node_b)))["metadata"]["name"] == agents.node_b

@@ -1,0 +1,1 @@
+"""The real control plane for the cluster tier: certificates, processes, conf/ applied, rdma-scheduler."""

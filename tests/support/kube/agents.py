@@ -1,0 +1,135 @@
+"""Node agents as conf/daemonset.yaml runs them, one per simulated node, against the real API server.
+
+Each agent is ``rdma-cni`` with the args of the DaemonSet's container, on a
+simulated node of its own (tests/support/simnode.py), authenticated by a token
+bound to a pod on its Node (the DaemonSet's projected token, so the admission
+policy applies to every write). What a pod provides and a test run cannot is
+replaced: host paths become the run's folders (the CNI bin and conf dirs, the
+plugin's state directory and lock, the service-account mount, the shim and
+the CNI server's socket), the metrics
+listener a free loopback port, NRI off (no runtime here), and a short
+heartbeat so that rewrites are seen within the test's patience.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from tests.support.kube.controlplane import ControlPlane
+from tests.support.kube.objects import create, create_node, pod_doc
+from tests.support.kube.process import Component, start_component
+from tests.support.kube.rdmascheduler import container, find, manifest, plugin_command
+from tests.support.simnode import SimNode, SimPf
+
+NAMESPACE, ACCOUNT = "kube-system", "rdma-cni"
+# DaemonSet args that name host paths or listeners: replaced below.
+_REPLACED = ("--ready-file", "--metrics-listen", "--nri-socket", "--cni-socket", "--shim-source")
+
+
+@dataclass
+class Agent:
+    """One simulated node, its Node, and the agent process publishing it."""
+
+    node: SimNode
+    name: str
+    process: Component
+    directory: str
+
+
+def daemonset_args() -> list[str]:
+    """The install container's command after the executable, as conf/daemonset.yaml has it."""
+    ds = find(manifest("daemonset.yaml"), "DaemonSet", "rdma-cni")
+    c = container(ds, "install")
+    command = list(c.get("command", [])) + list(c.get("args", []))
+    assert command[0].endswith("/rdma-cni") and command[1] == "install", command
+    return command[2:]
+
+
+def _network_config(directory: str, name: str) -> str:
+    path = os.path.join(directory, "rdma-net.conflist")
+    doc = {
+        "cniVersion": "1.1.0",
+        "name": "rdma-net",
+        "plugins": [
+            {
+                "type": "rdma-cni",
+                "stateDir": os.path.join(directory, "state"),
+                "lockFile": os.path.join(directory, "lock"),
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.78.0.0/24"}]]},
+            }
+        ],
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
+def start_agent(
+    cp: ControlPlane, directory: str, name: str, pfs: list[SimPf], prefix: str, heartbeat: float
+) -> Agent:
+    """Create the Node, a DaemonSet pod on it and its bound token; start the simulated node and agent."""
+    assert cp.pki is not None
+    os.makedirs(directory, exist_ok=True)
+    create_node(cp, name)
+    pod = f"rdma-cni-{name}"
+    create(cp, pod_doc(NAMESPACE, pod, node=name, account=ACCOUNT))
+    token = cp.token(
+        NAMESPACE, ACCOUNT, "--bound-object-kind=Pod", f"--bound-object-name={pod}", "--duration=2h"
+    )
+    sa_dir = os.path.join(directory, "serviceaccount")
+    os.makedirs(sa_dir, exist_ok=True)
+    with open(cp.pki.ca) as f:
+        ca = f.read()
+    for file, text in (("token", token), ("namespace", NAMESPACE), ("ca.crt", ca)):
+        with open(os.path.join(sa_dir, file), "w") as f:
+            f.write(text)
+    # The CNI server's socket directory must be the agent's own, 0700.
+    sock_dir = os.path.join(directory, "agent")
+    os.makedirs(sock_dir, mode=0o700, exist_ok=True)
+    node = SimNode(os.path.join(directory, "node"), pfs, prefix=prefix)
+    node.up()
+    args = [a for a in daemonset_args() if not a.startswith(_REPLACED)]
+    source = os.path.join(directory, "rdma-cni-source")
+    with open(source, "w") as f:
+        f.write("#!/bin/sh\n")
+    argv = [
+        *plugin_command(),
+        "install",
+        *args,
+        f"--source={source}",
+        # --mode=shim: the shim file installed and the CNI server's socket.
+        f"--shim-source={source}",
+        f"--cni-socket={os.path.join(sock_dir, 'cni.sock')}",
+        f"--cni-bin-dir={os.path.join(directory, 'bin')}",
+        f"--cni-conf-dir={os.path.join(directory, 'net.d')}",
+        f"--kubeconfig-path={os.path.join(directory, 'net.d', 'rdma-cni.kubeconfig')}",
+        f"--serviceaccount-dir={sa_dir}",
+        f"--network-config={_network_config(directory, name)}",
+        f"--ready-file={os.path.join(directory, 'ready')}",
+        "--nri-socket=",
+        "--interval=1",
+        "--node-state-period=1",
+        f"--node-state-heartbeat={heartbeat}",
+    ]
+    env = dict(os.environ)
+    env.update(node.env())
+    env.update(NODE_NAME=name, KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(cp.api_port))
+    ready = os.path.join(directory, "ready")
+    try:
+        process = start_component(
+            f"agent-{name}", argv, cp.path("logs"), lambda: os.path.exists(ready), env=env
+        )
+    except BaseException:
+        node.down()
+        cp.kubectl("delete", "node", name, "--wait=false", check=False)
+        raise
+    return Agent(node, name, process, directory)
+
+
+def stop_agent(cp: ControlPlane, agent: Agent) -> None:
+    """Stop the agent, take its simulated node down and delete its Node (no later test sees it)."""
+    agent.process.stop()
+    agent.node.down()
+    cp.kubectl("delete", "node", agent.name, "--wait=false", check=False)
