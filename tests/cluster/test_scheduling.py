@@ -235,8 +235,8 @@ def test_requests_in_multus_cni_args_are_placed_too(cluster: Cluster) -> None:
 
 @pytest.mark.xfail(
     strict=False,
-    reason="since the merge with main (thick design, --networks, --max-state-age in conf/) the three low "
-    "pods sometimes stay unbound for 90 s in the full module run under load; not yet diagnosed",
+    reason="the first low pod on the fresh node sometimes stays unbound for 90 s when the module runs "
+    "under load (seen with the pods created together and one at a time); not yet diagnosed",
 )
 def test_preemption_for_bandwidth_alone_evicts_nobody(cluster: Cluster) -> None:
     """What kube-scheduler v1.37 really does when only RDMA bandwidth is short.
@@ -256,13 +256,12 @@ def test_preemption_for_bandwidth_alone_evicts_nobody(cluster: Cluster) -> None:
     state = so.state([("ens9f0", 40_000, 4)])
     published_node(c, node, state)
     victims = {unique("v25"): 25_000, unique("v10"): 10_000, unique("v5"): 5_000}
+    # One at a time: created together, they exactly fill the PF and a later one's filter can pass
+    # before an earlier one's bind reserved (the collision docs/scheduling.md counts); its refused
+    # bind then waits for a cluster event that this test never makes. Preemption is the subject here.
     for name, rate in victims.items():
         rdma_pod(c, name, [{"min_tx_rate": rate}], priority_class=low, on_node=node)
-    wait_for(
-        lambda: all(pods(c)[n]["spec"].get("nodeName") == node for n in victims),
-        90,
-        "the low pods on their node",
-    )
+        wait_for(lambda name=name: pods(c)[name]["spec"].get("nodeName") == node, 90, f"low pod {name} bound")
     preempts = c.rs.recorder.count("preempt")
     # 25000 more would fit once the 25000 pod were gone.
     preemptor = unique("preemptor")
