@@ -15,8 +15,9 @@ history was forgotten, or when the oldest node state may have gone stale.
 
 The encoded answer is kept as one JSON fragment per node and part, in the order
 of the request that made the full pass (``,"name"`` in the passing list,
-``,"name":"reason"`` in a failed map, ``,{"Host":"name","Score":7}`` in the priorities; ``""`` where the node is not
-in that part, and in the priorities where it scores 0: see
+``,"name":"reason"`` in a failed map, ``,{"Host":"name","Score":7}`` in the
+priorities; ``""`` where the node is not in that part, and in the priorities
+where it scores 0: see
 :func:`wire.priority_json`). Re-judging a node replaces its fragments; the
 bodies are then C-level joins of those lists, so a request costs Python work
 only per changed node.
