@@ -24,7 +24,9 @@ encoding is not the extender's cost):
 
 Cache mode sends ``NodeNames`` (``nodeCacheCapable: true``, the conf/
 setting); full-Node mode sends the whole NodeList and gets Nodes back, which
-is what an extender without a cache costs.
+is what an extender without a cache costs. Shuffled mode is cache mode with
+the names in another order for every pod, as the real kube-scheduler sends
+them (in the order its parallel filters finish).
 """
 
 from __future__ import annotations
@@ -420,7 +422,11 @@ class Requests:
     """
 
     def __init__(
-        self, names: list[str], full_nodes: list[dict[str, Any]] | None, window: int | None = None
+        self,
+        names: list[str],
+        full_nodes: list[dict[str, Any]] | None,
+        window: int | None = None,
+        shuffled: bool = False,
     ) -> None:
         self.full_nodes = full_nodes
         self.by_name = {n["metadata"]["name"]: n for n in full_nodes} if full_nodes is not None else {}
@@ -432,6 +438,13 @@ class Requests:
             if window
             else [names]
         )
+        if shuffled:
+            # kube-scheduler's feasible nodes come in the order its filter goroutines finish: another
+            # order for every pod. Orders are encoded before the clock starts and cycled; consecutive
+            # pods never send the same bytes (nor the same length's end twice in a row to the decoder).
+            rng = random.Random(SEED)
+            self.lists = [rng.sample(names, len(names)) for _ in range(SHUFFLED_ORDERS)]
+        self.windows = len(self.lists) if window else 1
         self.encoded = [json.dumps(n).encode() for n in self.lists]
         self.next = 0
         self.checked = False
@@ -490,14 +503,14 @@ def run(
     shapes: dict[str, str],
 ) -> Row:
     full = full_nodes is not None
-    requests = Requests(names, full_nodes, window)
+    requests = Requests(names, full_nodes, window, shuffled=mode == "shuffled")
     filter_times, prio_times, shares, cold, sizes = [], [], [], [], []
     # The first pod of each shape pays for placement on every distinct node
     # state; later pods of that shape look verdicts up. Timed apart ("cold").
     for i, rates in enumerate(SHAPES):
         spec = {"namespace": "team-a", "name": f"cold-{i}", "uid": f"uid-cold-{i}"}
         spec["annotations"] = {ANNOTATION: request_value(rates)}
-        for _ in requests.lists:  # every window, in the windowed variant
+        for _ in range(requests.windows):  # every window, in the windowed variant
             _, body = requests.filter(pod_object(spec))
             seconds, _ = procs.post("/filter", body)
             cold.append(seconds)
@@ -654,6 +667,7 @@ def check_bound(procs: Processes, bound: dict[str, str], shapes: dict[str, str])
 
 # Modes: NodeNames with every node, NodeNames with kube-scheduler's default sample, full Nodes.
 WINDOW = 500  # the default percentageOfNodesToScore at 5,000 nodes: 50 - 5000/125 = 10%
+SHUFFLED_ORDERS = 16  # node orders cycled in shuffled mode
 
 
 def cluster(size: int, modes: tuple[str, ...], args: argparse.Namespace) -> list[Row]:
@@ -717,6 +731,7 @@ def table(rows: list[Row]) -> str:
     labels = {
         "cache": "cache (NodeNames)",
         "sample": "cache (NodeNames), default sample",
+        "shuffled": "cache (NodeNames), a new order per pod",
         "full": "full Nodes",
     }
     for r in rows:
@@ -743,7 +758,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         metavar="NODES:MODE[,MODE]",
-        help="one configuration, e.g. 5000:cache or 5000:cache,sample (modes: cache, sample, full)",
+        help="one configuration, e.g. 5000:cache or 5000:cache,shuffled (modes: cache, shuffled, sample, "
+        "full)",
     )
     args = parser.parse_args(argv)
     plan: list[tuple[int, tuple[str, ...]]]
@@ -753,12 +769,19 @@ def main(argv: list[str] | None = None) -> int:
     elif args.only:
         size, _, modes = args.only.partition(":")
         chosen = tuple(m for m in modes.split(",") if m)
-        if not size.isdigit() or not chosen or set(chosen) - {"cache", "sample", "full"}:
-            parser.error(f"--only {args.only!r}: expected NODES:MODE[,MODE] with modes cache, sample, full")
+        if not size.isdigit() or not chosen or set(chosen) - {"cache", "shuffled", "sample", "full"}:
+            parser.error(
+                f"--only {args.only!r}: expected NODES:MODE[,MODE] with modes cache, shuffled, sample, full"
+            )
         plan = [(int(size), chosen)]
     else:
         # Full Nodes (~10 KB each with their images) at 1,000 nodes are over the 8 MiB body limit.
-        plan = [(100, ("full",)), (500, ("full",)), (1000, ("cache",)), (5000, ("cache", "sample"))]
+        plan = [
+            (100, ("full",)),
+            (500, ("full",)),
+            (1000, ("cache",)),
+            (5000, ("cache", "shuffled", "sample")),
+        ]
     rows: list[Row] = []
     for size, modes in plan:
         rows += cluster(size, modes, args)

@@ -4,18 +4,20 @@ kube-scheduler asks about every node for every pod, and most pods of a
 cluster ask for one of a few shapes (the same interfaces and rates). Between
 two pods of a shape, only a few nodes change: a node agent republished, or a
 bind reserved capacity. So the answer to the last request of each shape is
-kept, with its parts already encoded, and a new request with the same node
-list re-judges only the nodes whose view (compared by identity: the cache
-builds a new view for every new annotation) or reservations changed since.
+kept, with its parts already encoded, and a new request with the same nodes,
+in any order (see :meth:`Answers._reordered`), re-judges only the nodes whose
+view (compared by identity: the cache builds a new view for every new
+annotation) or reservations changed since.
 What it re-judges goes through the same per-node decision as a full pass
 (:meth:`Extender._judge`), so an answer is always the one a full pass would
-give. A full pass runs when the node list differs, when the reservations'
+give. A full pass runs when the set of nodes differs, when the reservations'
 history was forgotten, or when the oldest node state may have gone stale.
 
-The encoded answer is kept as one JSON fragment per node and part, in request
-order (``,"name"`` in the passing list, ``,"name":"reason"`` in a failed map,
-``,{"Host":"name","Score":7}`` in the priorities; ``""`` where the node is not
-in that part, and in the priorities where it scores 0: see
+The encoded answer is kept as one JSON fragment per node and part, in the order
+of the request that made the full pass (``,"name"`` in the passing list,
+``,"name":"reason"`` in a failed map, ``,{"Host":"name","Score":7}`` in the
+priorities; ``""`` where the node is not in that part, and in the priorities
+where it scores 0: see
 :func:`wire.priority_json`). Re-judging a node replaces its fragments; the
 bodies are then C-level joins of those lists, so a request costs Python work
 only per changed node.
@@ -147,17 +149,47 @@ class Answers:
         with self._lock:
             shape = self._shapes.get(demand.key)
             version, touched = self.reservations.changed_since(shape.version if shape is not None else -1)
+            same_nodes = shape is not None and shape.names == names
+            if shape is not None and not same_nodes:
+                # The same nodes in another order (kube-scheduler's usual case) are the kept shape's
+                # nodes: their views are put in its order and the kept answer goes on from there.
+                reordered = self._reordered(shape, names, views)
+                if reordered is not None:
+                    names, views, same_nodes = shape.names, reordered, True
             if (
                 shape is None
+                or not same_nodes
                 or touched is None
                 or now >= shape.deadline
-                or shape.names != names
                 or len(shape.index) != len(names)  # a repeated name: updates assume none
             ):
                 shape = self._full(demand, names, views, version, now, deadline)
             elif touched or shape.views != views:
                 self._update(shape, demand, views, version, touched, now, deadline)
             return shape.answer
+
+    @staticmethod
+    def _reordered(
+        shape: _Shape, names: list[str], views: list[NodeView | None]
+    ) -> list[NodeView | None] | None:
+        """``views`` (of ``names``) in the order of ``shape.names``, when ``names`` holds exactly its
+        nodes, each once; otherwise None.
+
+        kube-scheduler lists the feasible nodes in the order its parallel filter goroutines finish
+        (schedule_one.go appends them through an atomic counter), so the order changes pod after pod
+        while the set does not. It reads the answer as sets: ``HTTPExtender.Filter`` looks each
+        returned name up in a map of the nodes it sent (and refuses a name it did not send),
+        ``FailedNodes`` and ``FailedAndUnresolvableNodes`` are maps, and prioritize scores are summed
+        per host. So the kept answer, in the order it was first asked, answers any order of its
+        nodes. All of this is C-level work over the list (a dict built, key views compared, a map).
+        """
+        if len(names) != len(shape.names):
+            return None
+        by_name = dict(zip(names, views, strict=True))
+        # Equal key sets of equal size to the list: no name repeated and no name new.
+        if len(by_name) != len(names) or by_name.keys() != shape.index.keys():
+            return None
+        return list(map(by_name.__getitem__, shape.names))
 
     def _deadline(self, views: list[NodeView | None], now: float) -> float:
         # The first moment a node judged usable now may turn stale; states only age.

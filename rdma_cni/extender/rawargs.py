@@ -1,8 +1,12 @@
 """Decoding ExtenderArgs bodies, reusing the node-name list of an earlier body that ended the same way.
 
 kube-scheduler sends the pod and then the node names (Go's encoder writes
-the fields in struct order, ``NodeNames`` last), and pod after pod the names
-are the same 5,000 strings. :class:`ArgsDecoder` remembers the end of a body
+the fields in struct order, ``NodeNames`` last). For a scheduler that sends
+the same names in the same order pod after pod (the project's stand-in does;
+kube-scheduler lists them in the order its parallel filters finish, so its
+bodies differ and take the ``json.loads`` path, and
+:class:`~rdma_cni.extender.answers.Answers` matches its lists as sets),
+:class:`ArgsDecoder` remembers the end of a body
 from the ``"NodeNames":`` key on and the list it decoded to; a later body
 that ends with the same bytes is decoded as its beginning followed by
 ``"NodeNames":null}``, a few KiB, and gets that same list object back. The

@@ -258,7 +258,8 @@ class Extender:
     def _lookup(self, names: list[str]) -> tuple[list[str], list[NodeView | None]]:
         """The cached views of ``names``, and ``names`` as a list equal to it.
 
-        kube-scheduler sends the same node list for pod after pod. When the list
+        A scheduler that sends its nodes in a fixed order sends the same list pod after pod
+        (kube-scheduler does not: see :meth:`Answers._reordered`). When the list
         equals the last one looked up (one C-level comparison) and the cache has
         not changed since, the last lookup's lists are reused: the names as the
         same objects, so that :class:`Answers` compares them by identity, and the

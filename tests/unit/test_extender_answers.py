@@ -187,3 +187,40 @@ def test_a_repeated_node_name_is_answered_as_a_full_pass_would() -> None:
     ext.reservations.add("u1", "team-a", "x", "a", (("ens1f0", 1, 20_000), ("ens1f1", 1, 20_000)))
     out = ask(ext, pod, names)
     assert out == full_pass(ext, pod, names) and out["filter"]["NodeNames"] == ["b"]
+
+
+def as_sets(answer: dict[str, Any]) -> tuple[Any, ...]:
+    """An answer as kube-scheduler reads it: names as a set, the failed maps, scores per host."""
+    out = answer["filter"]
+    return (
+        set(out["NodeNames"]),
+        out["FailedNodes"],
+        out["FailedAndUnresolvableNodes"],
+        out["Error"],
+        {p["Host"]: p["Score"] for p in answer["prioritize"]},
+    )
+
+
+def test_the_same_nodes_in_any_order_reuse_the_kept_answer() -> None:
+    # kube-scheduler sends NodeNames in the order its parallel filters finish: another order per pod.
+    rng = random.Random(7)
+    ext, views, _ = make()
+    names = [f"node-{i:04d}" for i in range(5_000)]
+    for name in names:
+        views[name] = ext.decider.view(random_state(rng, name))
+    del views["node-0001"]  # a node the cache does not know
+    shape = [(10_000, 0)]
+    for step in range(4):
+        order = names[:]
+        rng.shuffle(order)
+        pod = so.rdma_pod(f"p{step}", shape)
+        if step == 2:  # one reservation: one node judged again, in the kept order
+            ext.reservations.add("u1", "team-a", "x", "node-0042", (("ens1f0", 1, 25_000),))
+        assert as_sets(ask(ext, pod, order)) == as_sets(full_pass(ext, pod, order)), f"step {step}"
+    assert ext.answers.full_passes == 1
+    assert ext.answers.rejudged == 1
+    # A list with one node left out, or one name twice, is another set: a full pass.
+    ask(ext, so.rdma_pod("q", shape), names[1:])
+    assert ext.answers.full_passes == 2
+    ask(ext, so.rdma_pod("r", shape), names[1:] + names[1:2])
+    assert ext.answers.full_passes == 4  # ask() filters twice; a list with a repeat is never updated
