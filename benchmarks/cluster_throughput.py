@@ -454,6 +454,7 @@ class Phase:
     attempts: dict[str, float] = field(default_factory=dict)  # kube-scheduler's attempts by result
     refused_binds: float = 0.0
     refusals: dict[str, float] = field(default_factory=dict)
+    verb_ms: dict[str, float] = field(default_factory=dict)  # the extender's mean answer time by verb
     failed_events: int = 0
     failed_pods: int = 0
     nodes_used: int = 0
@@ -543,6 +544,14 @@ def run_phase(
         result.refused_binds = counter(ext_after, refused, verb="bind", outcome="refused") - counter(
             ext_before, refused, verb="bind", outcome="refused"
         )
+        for verb in ("filter", "prioritize", "bind"):
+            total = "rdma_cni_extender_request_seconds"
+            n = counter(ext_after, f"{total}_count", verb=verb) - counter(
+                ext_before, f"{total}_count", verb=verb
+            )
+            t = counter(ext_after, f"{total}_sum", verb=verb) - counter(ext_before, f"{total}_sum", verb=verb)
+            if n:
+                result.verb_ms[verb] = t / n * 1000
         for labels, value in samples(ext_after, "rdma_cni_extender_bind_refusals_total"):
             gained = value - counter(
                 ext_before, "rdma_cni_extender_bind_refusals_total", reason=labels["reason"]
@@ -676,6 +685,10 @@ def main() -> None:
         f"Kubernetes {cp.version}, {os.cpu_count()} CPUs",
     )
     print(report(results))
+    for r in results:
+        if r.verb_ms:
+            means = ", ".join(f"{verb} {ms:.1f}" for verb, ms in r.verb_ms.items())
+            print(f"{r.name}: the extender's mean answer ms: {means}")
 
 
 def _exists(api: Api, path: str) -> bool:
