@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -19,6 +17,7 @@ from tests.cluster.conftest import unique
 from tests.support.kube.agents import Agent, start_agent, stop_agent
 from tests.support.kube.controlplane import ControlPlane
 from tests.support.simnode import SimPf
+from tests.support.waiting import wait_for
 
 if os.geteuid() != 0:
     pytest.skip("the simulated nodes need root (veth)", allow_module_level=True)
@@ -29,17 +28,6 @@ LAYOUTS = [
     [SimPf("simpf0", 2, 10000), SimPf("simpf1", 2, 25000)],
     [SimPf("simpf0", 8, 100000)],
 ]
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.25)
 
 
 def published(cp: ControlPlane, node: str) -> nodestate.NodeState | None:

@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from tests.support.kube.controlplane import REPO, ControlPlane
 from tests.support.kube.objects import create, create_node, pod_doc
 from tests.support.kube.rdmascheduler import RdmaScheduler, container, find, manifest
 from tests.support.placement_oracle import reference_fits
+from tests.support.waiting import wait_for
 
 ANNOTATION = "rdma_interfaces_required"
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
@@ -45,17 +46,6 @@ class Cluster:
     rs: RdmaScheduler
     namespace: str
     states: dict[str, nodestate.NodeState]
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.25)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import pytest
 from rdma_cni.agent import loop, publish, snapshot
 from rdma_cni.shared import nodestate
 from tests.integration.conftest import REPO, Cluster, plugin_command
+from tests.support import waiting
 
 _names = itertools.count()
 
@@ -55,14 +56,7 @@ def patches(cluster: Cluster, name: str) -> int:
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+    return waiting.wait_for(check, timeout, what, interval=0.02)
 
 
 @contextmanager
