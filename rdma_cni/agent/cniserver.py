@@ -310,6 +310,24 @@ class CniServer:
         return status, out, err[-(64 << 10) :]
 
 
+def _log_progress() -> None:
+    """Let the server's progress (spooled DELs run, kept) reach stderr, not only its warnings.
+
+    The executable's entry point (``rdma_cni.cli``) has already given the ``rdma_cni``
+    logger a stderr handler at WARNING that does not propagate, so configuring the root
+    logger here would change nothing; its handlers are lowered instead, as the agent's are.
+    """
+    ours = logging.getLogger("rdma_cni")
+    if not ours.handlers:  # called without the entry point
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("rdma-cni cni-server: %(message)s"))
+        ours.addHandler(handler)
+        ours.propagate = False
+    ours.setLevel(logging.INFO)
+    for handler in ours.handlers:
+        handler.setLevel(logging.INFO)
+
+
 def parser() -> argparse.ArgumentParser:
     """The options of ``rdma-cni cni-server``."""
     p = argparse.ArgumentParser(
@@ -329,7 +347,7 @@ def main(argv: list[str]) -> int:
     if args.max_connections < 1:
         sys.stderr.write("rdma-cni cni-server: error: --max-connections must be at least 1\n")
         return 2
-    logging.basicConfig(level=logging.INFO, format="rdma-cni cni-server: %(message)s")
+    _log_progress()
     server = CniServer(
         args.socket, [args.plugin] if args.plugin else None, max_connections=args.max_connections
     )
