@@ -8,9 +8,12 @@ containerd calls no CHECK (its CRI has no call for it) and no GC.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
+import shutil
+import signal
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +25,9 @@ from tests.runtime.cri import CriClient, Pod
 from tests.runtime.harness import FAT, IMAGE, SHIM, Call, Containerd, listed_addresses, netns_addresses
 from tests.runtime.images import oci_archive
 from tests.support.apiserver import ApiServer
+from tests.support.processes import wait_gone
 from tests.support.shim import run_shim
+from tests.support.simnode import ip
 from tests.support.waiting import wait_for
 
 CRI_KEY = "io.kubernetes.cri.pod-annotations"
@@ -77,6 +82,21 @@ def new_pod(client: CriClient, tier: Tier, api: ApiServer, name: str, annotation
     log_dir = os.path.join(tier.root, "pods", name)
     os.makedirs(log_dir)
     return client.run_pod(name, "team-a", uid, annotations, log_dir)
+
+
+def processes_in(netns: str) -> list[int]:
+    """The processes in the network namespace at ``netns``."""
+    st = os.stat(netns)
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ns = os.stat(f"/proc/{entry}/ns/net")
+            except OSError:
+                continue
+            if (ns.st_dev, ns.st_ino) == (st.st_dev, st.st_ino):
+                pids.append(int(entry))
+    return pids
 
 
 def calls_for(tier: Tier, pod: Pod) -> list[Call]:
@@ -207,4 +227,45 @@ def test_a_sandbox_removed_while_the_agent_is_down(
     )
     assert gc.code == 0, gc
     assert [c.command for c in tier.plugin.calls()][-1] == "GC"
+    tier.assert_released()
+
+
+@pytest.mark.parametrize(("mode", "source"), [(SHIM, "cri")])
+def test_a_reboot_with_the_sandbox_still_known(
+    tier: Tier, api_server: ApiServer, containerd: tuple[Containerd, CriClient]
+) -> None:
+    runtime, client = containerd
+    pod = new_pod(client, tier, api_server, "asks-two", {ANNOTATION: TWO})
+    (add,) = calls_for(tier, pod)
+    assert add.exit_code == 0, dump(add.__dict__)
+    held = tier.records()
+    in_pod = tier.vfs_away()
+    assert len(held) == 1 and len(in_pod) == 2
+
+    # The reboot: what lives in memory and on /run goes (processes, the sandbox's namespace,
+    # containerd's state, the spool); containerd's root and the records stay.
+    tier.stop_server()
+    sandbox = processes_in(add.netns)
+    runtime.stop()
+    for pid in sandbox:  # containerd's shims are gone, the sandbox's own process is not
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert wait_gone(sandbox, timeout=20), f"the sandbox processes {sandbox} did not go"
+    ip("netns", "del", os.path.basename(add.netns))
+    shutil.rmtree(os.path.join(runtime.root, "state"))
+    tier.namespace_gone(in_pod, reboot=True)
+    runtime.start()
+
+    # kubelet finds the old sandbox not ready and stops it, before the agent is up: containerd
+    # sends DEL with CNI_NETNS empty (the namespace is gone), and the shim spools it.
+    client.stop_pod(pod)
+    client.remove_pod(pod)
+    assert calls_for(tier, pod) == [add] and len(tier.spooled()) == 1
+    assert tier.records() == held
+    server = tier.start_server()
+    wait_for(lambda: not tier.records(), 60, "the spooled DEL to run")
+    *_, spooled = calls_for(tier, pod)
+    assert (spooled.command, spooled.exit_code, spooled.netns) == ("DEL", 0, ""), dump(spooled.__dict__)
+    assert spooled.parent == server.pid
+    assert tier.spooled() == []
     tier.assert_released()
