@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.runtime.harness import FAT, HOST_LOCAL_DIR, SHIM, Call, PluginInstall
+from tests.runtime.harness import HOST_LOCAL_DIR, SHIM, Call, PluginInstall
 from tests.support.apiserver import ApiServer
 from tests.support.cniserver import CniServerProcess
 from tests.support.simnode import SimNode, SimPf, ip
@@ -215,10 +215,13 @@ def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
     server.stop()
 
 
-@pytest.fixture(params=[SHIM, FAT])
-def mode(request: pytest.FixtureRequest) -> str:
-    """How the plugin is installed: the shim and the agent's CNI server (as shipped), or the fat binary."""
-    return str(request.param)
+@pytest.fixture
+def mode() -> str:
+    """How the plugin is installed: the shim and the agent's CNI server, as shipped.
+
+    A test parametrizes ``mode`` with ``FAT`` too where the fat binary is to be run.
+    """
+    return SHIM
 
 
 @pytest.fixture

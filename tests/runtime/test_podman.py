@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.runtime.conftest import Tier, dump
-from tests.runtime.harness import PODMAN_IMAGE, SHIM, Podman, listed_addresses, netns_addresses
+from tests.runtime.harness import FAT, PODMAN_IMAGE, SHIM, Podman, listed_addresses, netns_addresses
 from tests.runtime.images import rootfs_tar
 from tests.support.waiting import wait_for
 
@@ -40,6 +40,7 @@ def podman(tier: Tier) -> Iterator[Podman]:
         runtime.stop()
 
 
+@pytest.mark.parametrize("mode", [SHIM, FAT])
 def test_container_under_podman(tier: Tier, podman: Podman) -> None:
     networks = json.loads(podman("network", "ls", "--format", "json").stdout)
     assert NETWORK in [n["name"] for n in networks]  # the VERSION probe passed: the network is usable
@@ -84,7 +85,6 @@ def test_container_under_podman(tier: Tier, podman: Podman) -> None:
     assert {c.command for c in calls} == {"VERSION", "ADD", "DEL"}  # no CHECK, no GC
 
 
-@pytest.mark.parametrize("mode", [SHIM])
 def test_a_container_removed_while_the_agent_is_down(tier: Tier, podman: Podman) -> None:
     name = f"{tier.node.prefix}c"
     podman("run", "-d", "--name", name, "--network", NETWORK, *ULIMITS, PODMAN_IMAGE)
