@@ -315,15 +315,12 @@ def _log_progress() -> None:
 
     The executable's entry point (``rdma_cni.cli``) has already given the ``rdma_cni``
     logger a stderr handler at WARNING that does not propagate, so configuring the root
-    logger here would change nothing; its handlers are lowered instead, as the agent's are.
+    logger would change nothing: that handler is lowered instead, as the agent's is.
     """
     ours = logging.getLogger("rdma_cni")
     if not ours.handlers:  # called without the entry point
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("rdma-cni cni-server: %(message)s"))
-        ours.addHandler(handler)
-        ours.propagate = False
-    ours.setLevel(logging.INFO)
+        logging.basicConfig(level=logging.INFO, format="rdma-cni cni-server: %(message)s")
+        return
     for handler in ours.handlers:
         handler.setLevel(logging.INFO)
 
