@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.errors import InvalidPodRequest
+from rdma_cni.shared.nodestate import BANDWIDTH_RESOURCE, VF_RESOURCE
 from rdma_cni.shared.quote import quote
 
 if TYPE_CHECKING:  # demand calls this module: the type only, no import cycle
@@ -27,8 +28,8 @@ if TYPE_CHECKING:  # demand calls this module: the type only, no import cycle
 
 __all__ = ["BANDWIDTH", "VFS", "check", "declared"]
 
-BANDWIDTH = "rdma-cni.io/bandwidth"
-VFS = "rdma-cni.io/vf"
+BANDWIDTH = BANDWIDTH_RESOURCE
+VFS = VF_RESOURCE
 _RESOURCES = (BANDWIDTH, VFS)
 # A whole-number Kubernetes quantity as the API server writes it back (``25k`` for 25000): digits,
 # then a decimal or binary suffix or a decimal exponent. Longer text is no sum of Mbit/s.

@@ -23,12 +23,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rdma_cni.agent import capacity, publish
 from rdma_cni.shared import nodestate
 from rdma_cni.shared.placement import PfState, Request
 from tests.cluster.conftest import unique, wait_for_service_account
 from tests.support import sched_objects as so
 from tests.support.kube.controlplane import REPO, ControlPlane
-from tests.support.kube.objects import create, create_node, pod_doc
+from tests.support.kube.objects import client_for_token, create, create_node, pod_doc
 from tests.support.kube.rdmascheduler import RdmaScheduler, container, find, manifest
 from tests.support.placement_oracle import reference_fits
 from tests.support.waiting import wait_for
@@ -334,24 +335,31 @@ def test_preemption_through_the_preempt_verb_evicts_the_victim_that_frees_bandwi
     assert_not_over_committed(c)
 
 
-BANDWIDTH, VFS = "rdma-cni.io/bandwidth", "rdma-cni.io/vf"
+BANDWIDTH, VFS = nodestate.BANDWIDTH_RESOURCE, nodestate.VF_RESOURCE
 
 
-def advertised(c: Cluster, node: str, bandwidth: int, vfs: int) -> None:
-    """The node's RDMA capacity as extended resources in its status, which kube-scheduler's filters count.
+def advertised(c: Cluster, node: str, state: nodestate.NodeState) -> None:
+    """The node's agent publishes ``state`` and advertises its RDMA resources in the Node's status.
 
-    Patched here as an operator does today (the node agent does not advertise them yet: see
-    docs/scheduling.md, preemption).
+    Through the agent's own publisher, with a token bound to a pod on the node as the DaemonSet's
+    is: so through conf/'s RBAC and admission policy. kube-scheduler's filters count them.
     """
-    extended = {BANDWIDTH: str(bandwidth), VFS: str(vfs)}
-    patch = {"status": {"capacity": extended, "allocatable": extended}}
-    c.cp.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
+    pod = unique("rdma-cni-agent")
+    create(c.cp, pod_doc("kube-system", pod, node=node, account="rdma-cni"))
+    token = c.cp.token("kube-system", "rdma-cni", "--bound-object-kind=Pod", f"--bound-object-name={pod}")
+    with client_for_token(c.cp, token, f"agent-{node}") as client:
+        publisher = publish.Publisher(client, node)
+        publisher.offer(state)
+        assert publisher.step(), publisher.last_error
+    wanted = capacity.resources(state)
+    assert publisher.capacity.advertised == wanted, publisher.capacity.last_error
+    c.cp.kubectl("delete", "pod", pod, "-n", "kube-system", "--wait=false")
 
     def seen() -> bool:
         allocatable = c.cp.get("node", node)["status"].get("allocatable", {})
-        return all(allocatable.get(k) in (v, f"{int(v) // 1000}k") for k, v in extended.items())
+        return all(allocatable.get(k) in (v, f"{int(v) // 1000}k") for k, v in wanted.items())
 
-    wait_for(seen, 30, f"{node}'s extended resources")
+    wait_for(seen, 30, f"{node}'s RDMA resources in its status")
 
 
 def declaring_pod(c: Cluster, name: str, rate: int, declared: int | None = None, **kw: Any) -> None:
@@ -381,7 +389,7 @@ def test_preemption_for_declared_bandwidth_evicts_exactly_the_victim_that_frees_
     node = unique("sched-declared")
     state = so.state([("ens5f0", 40_000, 4)])
     published_node(c, node, state)
-    advertised(c, node, 40_000, 4)
+    advertised(c, node, state)
     victims = {unique("v25"): 25_000, unique("v10"): 10_000, unique("v5"): 5_000}
     for name, rate in victims.items():  # one at a time, as in the bandwidth-only test
         declaring_pod(c, name, rate, priority_class=low, on_node=node)
@@ -419,7 +427,7 @@ def test_a_pod_that_declares_less_than_it_asks_preempts_nobody_and_is_told_why(c
         c.cp.kubectl("create", "priorityclass", pc, f"--value={value}")
     full = unique("sched-full")
     published_node(c, full, so.state([("ens4f0", 40_000, 4)]))
-    advertised(c, full, 40_000, 4)
+    advertised(c, full, so.state([("ens4f0", 40_000, 4)]))
     holder = unique("v40")
     declaring_pod(c, holder, 40_000, priority_class=low, on_node=full)
     wait_for(lambda: pods(c)[holder]["spec"].get("nodeName") == full, 90, "the low pod bound")
@@ -438,7 +446,7 @@ def test_a_pod_that_declares_less_than_it_asks_preempts_nobody_and_is_told_why(c
     # filter refuses the pod, and its events say why.
     room = unique("sched-room")
     published_node(c, room, so.state([("ens3f0", 40_000, 4)]))
-    advertised(c, room, 40_000, 4)
+    advertised(c, room, so.state([("ens3f0", 40_000, 4)]))
     messages = wait_for(
         lambda: [m for m in failed_scheduling(c, liar) if "requests 5000 as" in m],
         60,
