@@ -61,7 +61,8 @@ def rebuild_reservations(
         if not node or not uid or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         try:
-            demand: Demand | None = demands.of_pod(pod)
+            # Bound already: its ADD takes the annotation's demand, whatever the pod declared.
+            demand: Demand | None = demands.of_pod(pod, check_declared=False)
         except (InvalidPodRequest, ValueError):
             continue
         view = cache.views.get(node)

@@ -22,7 +22,7 @@ from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedFie
 from rdma_cni.install import command as install_command
 from rdma_cni.install import common, kubeconfig, netconf
 from rdma_cni.kube import credentials
-from rdma_cni.shared.nodestate import ANNOTATION
+from rdma_cni.shared.nodestate import ANNOTATION, BANDWIDTH_RESOURCE, VF_RESOURCE
 from rdma_cni.shared.podrequest import parse_request
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -314,6 +314,8 @@ def test_rbac_gets_pods_and_patches_nodes_only() -> None:
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        # The node's RDMA resources in its status (rdma_cni/agent/capacity.py).
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
         # The agent's NodeStatePublishFailed Event (rdma_cni/kube/events.py posts core v1 Events).
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
@@ -394,6 +396,10 @@ def test_node_patches_are_confined_by_an_admission_policy() -> None:
     text = " ".join(v["expression"] for v in spec["validations"] + spec["variables"])
     assert "authentication.kubernetes.io/node-name" in text
     assert text.count(f"'{ANNOTATION}'") == 2
+    # In the status, the two resources kube-scheduler counts and nothing else (the cluster tier
+    # checks that every other field of NodeStatus is held unchanged).
+    resources = f"['{BANDWIDTH_RESOURCE}', '{VF_RESOURCE}']"
+    assert resources in text and "request.subResource == 'status'" in text
 
 
 # --------------------------------------------------------------------------
