@@ -17,6 +17,7 @@ from rdma_cni.cni.errors import DecodeFailure, IncompatibleVersion, InvalidConfi
 
 # The interface-name rule lives in shared.names (the pod request uses it too); callers of the
 # CNI edge keep importing IFNAMSIZ and valid_ifname from here.
+from rdma_cni.shared.jsondepth import MAX_DEPTH, depth_over
 from rdma_cni.shared.names import (
     IFNAME_RULE,
     IFNAMSIZ,
@@ -99,16 +100,29 @@ def check_version(version: object, verb: str) -> str:
 
 
 def decode_stdin(raw: bytes) -> dict[str, Any]:
-    """Decode the network configuration from stdin: a JSON object, else code 6 (code 7 if too large)."""
+    """Decode the network configuration from stdin: a JSON object, else code 6 (7: too large or deep)."""
     if len(raw) > MAX_CONFIG_BYTES:
         raise InvalidConfig(
             f"the network configuration on stdin is larger than {MAX_CONFIG_BYTES} bytes (1 MiB), "
             "the limit for a single plugin's configuration"
         )
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        # RecursionError: nesting deeper than the decoder's stack allows.
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeFailure(
+            "failed to decode the network configuration on stdin: not UTF-8", str(exc)
+        ) from exc
+    depth = depth_over(text)
+    if depth is not None:
+        # A pod's Multus cni-args arrive as args.cni: the one part of the config a tenant writes.
+        raise InvalidConfig(
+            f"the network configuration on stdin is nested {depth} levels deep, more than the {MAX_DEPTH} "
+            "rdma-cni reads (a pod's Multus cni-args arrive as args.cni)"
+        )
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: only should a caller's stack leave the parser less room than MAX_DEPTH.
         raise DecodeFailure(
             "failed to decode the network configuration on stdin: not JSON", str(exc)
         ) from exc

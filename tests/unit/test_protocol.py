@@ -26,6 +26,7 @@ from rdma_cni.cni.errors import (
     DecodeFailure,
     IncompatibleVersion,
     InternalError,
+    InvalidConfig,
     InvalidEnvironment,
 )
 from rdma_cni.cni.protocol import (
@@ -306,14 +307,51 @@ def test_decode_stdin_object() -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    [b"", b"   ", b"not json", b"{", b'{"a": }', b"\xff\xfe{}", b"{'single': 'quotes'}", b"[" * 100_000],
-    ids=["empty", "blank", "text", "truncated", "bad-value", "not-utf8", "python-dict", "deep-nesting"],
+    [b"", b"   ", b"not json", b"{", b'{"a": }', b"\xff\xfe{}", b"{'single': 'quotes'}"],
+    ids=["empty", "blank", "text", "truncated", "bad-value", "not-utf8", "python-dict"],
 )
 def test_decode_stdin_not_json_is_code_6(raw: bytes) -> None:
     with pytest.raises(DecodeFailure) as info:
         decode_stdin(raw)
     assert info.value.code == 6
-    assert "not JSON" in info.value.msg
+    assert "not JSON" in info.value.msg or "not UTF-8" in info.value.msg
+
+
+def _deep_args(depth: int) -> bytes:
+    """A config whose args.cni (a pod's Multus cni-args) nests ``depth`` levels in all."""
+    inner = depth - 3  # the config, args and cni objects are the first three levels
+    deep = "[" * inner + "]" * inner
+    return (
+        '{"cniVersion": "1.1.0", "name": "n", "type": "rdma-cni", "args": {"cni": {"x": ' + deep + "}}}"
+    ).encode()
+
+
+@pytest.mark.parametrize("depth", [10, 512])
+def test_decode_stdin_reads_nesting_up_to_the_bound(depth: int) -> None:
+    doc = decode_stdin(_deep_args(depth))
+    level, inner = 3, doc["args"]["cni"]["x"]
+    while inner:
+        level, inner = level + 1, inner[0]
+    assert level + 1 == depth
+
+
+@pytest.mark.parametrize("depth", [513, 1_000, 100_000])
+def test_decode_stdin_refuses_deeper_nesting_as_code_7(depth: int) -> None:
+    with pytest.raises(InvalidConfig) as info:
+        decode_stdin(_deep_args(depth))
+    assert info.value.code == 7
+    assert f"nested {depth} levels deep, more than the 512" in info.value.msg and "args.cni" in info.value.msg
+    with pytest.raises(InvalidConfig):
+        decode_stdin(b"[" * depth)  # not JSON either: the depth is measured first, at the same cost
+
+
+@pytest.mark.parametrize("depth", [10, 1_000, 100_000])
+def test_deep_cni_args_through_the_verb_is_a_clean_error(node: Node, depth: int) -> None:
+    """ADD of a pod whose cni-args nest deep: a typed error, never a traceback or code 199."""
+    code, doc = invoke(full_env("ADD", node, CNI_ARGS=""), _deep_args(depth))
+    assert code != 0 and doc is not None
+    assert doc["code"] == (7 if depth > 512 else 3), doc  # 3: past the config, to the missing netns
+    assert "Traceback" not in doc["details"] and "RecursionError" not in doc["details"]
 
 
 @pytest.mark.parametrize("raw", [b"[]", b"[{}]", b"1", b'"x"', b"null", b"true"])
