@@ -122,7 +122,7 @@ def decode_stdin(raw: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        # RecursionError: only should a caller's stack leave the parser less room than MAX_DEPTH.
+        # RecursionError: kept for a caller whose stack leaves the parser less room than MAX_DEPTH.
         raise DecodeFailure(
             "failed to decode the network configuration on stdin: not JSON", str(exc)
         ) from exc

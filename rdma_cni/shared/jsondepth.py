@@ -11,8 +11,9 @@ reader with a typed error: the same answer from every caller, and neither a
 traceback nor a parse that stops wherever the stack happens to end.
 
 The measure runs at C speed (``str`` methods and iterators, no per-character
-Python loop): 256 KiB of ``[`` takes a few milliseconds and no memory beyond a
-copy of the text.
+Python loop): text with no more openers than the limit costs two ``count``
+calls; 256 KiB of ``[`` (the API server's limit for a pod's annotations) takes
+about 40 ms and a few copies of the text.
 """
 
 from __future__ import annotations

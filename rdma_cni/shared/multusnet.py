@@ -84,7 +84,6 @@ _IFNAMSIZ = 15
 # Python's parser stops at its recursion limit, about 1,000 levels less its caller's, and Go's
 # allows 10,000: text deeper than MAX_DEPTH is measured before the parse and refused rather than
 # read differently. RecursionError stays caught, should a caller's stack be deeper than expected.
-_TOO_DEEP = "it cannot count what Multus would attach"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _MAC = re.compile(r"[0-9A-Fa-f]{2}(?:([:-])[0-9A-Fa-f]{2})(?:\1[0-9A-Fa-f]{2})*")
 _MAC_DOTS = re.compile(r"[0-9A-Fa-f]{4}(?:\.[0-9A-Fa-f]{4})*")
@@ -369,13 +368,11 @@ def read_networks(value: str | None, default_namespace: str) -> Reading:
     if any(c in value for c in '[{"'):  # Multus' own test for the JSON form
         depth = depth_over(value)
         if depth is not None:
-            raise UnreadableNetworks(
-                f"is nested {depth} levels deep, more than the {MAX_DEPTH} read: {_TOO_DEEP}"
-            )
+            raise UnreadableNetworks(f"is nested {depth} levels deep; the extender reads at most {MAX_DEPTH}")
         try:
             return _json_form(value, default_namespace)
         except RecursionError:
-            raise UnreadableNetworks(f"is nested deeper than this parser goes: {_TOO_DEEP}") from None
+            raise UnreadableNetworks("is nested deeper than the parser goes on this call's stack") from None
     _check_count(value.count(",") + 1)
     selections = [_comma_item(item) for item in value.split(",")]
     return Reading(tuple(_in_namespace(s, default_namespace) for s in selections))

@@ -187,7 +187,7 @@ def test_text_no_api_server_sends_refuses() -> None:
         (",".join(["rdma-a"] * 3000), "selects 3000 networks; the extender reads at most 1024"),
         (",".join(["rdma-a"] * 33), "selects rdma-cni networks 33 times"),
         ('[{"name": "rdma-a", "x": ' + "[" * 3000 + "]" * 3000 + "}]", "nested 3002 levels deep"),
-        (_nested(100_000), "nested 100000 levels deep, more than the 512 read"),
+        (_nested(100_000), "nested 100000 levels deep; the extender reads at most 512"),
     ],
 )
 def test_the_filter_answers_a_refusal_once_at_5000_nodes(value: str, phrase: str) -> None:
@@ -218,7 +218,7 @@ def test_nesting_is_read_to_the_bound_and_refused_past_it(depth: int) -> None:
             with pytest.raises(UnreadableNetworks) as err:
                 demands("rdma-a").of_pod(so.pod("p", {NETS: value}))
             assert err.value.code == 101 and err.value.msg.startswith(f"pod team-a/p annotation {NETS}")
-            assert f"is nested {depth} levels deep, more than the 512 read" in err.value.msg
+            assert f"is nested {depth} levels deep; the extender reads at most 512" in err.value.msg
         elapsed = time.perf_counter() - began
         _, peak = tracemalloc.get_traced_memory()
     finally:
