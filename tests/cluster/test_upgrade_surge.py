@@ -66,6 +66,8 @@ class Workload:
     token_checks: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    status_thread: threading.Thread | None = None
+    statuses: int = 0
 
     def make_pods(self, count: int) -> None:
         for k in range(count):
@@ -126,9 +128,21 @@ class Workload:
                 self.verb("DEL", pod)
             self.rounds += 1
 
+    def status_all_along(self) -> None:
+        """STATUS, back to back: each one a call the agent's server must take (the shim answers it
+        itself, code 50, only when no server does), far denser than the ADD and DEL rounds."""
+        while not self.stop.is_set():
+            env = {"CNI_COMMAND": "STATUS", "CNI_PATH": HOST_LOCAL_DIR}
+            out = run_shim(self.shim, self.host.socket, env, self.conf(), timeout=120)
+            self.statuses += 1
+            if out.code != 0:
+                self.failures.append(f"STATUS at {time.monotonic():.1f}: {out}")
+
     def start(self) -> None:
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
+        self.status_thread = threading.Thread(target=self.status_all_along, daemon=True)
+        self.status_thread.start()
 
     def wait_rounds(self, more: int, timeout: float = 120) -> None:
         target = self.rounds + more
@@ -136,8 +150,9 @@ class Workload:
 
     def finish(self) -> None:
         self.stop.set()
-        if self.thread is not None:
-            self.thread.join(300)
+        for thread in (self.thread, self.status_thread):
+            if thread is not None:
+                thread.join(300)
         for ns in self.netns:
             del_netns(ns)
 
@@ -265,7 +280,7 @@ def test_a_rollout_with_surge_leaves_no_window(
     assert kubeconfig_pod(node) == new_pod
     workload.finish()
     assert workload.failures == [], workload.failures[:5]
-    assert workload.token_checks > 0 and workload.rounds >= 7
+    assert workload.token_checks > 0 and workload.rounds >= 7 and workload.statuses > workload.rounds
 
 
 def test_a_rollout_undone_during_the_surge_keeps_a_valid_token(
