@@ -146,7 +146,7 @@ class MetricsPort:
             return True
 
         def wait() -> None:
-            take_over("metrics", self._attempt, stop, poll=0.2, max_poll=2.0)
+            take_over("metrics", self._attempt, stop, poll=0.1, max_poll=0.5)
 
         HELD["metrics"] = False
         in_background("metrics-takeover", wait)
