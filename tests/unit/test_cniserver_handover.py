@@ -219,3 +219,57 @@ def test_a_third_server_waits_unmarked(path: str, echo: str, servers: list[Servi
     assert first.server._successor_waits()
     second.close()
     third.close()
+
+
+# The installer's side (rdma-cni install --watch --mode shim): never an exit for a busy socket.
+
+
+def test_the_installer_waits_for_a_busy_socket_in_the_background(
+    path: str, echo: str, servers: list[Serving]
+) -> None:
+    import io
+
+    from rdma_cni.agent.takeover import HELD
+    from rdma_cni.install.command import _start_cni_server
+
+    old = _start(servers, path, echo)
+    assert old.started.wait(10)
+    out = io.StringIO()
+    stop = threading.Event()
+    thread = _start_cni_server(path, stop, out)  # returns at once: readiness never waits on it
+    assert "another agent serves" in out.getvalue() and "taking it over when it stops" in out.getvalue()
+    assert HELD["cni"] is False
+    old.stop()
+    wait_for(lambda: HELD.get("cni") is True, 10, "the installer's server to take over")
+    stop.set()
+    thread.join(30)
+    assert not thread.is_alive() and HELD["cni"] is False
+
+
+def test_the_installer_stopped_while_waiting_lets_go(path: str, echo: str, servers: list[Serving]) -> None:
+    import io
+
+    from rdma_cni.install.command import _start_cni_server
+
+    old = _start(servers, path, echo)
+    assert old.started.wait(10)
+    stop = threading.Event()
+    thread = _start_cni_server(path, stop, io.StringIO())
+    wait_for(lambda: old.server._successor_waits(), 10, "the installer to mark itself the successor")
+    stop.set()  # a rollout undone: the surge pod goes before it ever served
+    thread.join(10)
+    assert not thread.is_alive()
+    assert not old.server._successor_waits()  # so the old one, stopped later, closes at once
+    assert old.server._owns_path()
+
+
+def test_the_installer_refuses_a_socket_it_can_never_serve(tmp_path: Any) -> None:
+    import io
+
+    from rdma_cni.install.command import InstallError, _start_cni_server
+
+    bad = tmp_path / "open"
+    bad.mkdir(mode=0o755)
+    bad.chmod(0o755)
+    with pytest.raises(InstallError, match=r"CNI server: the socket directory .* mode 0700"):
+        _start_cni_server(str(bad / "cni.sock"), threading.Event(), io.StringIO())
