@@ -99,7 +99,8 @@ integration: build cnitool
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q tests/integration
 
 # Real container runtimes (root; packages from make deps): containerd over CRI
-# and podman with its CNI backend, each running dist/rdma-cni on the simulated node.
+# and podman with its CNI backend on the simulated node, through the installed shim and
+# rdma-cni cni-server (as shipped) and with the fat dist/rdma-cni.
 runtime: build
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/runtime
 

@@ -418,6 +418,21 @@ class CniServer:
         return status, out, err[-(64 << 10) :]
 
 
+def _log_progress() -> None:
+    """Let the server's progress (spooled DELs run, kept) reach stderr, not only its warnings.
+
+    The executable's entry point (``rdma_cni.cli``) has already given the ``rdma_cni``
+    logger a stderr handler at WARNING that does not propagate, so configuring the root
+    logger would change nothing: that handler is lowered instead, as the agent's is.
+    """
+    ours = logging.getLogger("rdma_cni")
+    if not ours.handlers:  # called without the entry point
+        logging.basicConfig(level=logging.INFO, format="rdma-cni cni-server: %(message)s")
+        return
+    for handler in ours.handlers:
+        handler.setLevel(logging.INFO)
+
+
 def parser() -> argparse.ArgumentParser:
     """The options of ``rdma-cni cni-server``."""
     p = argparse.ArgumentParser(
@@ -437,7 +452,7 @@ def main(argv: list[str]) -> int:
     if args.max_connections < 1:
         sys.stderr.write("rdma-cni cni-server: error: --max-connections must be at least 1\n")
         return 2
-    logging.basicConfig(level=logging.INFO, format="rdma-cni cni-server: %(message)s")
+    _log_progress()
     server = CniServer(
         args.socket, [args.plugin] if args.plugin else None, max_connections=args.max_connections
     )

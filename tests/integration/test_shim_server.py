@@ -18,31 +18,18 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Cluster, plugin_command
+from tests.support.cniserver import CniServerProcess
 from tests.support.shim import build_shim, run_shim
 from tests.support.simnode import ip
 
 
-class ServerProcess:
+class ServerProcess(CniServerProcess):
     """``rdma-cni cni-server`` on a socket of the test's own, with the simulated node's environment."""
 
     def __init__(self, socket_path: str, cluster: Cluster) -> None:
-        self.socket_path = socket_path
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **cluster.node.env()}
-        self.proc = subprocess.Popen(
-            [*plugin_command(), "cni-server", "--socket", socket_path],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert json.loads(line) == {"listening": socket_path}, (
-            self.proc.stderr.read() if self.proc.stderr else ""
-        )
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(20)
+        log_path = os.path.join(cluster.tmp, "cni-server.log")
+        super().__init__(plugin_command(), socket_path, env, log_path)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import pytest
 
 from tests.integration.conftest import Cluster
 from tests.integration.test_shim_server import ServerProcess
+from tests.support.cniserver import install_shim
 from tests.support.shim import REPO, ShimOutcome
 from tests.support.simnode import ip
 
@@ -96,23 +97,8 @@ class OldHost:
 
 @pytest.fixture
 def old_host(old_root: str, binary: str, tmp_path: Any) -> Iterator[OldHost]:
-    sa = tmp_path / "sa"
-    sa.mkdir()
-    (sa / "token").write_text("oldroot-token")
-    (sa / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
     # Installed as the DaemonSet's installer installs it, into the root's /opt/cni/bin.
-    proc = subprocess.run(
-        [
-            *(binary, "install", "--once", "--mode", "shim", "--cni-bin-dir", f"{old_root}/opt/cni/bin"),
-            *("--kubeconfig-path", str(tmp_path / "kubeconfig"), "--serviceaccount-dir", str(sa)),
-        ],
-        env={**os.environ, "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "rdma-cni-shim" in proc.stdout
+    install_shim(binary, f"{old_root}/opt/cni/bin", str(tmp_path))
     for d in (ROOT_SOCKET_DIR, ROOT_PODS):
         os.makedirs(old_root + d, exist_ok=True)
     socket_dir = tmp_path / "agent"

@@ -1,9 +1,11 @@
 """Fixtures for the runtime tier: real container runtimes driving the built plugin on the simulated node.
 
 containerd (over CRI, from our own small client) and podman (CNI backend)
-run the built ``dist/rdma-cni`` from their CNI bin directories through a
-wrapper that logs what each runtime passed. Needs root and the Debian
-packages ``make deps`` installs.
+run the plugin from CNI bin directories of the tier's own, in each of the
+ways docs/deploy.md offers: the static shim as ``rdma-cni install --mode
+shim`` installs it, served by ``rdma-cni cni-server`` (as shipped), and the
+fat ``dist/rdma-cni`` itself. A wrapper around the plugin logs what it was
+passed and by whom. Needs root and the Debian packages ``make deps`` installs.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from typing import Any
 
 import pytest
 
-from tests.runtime.harness import HOST_LOCAL_DIR, PluginInstall
+from tests.runtime.harness import HOST_LOCAL_DIR, SHIM, Call, PluginInstall
 from tests.support.apiserver import ApiServer
-from tests.support.simnode import SimNode, SimPf
+from tests.support.cniserver import CniServerProcess
+from tests.support.simnode import SimNode, SimPf, ip
+from tests.support.waiting import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -31,8 +35,9 @@ if _missing or not os.path.exists(os.path.join(HOST_LOCAL_DIR, "host-local")):
     pytest.fail(f"the runtime tier needs {_missing or 'host-local'}: run make deps", pytrace=False)
 # make runtime names the binary it just built; a bare pytest uses dist/ if it is there.
 BINARY = os.environ.get("RDMA_CNI_BINARY") or os.path.join(REPO, "dist", "rdma-cni")
-if not os.access(BINARY, os.X_OK):
-    pytest.fail(f"{BINARY} is not built: run make runtime", pytrace=False)
+SHIM_BINARY = os.path.join(os.path.dirname(BINARY), "rdma-cni-shim")
+if not (os.access(BINARY, os.X_OK) and os.access(SHIM_BINARY, os.X_OK)):
+    pytest.fail(f"{BINARY} and {SHIM_BINARY} are not built: run make runtime", pytrace=False)
 
 _counter = itertools.count()
 
@@ -45,6 +50,90 @@ class Tier:
     node: SimNode
     plugin: PluginInstall
     subnet: str
+    server: CniServerProcess | None = None
+    server_pids: tuple[int, ...] = ()  # every CNI server this tier started, in order
+
+    @property
+    def mode(self) -> str:
+        return self.plugin.mode
+
+    @property
+    def socket(self) -> str:
+        """The CNI server's socket (the shim's spool is beside it)."""
+        return os.path.join(self.root, "agent", "cni.sock")
+
+    @property
+    def spool(self) -> str:
+        return os.path.join(self.root, "agent", "del-spool")
+
+    def runtime_env(self) -> dict[str, str]:
+        """What the runtime's environment adds: the shim finds its socket there (its plugins inherit it)."""
+        return {"RDMA_CNI_SHIM_SOCKET": self.socket} if self.mode == SHIM else {}
+
+    def start_server(self) -> CniServerProcess:
+        """``rdma-cni cni-server`` on the tier's socket, on the simulated node, running the logged plugin."""
+        assert self.server is None
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **self.node.env()}
+        self.server = CniServerProcess(
+            [BINARY], self.socket, env, os.path.join(self.root, "cni-server.log"), plugin=self.plugin.plugin
+        )
+        self.server_pids += (self.server.pid,)
+        return self.server
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def server_log(self) -> str:
+        try:
+            with open(os.path.join(self.root, "cni-server.log")) as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def spooled(self) -> list[str]:
+        return (
+            sorted(n for n in os.listdir(self.spool) if not n.startswith("."))
+            if os.path.isdir(self.spool)
+            else []
+        )
+
+    def vfs_away(self) -> list[tuple[int, int]]:
+        """The VFs (PF, index) whose netdev is not in the host under its name."""
+        host = SimNode.host_links()
+        return [(k, i) for k, i in self.node.all_vfs() if self.node.vf_netdev(k, i) not in host]
+
+    def namespace_gone(self, vfs: list[tuple[int, int]], *, reboot: bool) -> None:
+        """Wait for the pod's namespace to take ``vfs`` down with it; bring them back as the kernel would.
+
+        A veth dies with its namespace (its host-side wire too); a real VF comes back
+        to the host: under its pod-side name (or devN when the host has that name),
+        or, after a reboot, under the name its driver gives it, its host name. Names
+        unique to this tier stand for the former.
+        """
+        wires = {self.node.vf_wire(k, i) for k, i in vfs}
+        wait_for(lambda: not wires & SimNode.host_links(), 60, "the pod's namespace to go, and its veths")
+        for k, i in vfs:
+            name = self.node.vf_netdev(k, i) if reboot else f"{self.node.prefix}h{k}{i}"
+            ip("link", "add", name, "type", "veth", "peer", "name", self.node.vf_wire(k, i))
+            ip("link", "set", self.node.vf_wire(k, i), "up")
+
+    def assert_ran_as_installed(self, calls: list[Call]) -> None:
+        """Each call reached the plugin the way the mode says: through the shim and the server, or directly.
+
+        Through the shim, the plugin's parent is the CNI server, and a verb with a
+        namespace has it as the fd the shim opened (``RDMA_CNI_NETNS_VIA``, which only
+        the server sets); directly, the runtime runs the plugin and nothing sets it.
+        """
+        assert calls
+        for call in calls:
+            if self.mode == SHIM:
+                assert call.parent in self.server_pids, f"{call.command} not run by the CNI server: {call}"
+                if call.netns and call.command != "VERSION":
+                    assert call.netns_via.startswith(f"/proc/{call.parent}/fd/"), call
+            else:
+                assert call.parent not in self.server_pids and call.netns_via == "", call
 
     @property
     def state_dir(self) -> str:
@@ -127,17 +216,37 @@ def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
 
 
 @pytest.fixture
-def tier(tmp_path: Any, api_server: ApiServer) -> Iterator[Tier]:
-    """A fresh simulated node (one 25 Gbit/s PF with 4 VFs) and the plugin installed for a runtime."""
+def mode() -> str:
+    """How the plugin is installed: the shim and the agent's CNI server, as shipped.
+
+    A test parametrizes ``mode`` with ``FAT`` too where the fat binary is to be run.
+    """
+    return SHIM
+
+
+@pytest.fixture
+def tier(tmp_path: Any, api_server: ApiServer, mode: str) -> Iterator[Tier]:
+    """A fresh simulated node (one 25 Gbit/s PF with 4 VFs) and the plugin installed for a runtime.
+
+    With the shim, its CNI server is serving when the test starts.
+    """
     api_server.reset()
     n = next(_counter)
     prefix = f"r{os.getpid() % 100000:05d}{n % 10}"  # unique beside other test sessions: 7 characters
     node = SimNode(str(tmp_path / "node"), [SimPf(f"{prefix}pf", 4, 25000)], prefix=prefix)
     node.up()
+    tier = None
     try:
-        plugin = PluginInstall(str(tmp_path / "plugin"), BINARY, node.env())
-        yield Tier(str(tmp_path), node, plugin, f"10.79.{n % 250}.0/24")
+        plugin = PluginInstall(str(tmp_path / "plugin"), BINARY, node.env(), mode)
+        tier = Tier(str(tmp_path), node, plugin, f"10.79.{n % 250}.0/24")
+        if mode == SHIM:
+            with open(os.path.join(plugin.bin_dir, "rdma-cni"), "rb") as f, open(SHIM_BINARY, "rb") as g:
+                assert f.read() == g.read(), "the installer did not put the shim in the CNI bin dir"
+            tier.start_server()
+        yield tier
     finally:
+        if tier is not None:
+            tier.stop_server()
         node.down()
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.cniserver import install_shim
 from tests.support.processes import pids_mentioning, wait_gone
 
 HOST_LOCAL_DIR = "/usr/lib/cni"
@@ -23,22 +24,26 @@ IMAGE = "docker.io/library/rdma-cni-busybox:tier"
 PODMAN_IMAGE = "localhost/rdma-cni-busybox:tier"
 
 WRAPPER = """#!/bin/sh
-# rdma-cni as the runtime tier installs it: records what the runtime passed,
-# then runs the built plugin on the simulated node.
+# rdma-cni as the runtime tier runs it: records what it was passed (by the runtime, or by the
+# CNI server the shim handed the verb to), then runs the built plugin on the simulated node.
 n=$$
 cat > "{log_dir}/stdin.$n"
-printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' "$n" "$CNI_COMMAND" "$CNI_CONTAINERID" "$CNI_NETNS" \\
-    "$CNI_IFNAME" "$CNI_ARGS" "$CNI_PATH" >> "{log_dir}/calls.tsv"
+printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' "$n" "$CNI_COMMAND" "$CNI_CONTAINERID" "$CNI_NETNS" \\
+    "$CNI_IFNAME" "$CNI_ARGS" "$CNI_PATH" "$PPID" "$RDMA_CNI_NETNS_VIA" >> "{log_dir}/calls.tsv"
 {node_env} "{binary}" < "{log_dir}/stdin.$n"
 rc=$?
 printf '%s\\t%s\\n' "$n" "$rc" >> "{log_dir}/exits.tsv"
 exit $rc
 """
 
+# How the plugin reaches the runtime's CNI bin dir (docs/deploy.md, host operating systems).
+SHIM = "shim"  # as shipped: the installer's static shim, handing each verb to the CNI server
+FAT = "fat"  # --mode fat: the whole plugin, run by the runtime itself
+
 
 @dataclass
 class Call:
-    """One invocation of the plugin by a runtime, as the wrapper logged it."""
+    """One run of the plugin, as the wrapper logged it."""
 
     pid: str
     command: str
@@ -47,6 +52,8 @@ class Call:
     ifname: str
     args: str
     path: str
+    parent: int  # who ran it: the runtime (fat), or the CNI server (shim)
+    netns_via: str  # RDMA_CNI_NETNS_VIA: set by the CNI server only, to the fd the shim passed
     exit_code: int | None
     stdin: dict[str, Any] | None
 
@@ -56,25 +63,41 @@ class Call:
 
 
 class PluginInstall:
-    """dist/rdma-cni behind a logging wrapper in ``bin_dir``, with host-local and loopback."""
+    """The plugin in ``bin_dir`` as ``mode`` puts it there, with host-local and loopback.
 
-    def __init__(self, root: str, binary: str, node_env: dict[str, str]) -> None:
+    ``fat``: dist/rdma-cni behind the logging wrapper, which adds the simulated
+    node's environment. ``shim``: what ``rdma-cni install --once --mode shim``
+    writes (the static shim), and the logging wrapper is the CNI server's
+    ``--plugin`` instead (:attr:`plugin`), the node's environment the server's.
+    """
+
+    def __init__(self, root: str, binary: str, node_env: dict[str, str], mode: str) -> None:
+        self.mode = mode
         self.bin_dir = os.path.join(root, "bin")
         self.log_dir = os.path.join(root, "calls")
         os.makedirs(self.bin_dir)
         os.makedirs(self.log_dir)
-        real = os.path.join(self.bin_dir, "rdma-cni.bin")
-        shutil.copy2(binary, real)
         for plugin in ("host-local", "loopback"):
             shutil.copy2(os.path.join(HOST_LOCAL_DIR, plugin), os.path.join(self.bin_dir, plugin))
-        env = " ".join(f"{k}='{v}'" for k, v in sorted(node_env.items()))
-        wrapper = os.path.join(self.bin_dir, "rdma-cni")
-        with open(wrapper, "w") as f:
+        if mode == SHIM:
+            agent = os.path.join(root, "agent-bin")  # the agent's own userspace, not the runtime's
+            os.makedirs(agent)
+            real = os.path.join(agent, "rdma-cni")
+            self.plugin = os.path.join(agent, "rdma-cni-logged")
+            self.install_output = install_shim(binary, self.bin_dir, os.path.join(root, "install"))
+            env = ""
+        else:
+            real = os.path.join(self.bin_dir, "rdma-cni.bin")
+            self.plugin = os.path.join(self.bin_dir, "rdma-cni")
+            self.install_output = ""
+            env = " ".join(f"{k}='{v}'" for k, v in sorted(node_env.items()))
+        shutil.copy2(binary, real)
+        with open(self.plugin, "w") as f:
             f.write(WRAPPER.format(log_dir=self.log_dir, node_env=env, binary=real))
-        os.chmod(wrapper, 0o755)
+        os.chmod(self.plugin, 0o755)
 
     def calls(self) -> list[Call]:
-        """Every invocation so far, in order."""
+        """Every run so far, in order."""
         path = os.path.join(self.log_dir, "calls.tsv")
         exits: dict[str, int] = {}
         with contextlib.suppress(FileNotFoundError), open(os.path.join(self.log_dir, "exits.tsv")) as f:
@@ -84,13 +107,27 @@ class PluginInstall:
         out = []
         with contextlib.suppress(FileNotFoundError), open(path) as f:
             for line in f:
-                pid, command, cid, netns, ifname, args, cni_path = line.rstrip("\n").split("\t")
+                pid, command, cid, netns, ifname, args, cni_path, ppid, via = line.rstrip("\n").split("\t")
                 try:
                     with open(os.path.join(self.log_dir, f"stdin.{pid}")) as s:
                         stdin = json.load(s)
                 except (OSError, ValueError):
                     stdin = None
-                out.append(Call(pid, command, cid, netns, ifname, args, cni_path, exits.get(pid), stdin))
+                out.append(
+                    Call(
+                        pid,
+                        command,
+                        cid,
+                        netns,
+                        ifname,
+                        args,
+                        cni_path,
+                        int(ppid),
+                        via,
+                        exits.get(pid),
+                        stdin,
+                    )
+                )
         return out
 
 
@@ -188,8 +225,11 @@ disabled_plugins = [
 class Containerd:
     """containerd from Debian on its own config, socket and state directories."""
 
-    def __init__(self, root: str, bin_dir: str, conflist: dict[str, Any]) -> None:
+    def __init__(
+        self, root: str, bin_dir: str, conflist: dict[str, Any], env: dict[str, str] | None = None
+    ) -> None:
         self.root = root
+        self.env = {**os.environ, **(env or {})}  # its plugins inherit it (libcni)
         self.socket = os.path.join(root, "c.sock")
         self.conf_dir = os.path.join(root, "net.d")
         os.makedirs(self.conf_dir)
@@ -204,7 +244,11 @@ class Containerd:
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                ["containerd", "--config", self.config], stdout=log, stderr=log, start_new_session=True
+                ["containerd", "--config", self.config],
+                stdout=log,
+                stderr=log,
+                env=self.env,
+                start_new_session=True,
             )
         deadline = time.monotonic() + 30
         while not os.path.exists(self.socket):
@@ -243,7 +287,9 @@ class Containerd:
 class Podman:
     """podman with the CNI network backend, its storage and CNI directories the tier's own."""
 
-    def __init__(self, root: str, bin_dir: str, conflist: dict[str, Any]) -> None:
+    def __init__(
+        self, root: str, bin_dir: str, conflist: dict[str, Any], env: dict[str, str] | None = None
+    ) -> None:
         self.root = root
         # podman refuses a run root longer than 50 characters: a short one of our own.
         self.runroot = tempfile.mkdtemp(prefix="rcni-pm-", dir="/tmp")
@@ -259,6 +305,10 @@ class Podman:
                 f'cni_plugin_dirs = ["{bin_dir}"]\n'
                 f'network_config_dir = "{self.conf_dir}"\n'
                 "[engine]\n"
+                # Its plugins inherit podman's environment (libcni); this reaches the podman that
+                # conmon starts to clean up after a container that stopped (its own environment is
+                # podman's choice), as the process environment does not.
+                f"env = {json.dumps([f'{k}={v}' for k, v in sorted((env or {}).items())])}\n"
                 'cgroup_manager = "cgroupfs"\n'
                 'events_logger = "file"\n'
                 f'events_logfile_path = "{root}/events.log"\n'

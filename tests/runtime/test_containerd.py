@@ -1,11 +1,19 @@
 """containerd 1.6 (Debian) over CRI: RunPodSandbox, a container listing its interfaces, StopPodSandbox,
-RemovePodSandbox, with the pod's request read from the API server or passed by the runtime itself.
+RemovePodSandbox, with the pod's request read from the API server or passed by the runtime itself;
+through the shim and the agent's CNI server (as shipped) and with the fat binary; and a sandbox
+removed while the CNI server is down.
+
+containerd calls no CHECK (its CRI has no call for it) and no GC.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import json
 import os
+import shutil
+import signal
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,9 +22,13 @@ import pytest
 
 from tests.runtime.conftest import Tier, dump
 from tests.runtime.cri import CriClient, Pod
-from tests.runtime.harness import IMAGE, Call, Containerd, listed_addresses, netns_addresses
+from tests.runtime.harness import FAT, IMAGE, SHIM, Call, Containerd, listed_addresses, netns_addresses
 from tests.runtime.images import oci_archive
 from tests.support.apiserver import ApiServer
+from tests.support.processes import wait_gone
+from tests.support.shim import run_shim
+from tests.support.simnode import ip
+from tests.support.waiting import wait_for
 
 CRI_KEY = "io.kubernetes.cri.pod-annotations"
 ANNOTATION = "rdma_interfaces_required"
@@ -46,7 +58,9 @@ def containerd(tier: Tier, api_server: ApiServer, source: str) -> Iterator[tuple
     else:
         # The capability, and no kubeconfig at all: an API round trip would fail.
         conflist = tier.conflist("rdma-rt", capabilities={CRI_KEY: True})
-    runtime = Containerd(os.path.join(tier.root, "containerd"), tier.plugin.bin_dir, conflist)
+    runtime = Containerd(
+        os.path.join(tier.root, "containerd"), tier.plugin.bin_dir, conflist, tier.runtime_env()
+    )
     client = None
     try:
         runtime.start()
@@ -70,10 +84,27 @@ def new_pod(client: CriClient, tier: Tier, api: ApiServer, name: str, annotation
     return client.run_pod(name, "team-a", uid, annotations, log_dir)
 
 
+def processes_in(netns: str) -> list[int]:
+    """The processes in the network namespace at ``netns``."""
+    st = os.stat(netns)
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ns = os.stat(f"/proc/{entry}/ns/net")
+            except OSError:
+                continue
+            if (ns.st_dev, ns.st_ino) == (st.st_dev, st.st_ino):
+                pids.append(int(entry))
+    return pids
+
+
 def calls_for(tier: Tier, pod: Pod) -> list[Call]:
     return [c for c in tier.plugin.calls() if c.container_id == pod.id]
 
 
+# Both request sources as shipped (the shim); the fat binary once.
+@pytest.mark.parametrize(("mode", "source"), [(SHIM, "api"), (SHIM, "cri"), (FAT, "api")])
 def test_pods_under_containerd(
     tier: Tier, api_server: ApiServer, containerd: tuple[Containerd, CriClient], source: str
 ) -> None:
@@ -136,4 +167,105 @@ def test_pods_under_containerd(
         assert (stop_del.command, stop_del.exit_code, stop_del.netns) == ("DEL", 0, add.netns)
         assert (remove_del.command, remove_del.exit_code, remove_del.netns) == ("DEL", 0, "")
         assert set(remove_del.cni_args) == CRI_ARGS_KEYS
+    tier.assert_released()
+    calls = tier.plugin.calls()
+    tier.assert_ran_as_installed(calls)
+    assert {c.command for c in calls} == {"ADD", "DEL"}  # no CHECK, no GC, no VERSION probe
+
+
+@pytest.mark.parametrize(("mode", "source"), [(SHIM, "cri")])
+@pytest.mark.parametrize("reboot", [False, True], ids=["agent-back", "spool-lost-in-reboot"])
+def test_a_sandbox_removed_while_the_agent_is_down(
+    tier: Tier, api_server: ApiServer, containerd: tuple[Containerd, CriClient], reboot: bool
+) -> None:
+    _, client = containerd
+    pod = new_pod(client, tier, api_server, "asks-two", {ANNOTATION: TWO})
+    (add,) = calls_for(tier, pod)
+    assert add.exit_code == 0, dump(add.__dict__)
+    held = tier.records()
+    in_pod = tier.vfs_away()
+    assert len(held) == 1 and len(in_pod) == 2 and len(tier.leases()) == 2
+
+    # The agent goes (restarting, upgrading); kubelet stops and removes the sandbox meanwhile.
+    tier.stop_server()
+    client.stop_pod(pod)
+    client.remove_pod(pod)
+    assert calls_for(tier, pod) == [add]  # no plugin ran: both DELs were spooled, as one request
+    assert len(tier.spooled()) == 1
+    assert tier.records() == held  # its VFs stay held until a DEL runs
+    tier.namespace_gone(in_pod, reboot=reboot)
+    if reboot:
+        # /run is a tmpfs: the spool is gone with the reboot, the records (/var/lib) are not.
+        for name in os.listdir(tier.spool):
+            os.unlink(os.path.join(tier.spool, name))
+
+    server = tier.start_server()
+    if not reboot:
+        # The agent runs the spool as it starts: the VFs home under their names, record and leases gone.
+        wait_for(lambda: not tier.records(), 60, "the spooled DEL to run")
+        *_, spooled = calls_for(tier, pod)
+        assert (spooled.command, spooled.exit_code, spooled.netns) == ("DEL", 0, ""), dump(spooled.__dict__)
+        assert spooled.parent == server.pid
+        assert "ran the spooled DEL" in tier.server_log()
+        assert tier.spooled() == []
+        tier.assert_released()
+        return
+
+    # Nothing left to run, and containerd has forgotten the sandbox: it never sends another DEL,
+    # and calls no GC. The record holds the VFs until an operator's GC (cnitool gc; here the
+    # same call through the installed shim) names no attachment of the network valid.
+    assert tier.records() == held and calls_for(tier, pod) == [add]
+    gc_conf = {
+        **tier.plugin_entry(),
+        "cniVersion": "1.1.0",
+        "name": "rdma-rt",
+        "cni.dev/valid-attachments": [],
+    }
+    gc_env = {"CNI_COMMAND": "GC", "CNI_PATH": tier.plugin.bin_dir}
+    gc = run_shim(
+        os.path.join(tier.plugin.bin_dir, "rdma-cni"), tier.socket, gc_env, json.dumps(gc_conf).encode()
+    )
+    assert gc.code == 0, gc
+    assert [c.command for c in tier.plugin.calls()][-1] == "GC"
+    tier.assert_released()
+
+
+@pytest.mark.parametrize(("mode", "source"), [(SHIM, "cri")])
+def test_a_reboot_with_the_sandbox_still_known(
+    tier: Tier, api_server: ApiServer, containerd: tuple[Containerd, CriClient]
+) -> None:
+    runtime, client = containerd
+    pod = new_pod(client, tier, api_server, "asks-two", {ANNOTATION: TWO})
+    (add,) = calls_for(tier, pod)
+    assert add.exit_code == 0, dump(add.__dict__)
+    held = tier.records()
+    in_pod = tier.vfs_away()
+    assert len(held) == 1 and len(in_pod) == 2
+
+    # The reboot: what lives in memory and on /run goes (processes, the sandbox's namespace,
+    # containerd's state, the spool); containerd's root and the records stay.
+    tier.stop_server()
+    sandbox = processes_in(add.netns)
+    runtime.stop()
+    for pid in sandbox:  # containerd's shims are gone, the sandbox's own process is not
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert wait_gone(sandbox, timeout=20), f"the sandbox processes {sandbox} did not go"
+    ip("netns", "del", os.path.basename(add.netns))
+    shutil.rmtree(os.path.join(runtime.root, "state"))
+    tier.namespace_gone(in_pod, reboot=True)
+    runtime.start()
+
+    # kubelet finds the old sandbox not ready and stops it, before the agent is up: containerd
+    # sends DEL with CNI_NETNS empty (the namespace is gone), and the shim spools it.
+    client.stop_pod(pod)
+    client.remove_pod(pod)
+    assert calls_for(tier, pod) == [add] and len(tier.spooled()) == 1
+    assert tier.records() == held
+    server = tier.start_server()
+    wait_for(lambda: not tier.records(), 60, "the spooled DEL to run")
+    *_, spooled = calls_for(tier, pod)
+    assert (spooled.command, spooled.exit_code, spooled.netns) == ("DEL", 0, ""), dump(spooled.__dict__)
+    assert spooled.parent == server.pid
+    assert tier.spooled() == []
     tier.assert_released()

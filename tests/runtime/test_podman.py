@@ -1,4 +1,9 @@
-"""podman 4.3 (Debian) with the CNI network backend: libcni's VERSION probe, run with a MAC, exec, rm."""
+"""podman 4.3 (Debian) with the CNI network backend: libcni's VERSION probe, run with a MAC, exec, rm;
+through the shim and ``rdma-cni cni-server`` (docs/deploy.md, the shim without Kubernetes) and with
+the fat binary; and a container removed while the CNI server is down.
+
+podman calls no CHECK (its CNI backend sets up and tears down only) and no GC.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from tests.runtime.conftest import Tier, dump
-from tests.runtime.harness import PODMAN_IMAGE, Podman, listed_addresses, netns_addresses
+from tests.runtime.harness import FAT, PODMAN_IMAGE, SHIM, Podman, listed_addresses, netns_addresses
 from tests.runtime.images import rootfs_tar
+from tests.support.waiting import wait_for
 
 NETWORK = "rdma-rt"
 # Within this sandbox's hard limits; podman's defaults exceed them.
@@ -22,7 +28,8 @@ ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 def podman(tier: Tier) -> Iterator[Podman]:
     # podman passes only the container's name: the request comes from the config's args.
     entry = {"args": {"cni": {"rdma_interfaces_required": [{"min_tx_rate": 1000, "max_tx_rate": 3000}, {}]}}}
-    runtime = Podman(os.path.join(tier.root, "podman"), tier.plugin.bin_dir, tier.conflist(NETWORK, **entry))
+    conflist = tier.conflist(NETWORK, **entry)
+    runtime = Podman(os.path.join(tier.root, "podman"), tier.plugin.bin_dir, conflist, tier.runtime_env())
     try:
         rootfs = os.path.join(tier.root, "rootfs.tar")
         with open(rootfs, "wb") as f:
@@ -33,6 +40,7 @@ def podman(tier: Tier) -> Iterator[Podman]:
         runtime.stop()
 
 
+@pytest.mark.parametrize("mode", [SHIM, FAT])
 def test_container_under_podman(tier: Tier, podman: Podman) -> None:
     networks = json.loads(podman("network", "ls", "--format", "json").stdout)
     assert NETWORK in [n["name"] for n in networks]  # the VERSION probe passed: the network is usable
@@ -71,4 +79,41 @@ def test_container_under_podman(tier: Tier, podman: Podman) -> None:
     dels = [c for c in tier.plugin.calls() if c.command == "DEL"]
     assert dels and all(d.exit_code == 0 and d.container_id == add.container_id for d in dels)
     assert dels[0].netns == add.netns and dels[0].cni_args == add.cni_args
+    tier.assert_released()
+    calls = tier.plugin.calls()
+    tier.assert_ran_as_installed(calls)
+    assert {c.command for c in calls} == {"VERSION", "ADD", "DEL"}  # no CHECK, no GC
+
+
+def test_a_container_removed_while_the_agent_is_down(tier: Tier, podman: Podman) -> None:
+    name = f"{tier.node.prefix}c"
+    podman("run", "-d", "--name", name, "--network", NETWORK, *ULIMITS, PODMAN_IMAGE)
+    (add,) = [c for c in tier.plugin.calls() if c.command == "ADD"]
+    assert add.exit_code == 0, dump(add.__dict__)
+    held = tier.records()
+    in_pod = tier.vfs_away()
+    assert len(held) == 1 and len(in_pod) == 2
+
+    tier.stop_server()
+    # The container stops (killed here): the podman process conmon starts to clean up after it runs
+    # the DEL, and the shim spools it; then the container is removed.
+    podman("kill", name)
+    (spooled_file,) = wait_for(tier.spooled, 60, "the DEL of podman's clean-up to be spooled")
+    assert spooled_file.startswith(f"del-{add.container_id}-")
+    podman("rm", "-f", "-t", "0", name)
+    assert [c.command for c in tier.plugin.calls() if c.command != "VERSION"] == ["ADD"]
+    assert tier.spooled() == [spooled_file] and tier.records() == held
+    tier.namespace_gone(in_pod, reboot=False)
+
+    server = tier.start_server()
+    wait_for(lambda: not tier.records(), 60, "the spooled DEL to run")
+    spooled = tier.plugin.calls()[-1]
+    assert (spooled.command, spooled.exit_code, spooled.netns, spooled.container_id) == (
+        "DEL",
+        0,
+        "",
+        add.container_id,
+    ), dump(spooled.__dict__)
+    assert spooled.parent == server.pid and "ran the spooled DEL" in tier.server_log()
+    assert tier.spooled() == []
     tier.assert_released()
