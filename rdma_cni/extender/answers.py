@@ -80,11 +80,35 @@ class Answer:
     passing: list[str]
     filter_body: bytes
     prioritize_body: bytes
+    # The encoded FailedNodes and FailedAndUnresolvableNodes, for answers that pass fewer nodes.
+    failed_json: str = "{}"
+    unresolvable_json: str = "{}"
 
     def score(self, name: str) -> int:
         """The node's score (0 when it did not pass or was not asked about)."""
         i = self.index.get(name)
         return 0 if i is None else self.verdicts[i].score
+
+    def best(self, n: int) -> list[str]:
+        """The ``n`` passing nodes the policy ranks first, best first: highest score, ties in the
+        answer's order (a fixed order, so pods of a shape keep choosing the same node while it fits)."""
+        ranks = [v.score if v.fits else -1 for v in self.verdicts]
+        out: list[str] = []
+        for score in range(max(ranks, default=-1), -1, -1):
+            # One C-level pass per score, from the highest down, until n are found.
+            out += compress(self.names, map(score.__eq__, ranks))
+            if len(out) >= n:
+                break
+        return out[:n]
+
+    def filter_body_passing(self, passing: list[str]) -> bytes:
+        """The filter answer passing only ``passing`` (some of :attr:`passing`); the nodes that fit but are
+        left out are in neither failed map: kube-scheduler drops them without a status."""
+        names = ",".join(map(encode_basestring_ascii, passing))
+        return (
+            f'{{"Nodes":null,"NodeNames":[{names}],"FailedNodes":{self.failed_json},'
+            f'"FailedAndUnresolvableNodes":{self.unresolvable_json},"Error":""}}'
+        ).encode()
 
     @property
     def failed(self) -> dict[str, str]:
@@ -250,7 +274,16 @@ class Answers:
             f'{{"Nodes":null,"NodeNames":{joined[_PASSING]},"FailedNodes":{joined[_FAILED]},'
             f'"FailedAndUnresolvableNodes":{joined[_UNRESOLVABLE]},"Error":""}}'
         )
-        return Answer(names, index, verdicts, passing, body.encode(), joined[_PRIORITY].encode())
+        return Answer(
+            names,
+            index,
+            verdicts,
+            passing,
+            body.encode(),
+            joined[_PRIORITY].encode(),
+            joined[_FAILED],
+            joined[_UNRESOLVABLE],
+        )
 
     def _update(
         self,
