@@ -97,6 +97,8 @@ class Extender:
         # Bumped by the cache after every change of its views; None: lists are never reused.
         self._cache_generation: Callable[[], int | None] = cache_generation or (lambda: None)
         self._last_lookup: tuple[int, list[str], list[NodeView | None]] | None = None
+        # The last list's names as a set, for lists of the same nodes in another order.
+        self._last_set: frozenset[str] = frozenset()
         # Per pod uid: what its filter computed, for its prioritize.
         self._scores: Bounded[str, KeptScores] = Bounded(_SCORES_KEPT, _SCORES_BYTES)
         self.answers = Answers(reservations, self._judge, decider.max_state_age)
@@ -295,8 +297,19 @@ class Extender:
         last = self._last_lookup
         if generation is not None and last is not None and last[0] == generation and last[1] == names:
             return last[1], last[2]
+        if generation is not None and last is not None and len(names) == len(last[1]):
+            # The same nodes in another order (kube-scheduler's usual case, see Answers._reordered):
+            # answered in the last list's order, which kube-scheduler reads as a set. Hashing the new
+            # names once for a set is all the new list costs; the views come from the last lookup.
+            given = set(names)
+            if len(given) == len(names) and given == self._last_set:
+                if last[0] == generation:
+                    return last[1], last[2]
+                names = last[1]
         views = list(map(self._cache_views().get, names))
         if generation is not None:
+            if last is None or names is not last[1]:
+                self._last_set = frozenset(names)
             self._last_lookup = (generation, names, views)
         return names, views
 
