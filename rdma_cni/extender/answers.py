@@ -111,13 +111,15 @@ class Answer:
                 break
         return out[:n]
 
-    def filter_body_passing(self, passing: list[str]) -> bytes:
+    def filter_body_passing(self, passing: list[str], failures: bool = True) -> bytes:
         """The filter answer passing only ``passing`` (some of :attr:`passing`); the nodes that fit but are
-        left out are in neither failed map: kube-scheduler drops them without a status."""
+        left out are in neither failed map: kube-scheduler drops them without a status. Without
+        ``failures`` the failed maps are left empty too (see docs/scheduling.md, "The best nodes")."""
         names = ",".join(map(encode_basestring_ascii, passing))
+        failed, unresolvable = (self.failed_json, self.unresolvable_json) if failures else ("{}", "{}")
         return (
-            f'{{"Nodes":null,"NodeNames":[{names}],"FailedNodes":{self.failed_json},'
-            f'"FailedAndUnresolvableNodes":{self.unresolvable_json},"Error":""}}'
+            f'{{"Nodes":null,"NodeNames":[{names}],"FailedNodes":{failed},'
+            f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
         ).encode()
 
     @property

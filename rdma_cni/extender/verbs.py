@@ -252,9 +252,13 @@ class Extender:
             answer = self.answers.filter(demand, names, views, self.decider.now(), deadline)
             passing, body = answer.passing, answer.filter_body
             best = self.settings.best_nodes
-            if best and len(passing) > best:
-                passing = answer.best(best)
-                body = answer.filter_body_passing(passing)
+            if best and passing:
+                # kube-scheduler reads the failed maps only to explain a pod that fits nowhere (its
+                # event, preemption's candidates): with a node passed, they would be bytes both sides
+                # pay for (hundreds of KB at 5,000 nodes) and nobody reads.
+                if len(passing) > best:
+                    passing = answer.best(best)
+                body = answer.filter_body_passing(passing, failures=False)
             if len(passing) == 1:
                 # kube-scheduler takes a lone feasible node without asking prioritize: held now.
                 self._hold(args.pod, demand, passing[0])

@@ -268,7 +268,10 @@ def test_the_best_nodes_after_any_changes_are_a_full_pass_s_best(seed: int, best
         judged = ext._decide(demand, passing, [views[n] for n in passing])[3] if passing else {}
         ranked = sorted(passing, key=lambda n: (-judged[n], names.index(n)))
         assert got["NodeNames"] == ranked[:best], f"step {step}"
-        assert got["FailedNodes"] == expected["filter"]["FailedNodes"]
+        if ranked:  # a node passes: the failed maps, which nobody reads then, are left out
+            assert got["FailedNodes"] == got["FailedAndUnresolvableNodes"] == {}
+        else:
+            assert got == expected["filter"], f"step {step}"
         assert scores.keys() <= set(passing)
 
 

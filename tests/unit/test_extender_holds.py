@@ -94,7 +94,17 @@ def test_consecutive_pods_binpacked_onto_one_node_do_not_collide_at_bind() -> No
     # kube-scheduler's next scheduling cycle runs before a's binding cycle reaches bind.
     out = ext.filter(so.args_names(b, names))
     assert out["NodeNames"] == ["idle"], "b was sent to the node a holds"
-    assert "full" in out["FailedNodes"]
+    c = api.add(so.rdma_pod("c", [(16_000, 0)]))  # fits nowhere beside a's and b's holds: told why
+    assert ext.filter(so.args_names(c, names)) == {
+        "Nodes": None,
+        "NodeNames": [],
+        "FailedNodes": {
+            "idle": "rdma-cni: needs 16000 Mbit/s free on one PF with a free VF",
+            "full": "rdma-cni: needs 16000 Mbit/s free on one PF with a free VF",
+        },
+        "FailedAndUnresolvableNodes": {},
+        "Error": "",
+    }
     assert bind(ext, a, "full") == ""
     assert bind(ext, b, "idle") == ""
     assert ext.reservations.holds() == 0 and len(ext.reservations) == 2
@@ -108,12 +118,14 @@ def test_the_best_node_is_the_policy_s_and_the_one_node_that_fits_is_always_foun
     names = sorted(states)
     big = api.add(so.rdma_pod("big", [(10_000, 0)]))
     out = ext.filter(so.args_names(big, names))
-    assert out["NodeNames"] == ["n0007"]  # binpack: the fuller of the two that fit
-    assert len(out["FailedNodes"]) == 4_998  # every node that does not fit is named, with its reason
+    # binpack: the fuller of the two that fit; with a node passed, the failed ones are not listed
+    assert out["NodeNames"] == ["n0007"] and out["FailedNodes"] == {}
     ext.reservations.add("x2", "team-a", "x2", "n0007", (("ens1f0", 1, 5_000),))
     again = api.add(so.rdma_pod("again", [(10_000, 0)]))
     assert ext.filter(so.args_names(again, names))["NodeNames"] == ["n4321"]  # the one node of 5,000
     assert bind(ext, again, "n4321") == ""
+    huge = api.add(so.rdma_pod("huge", [(16_000, 0)]))
+    assert len(ext.filter(so.args_names(huge, names))["FailedNodes"]) == 5_000  # fits nowhere: all, why
 
 
 def test_a_retried_pod_never_meets_its_own_hold() -> None:
