@@ -44,12 +44,30 @@ def namespace(applied: ControlPlane) -> Iterator[str]:
     applied.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-def node_with(cp: ControlPlane, rs: RdmaScheduler, state: nodestate.NodeState) -> str:
+@pytest.fixture
+def nodes(applied: ControlPlane) -> Iterator[list[str]]:
+    """The test's nodes, deleted after it: no later test's pods go there."""
+    made: list[str] = []
+    yield made
+    if made:
+        applied.kubectl("delete", "node", *made, "--wait=false", check=False)
+
+
+def probe_pod(rates: list[tuple[int, int]]) -> dict[str, Any]:
+    """A pod to ask the extender's filter about, never to be bound: without a uid, so that the one node
+    its filter passes is not held for it (docs/scheduling.md, "Holds")."""
+    pod = so.rdma_pod(unique("probe"), rates)
+    del pod["metadata"]["uid"]
+    return pod
+
+
+def node_with(cp: ControlPlane, rs: RdmaScheduler, state: nodestate.NodeState, made: list[str]) -> str:
     """A Ready Node publishing ``state``, once the extender judges it (kube-scheduler would otherwise
     try the pods before the extender's watch delivered the node, and wait for the next event)."""
     name = unique("tput-node")
     create_node(cp, name, {nodestate.ANNOTATION: nodestate.encode(state)})
-    probe = so.rdma_pod(unique("probe"), [(0, 0)])
+    made.append(name)
+    probe = probe_pod([(0, 0)])
     wait_for(lambda: filter_passes(rs, probe, name), 60, f"the extender to judge {name}")
     return name
 
@@ -84,6 +102,28 @@ def pods(cp: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
     return {p["metadata"]["name"]: p for p in cp.get("pods", "-n", namespace)["items"]}
 
 
+def diagnosis(cp: ControlPlane, rs: RdmaScheduler, namespace: str, names: list[str]) -> str:
+    """Where each pod is, its conditions and events, and what the extender answered: for a failure."""
+    current = pods(cp, namespace)
+    lines = []
+    for name in names:
+        pod = current.get(name) or {}
+        conditions = [
+            (c.get("type"), c.get("reason"), c.get("message"))
+            for c in pod.get("status", {}).get("conditions", [])
+        ]
+        events = cp.get("events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
+        said = [(e.get("reason"), (e.get("message") or e.get("note") or "")[:200]) for e in events["items"]]
+        lines.append(f"{name}: node={pod.get('spec', {}).get('nodeName')} {conditions} {said}")
+    decisions = [
+        (s.labels, s.value)
+        for family in text_string_to_metric_families(rs.metrics())
+        for s in family.samples
+        if s.name == "rdma_cni_extender_decisions_total"
+    ]
+    return "\n".join([*lines, f"extender decisions: {decisions}"])
+
+
 def failed_scheduling(cp: ControlPlane, namespace: str, pod: str) -> list[str]:
     events = cp.get(
         "events", "-n", namespace, "--field-selector", f"involvedObject.name={pod},reason=FailedScheduling"
@@ -92,11 +132,11 @@ def failed_scheduling(cp: ControlPlane, namespace: str, pod: str) -> list[str]:
 
 
 def test_consecutive_pods_binpacked_onto_one_node_do_not_collide_at_bind(
-    applied: ControlPlane, rdma_scheduler: RdmaScheduler, namespace: str
+    applied: ControlPlane, rdma_scheduler: RdmaScheduler, namespace: str, nodes: list[str]
 ) -> None:
     cp, rs = applied, rdma_scheduler
     # One PF of 25000 Mbit/s: five pods of 5000 fill it exactly, three more do not fit.
-    node = node_with(cp, rs, so.state([("ens7f0", 25_000, 8)]))
+    node = node_with(cp, rs, so.state([("ens7f0", 25_000, 8)]), nodes)
     before = refused_binds(rs)
     names = [unique("pack") for _ in range(8)]
     for name in names:  # created at once: kube-scheduler takes them one cycle after the other
@@ -110,7 +150,10 @@ def test_consecutive_pods_binpacked_onto_one_node_do_not_collide_at_bind(
             return pending
         return None
 
-    pending = wait_for(settled, 120, "5 pods bound and 3 told why they are pending")
+    try:
+        pending = wait_for(settled, 120, "5 pods bound and 3 told why they are pending")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {diagnosis(cp, rs, namespace, names)}") from None
     for name in pending:
         assert any(
             "rdma-cni: needs 5000 Mbit/s free on one PF with a free VF" in m
@@ -123,15 +166,15 @@ def test_consecutive_pods_binpacked_onto_one_node_do_not_collide_at_bind(
 
 
 def test_a_deleted_pods_reservation_ends_at_once(
-    applied: ControlPlane, rdma_scheduler: RdmaScheduler, namespace: str
+    applied: ControlPlane, rdma_scheduler: RdmaScheduler, namespace: str, nodes: list[str]
 ) -> None:
     cp, rs = applied, rdma_scheduler
-    node = node_with(cp, rs, so.state([("ens8f0", 25_000, 4)]))
+    node = node_with(cp, rs, so.state([("ens8f0", 25_000, 4)]), nodes)
     first = unique("first")
     rdma_pod(cp, namespace, first, 20_000, node)
     wait_for(lambda: pods(cp, namespace)[first]["spec"].get("nodeName") == node, 90, f"{first} bound")
     # No node agent publishes it here, so its reservation holds the node until something ends it.
-    probe = so.rdma_pod(unique("probe"), [(20_000, 0)])
+    probe = probe_pod([(20_000, 0)])
     assert not filter_passes(rs, probe, node)
     started = time.monotonic()
     cp.kubectl("delete", "pod", first, "-n", namespace, "--grace-period=0", "--force")
@@ -142,3 +185,4 @@ def test_a_deleted_pods_reservation_ends_at_once(
     second = unique("second")
     rdma_pod(cp, namespace, second, 20_000, node)
     wait_for(lambda: pods(cp, namespace)[second]["spec"].get("nodeName") == node, 90, f"{second} bound")
+    cp.kubectl("delete", "pod", second, "-n", namespace, "--grace-period=0", "--force")
