@@ -259,8 +259,9 @@ class Extender:
                 if len(passing) > best:
                     passing = answer.best(best)
                 body = answer.filter_body_passing(passing, failures=False)
-            if len(passing) == 1:
-                # kube-scheduler takes a lone feasible node without asking prioritize: held now.
+            if best and len(passing) == 1:
+                # kube-scheduler takes a lone feasible node without asking prioritize: held now. Only
+                # with --best-nodes, which says the answers are kube-scheduler's to act on as given.
                 self._hold(args.pod, demand, passing[0])
             self._remember(uid, demand, answer.score, passing, len(answer.names))
             metrics.decided("filter", "fits" if passing else "no_fit")

@@ -189,7 +189,7 @@ def test_cache_follows_the_watch_through_drops_and_410(harness: Harness, api: Ap
 
 def test_bind_reserves_then_the_publication_ends_it(harness: Harness, api: ApiServer) -> None:
     harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
-    service, sched = harness.start()
+    service, sched = harness.start(best_nodes=1)  # as conf/ runs it
     a = harness.add_pod("a", [(15_000, 0)])
     b = harness.add_pod("b", [(15_000, 0)])
     # a's filter passes one node, which kube-scheduler takes without prioritize: a holds it until its
@@ -674,7 +674,7 @@ def test_a_deleted_pod_ends_its_reservation_and_hold_at_once(harness: Harness, a
     harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
     harness.add_node("n2", so.state([("ens1f0", 25_000, 4)]))
     # Pod reads every hour: only the watch can end these in time.
-    service, sched = harness.start(pod_check_interval=3600)
+    service, sched = harness.start(pod_check_interval=3600, best_nodes=1)
     wait_for("the pod watch", lambda: all(w.synced.is_set() for w in service.pod_watches))
     bound = harness.add_pod("bound", [(20_000, 0)])
     held = harness.add_pod("held", [(1_000, 0)])

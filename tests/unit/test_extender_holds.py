@@ -282,3 +282,13 @@ def test_bind_places_afresh_when_the_hold_no_longer_applies() -> None:
     ext.reservations.hold(uid(c), "team-a", "c", "n", held, views["n"])  # its PF has no room left now
     assert bind(ext, c, "n") == ""
     assert ext.reservations.get(uid(c)).use == fresh  # type: ignore[union-attr]
+
+
+def test_without_best_nodes_a_lone_node_is_not_held_by_filter() -> None:
+    ext, api, _ = make({"n": so.state(ONE_PF)}, best_nodes=0)
+    pod = api.add(so.rdma_pod("p", [(10_000, 0)]))
+    assert ext.filter(so.args_names(pod, ["n"]))["NodeNames"] == ["n"]
+    assert ext.reservations.holds() == 0
+    # Its prioritize (kube-scheduler asks it only with several nodes) still holds its top node.
+    json.loads(ext.prioritize(so.args_names(pod, ["n"])))
+    assert ext.reservations.held(uid(pod)).node == "n"  # type: ignore[union-attr]
