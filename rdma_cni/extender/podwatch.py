@@ -3,10 +3,15 @@
 A reservation (reservations.py) lasts until the node publishes the pod, but a
 pod deleted or finished before that must give its capacity back at once, not
 after the reservation's TTL. One watch per scheduler name the extender serves
-(``fieldSelector=spec.schedulerName=NAME``: only the pods bind accepts, never
-the whole cluster's) sees them go: a DELETED event, or a phase of Succeeded or
-Failed, ends the pod's reservation and its hold. Nothing of a pod is kept (the
-memory is the resourceVersion), so it is bounded whatever the cluster holds.
+sees them go. It selects the pods of that name that have not finished
+(``spec.schedulerName=NAME,status.phase!=Succeeded,status.phase!=Failed``: only
+the pods bind accepts), so the API server sends a DELETED event both when such a
+pod is deleted and when it finishes (it leaves the selection), and it asks for
+metadata only (the uid is all it reads: a fraction of each event's bytes, for
+the API server and for the extender, even when the name served is
+``default-scheduler``, the whole cluster's). A DELETED event ends the pod's
+reservation and its hold. Nothing of a pod is kept (the memory is the
+resourceVersion), so it is bounded whatever the cluster holds.
 
 It lists first (metadata only, in pages) and ends every reservation of its
 scheduler name made before the list whose pod the list does not hold: those
@@ -33,7 +38,6 @@ log = logging.getLogger("rdma_cni.extender.podwatch")
 PODS = "/api/v1/pods"
 # Pods per page of the list: each is a few hundred bytes of metadata.
 _PAGE = 500
-_DONE = ("Succeeded", "Failed")
 
 
 class PodWatch:
@@ -64,7 +68,7 @@ class PodWatch:
     @property
     def selector(self) -> str:
         """The field selector of the list and the watch."""
-        return f"spec.schedulerName={self.scheduler}"
+        return f"spec.schedulerName={self.scheduler},status.phase!=Succeeded,status.phase!=Failed"
 
     def start(self) -> PodWatch:
         """Run the list + watch loop in a daemon thread."""
@@ -81,7 +85,7 @@ class PodWatch:
         self.reservations.drop(uid, why)
 
     def relist(self) -> None:
-        """List the scheduler's pods; end the older reservations of pods no longer there."""
+        """List the scheduler's unfinished pods; end the older reservations of pods no longer there."""
         started = self.reservations.now()
         uids: set[str] = set()
         params: dict[str, Any] = {"fieldSelector": self.selector, "limit": str(_PAGE)}
@@ -104,17 +108,13 @@ class PodWatch:
         self.synced.set()
 
     def apply(self, event: dict[str, Any]) -> None:
-        """One watch event: a pod deleted or finished ends its reservation and its hold."""
-        kind = event.get("type")
-        obj = event.get("object") or {}
-        meta = obj.get("metadata") or {}
+        """One watch event: a pod deleted or finished (DELETED: it left the selection) ends its
+        reservation and its hold."""
+        meta = (event.get("object") or {}).get("metadata") or {}
         uid = meta.get("uid")
         rv = meta.get("resourceVersion")
-        if isinstance(uid, str) and uid and kind != "BOOKMARK":
-            if kind == "DELETED":
-                self._gone(uid, "the pod is gone")
-            elif (obj.get("status") or {}).get("phase") in _DONE:
-                self._gone(uid, "the pod finished")
+        if event.get("type") == "DELETED" and isinstance(uid, str) and uid:
+            self._gone(uid, "the pod is gone or finished")
         if isinstance(rv, str) and rv:
             self.resource_version = rv
 
@@ -125,7 +125,7 @@ class PodWatch:
             "resourceVersion": self.resource_version,
             "allowWatchBookmarks": "true",
         }
-        for event in self.client.watch(PODS, params, timeout_seconds=self.watch_timeout):
+        for event in self.client.watch(PODS, params, metadata_only=True, timeout_seconds=self.watch_timeout):
             self.apply(event)
             if self._stop.is_set():
                 return

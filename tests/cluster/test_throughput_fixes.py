@@ -4,8 +4,8 @@
   pod's scheduling cycle (the extender's filter) before the previous pod's binding cycle reaches the
   extender's bind, and the hold the extender made when it answered is what the next filter counts
   (docs/scheduling.md, "Holds"). Counted by the extender's own refusals.
-- A deleted pod's reservation ends at once, through the extender's pod watch, instead of at the next
-  pod read (every 10 s before).
+- A deleted or finished pod's reservation ends at once, through the extender's pod watch, instead of
+  at the next pod read (every 10 s before).
 
 rdma-scheduler is the cluster tier's, started from conf/ as an operator applies it.
 """
@@ -165,7 +165,7 @@ def test_consecutive_pods_binpacked_onto_one_node_do_not_collide_at_bind(
     cp.kubectl("delete", "pod", *pending, "-n", namespace, "--grace-period=0", "--force")
 
 
-def test_a_deleted_pods_reservation_ends_at_once(
+def test_a_deleted_or_finished_pods_reservation_ends_at_once(
     applied: ControlPlane, rdma_scheduler: RdmaScheduler, namespace: str, nodes: list[str]
 ) -> None:
     cp, rs = applied, rdma_scheduler
@@ -185,4 +185,21 @@ def test_a_deleted_pods_reservation_ends_at_once(
     second = unique("second")
     rdma_pod(cp, namespace, second, 20_000, node)
     wait_for(lambda: pods(cp, namespace)[second]["spec"].get("nodeName") == node, 90, f"{second} bound")
+    assert not filter_passes(rs, probe, node)
+    # A pod that finishes leaves the watch's selection: the API server sends it as deleted.
+    started = time.monotonic()
+    cp.kubectl(
+        "patch",
+        "pod",
+        second,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"phase": "Succeeded"}}),
+    )
+    wait_for(lambda: filter_passes(rs, probe, node), 30, "the finished pod's reservation to end")
+    took = time.monotonic() - started
+    assert took < 5, f"the reservation ended {took:.1f} s after the pod finished"
     cp.kubectl("delete", "pod", second, "-n", namespace, "--grace-period=0", "--force")
