@@ -25,7 +25,7 @@ from rdma_cni.shared import nodestate
 from tests.cluster.conftest import unique, wait_for_service_account
 from tests.support import sched_objects as so
 from tests.support.kube.controlplane import ControlPlane
-from tests.support.kube.objects import create, create_node, pod_doc
+from tests.support.kube.objects import NOT_READY_TAINT, create, node_doc, pod_doc
 from tests.support.kube.rdmascheduler import RdmaScheduler
 from tests.support.waiting import wait_for
 
@@ -33,6 +33,8 @@ ANNOTATION = "rdma_interfaces_required"
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
 SCHEDULER = "rdma-scheduler"
 NAD = "default/rdma-net"
+# The label and taint that keep a test's nodes to its own pods.
+GROUP = "rdma-cni.test/group"
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +63,26 @@ def probe_pod(rates: list[tuple[int, int]]) -> dict[str, Any]:
     return pod
 
 
-def node_with(cp: ControlPlane, rs: RdmaScheduler, state: nodestate.NodeState, made: list[str]) -> str:
+def node_with(
+    cp: ControlPlane, rs: RdmaScheduler, state: nodestate.NodeState, made: list[str], group: str
+) -> str:
     """A Ready Node publishing ``state``, once the extender judges it (kube-scheduler would otherwise
-    try the pods before the extender's watch delivered the node, and wait for the next event)."""
+    try the pods before the extender's watch delivered the node, and wait for the next event).
+
+    The node is labelled and tainted with ``group`` from its creation: only pods that select and
+    tolerate the group go there (conf/'s sample pod, Pending for want of room, takes the first
+    room it finds).
+    """
     name = unique("tput-node")
-    create_node(cp, name, {nodestate.ANNOTATION: nodestate.encode(state)})
+    doc = node_doc(name, {nodestate.ANNOTATION: nodestate.encode(state)})
+    doc["metadata"]["labels"][GROUP] = group
+    doc["spec"] = {"taints": [{"key": GROUP, "value": group, "effect": "NoSchedule"}]}
+    create(cp, doc)
     made.append(name)
+    # As create_node does: the status through its subresource, and no not-ready taint.
+    status = json.dumps({"status": doc["status"]})
+    cp.kubectl("patch", "node", name, "--subresource=status", "--type=merge", "-p", status)
+    cp.kubectl("taint", "node", name, f"{NOT_READY_TAINT}:NoSchedule-", check=False)
     probe = probe_pod([(0, 0)])
     wait_for(lambda: filter_passes(rs, probe, name), 60, f"the extender to judge {name}")
     return name
@@ -93,9 +109,13 @@ def refused_binds(rs: RdmaScheduler) -> float:
     return 0.0
 
 
-def rdma_pod(cp: ControlPlane, namespace: str, name: str, rate: int, node: str) -> None:
+def rdma_pod(cp: ControlPlane, namespace: str, name: str, rate: int, group: str) -> None:
+    """An RDMA pod of rdma-scheduler for the nodes of ``group`` (see :func:`node_with`)."""
     annotations = {NETWORKS: NAD, ANNOTATION: json.dumps([{"min_tx_rate": rate}])}
-    create(cp, pod_doc(namespace, name, annotations=annotations, scheduler=SCHEDULER, on_node=node))
+    doc = pod_doc(namespace, name, annotations=annotations, scheduler=SCHEDULER)
+    doc["spec"]["nodeSelector"] = {GROUP: group}
+    doc["spec"]["tolerations"] = [{"key": GROUP, "value": group, "effect": "NoSchedule"}]
+    create(cp, doc)
 
 
 def pods(cp: ControlPlane, namespace: str) -> dict[str, dict[str, Any]]:
@@ -135,43 +155,48 @@ def test_consecutive_pods_binpacked_onto_one_node_do_not_collide_at_bind(
     applied: ControlPlane, rdma_scheduler: RdmaScheduler, namespace: str, nodes: list[str]
 ) -> None:
     cp, rs = applied, rdma_scheduler
-    # One PF of 25000 Mbit/s: five pods of 5000 fill it exactly, three more do not fit.
-    node = node_with(cp, rs, so.state([("ens7f0", 25_000, 8)]), nodes)
+    # Eight nodes with room for one pod of 20000 each, and a ninth pod that fits nowhere. All nodes
+    # score alike, so each pod's best node is the one the previous pod was just sent to: every pod
+    # after the first crosses a node's last room, filtered before the previous pod's bind reserved.
+    group = unique("group")
+    for _ in range(8):
+        node_with(cp, rs, so.state([("ens7f0", 25_000, 4)]), nodes, group)
     before = refused_binds(rs)
-    names = [unique("pack") for _ in range(8)]
+    names = [unique("pack") for _ in range(9)]
     for name in names:  # created at once: kube-scheduler takes them one cycle after the other
-        rdma_pod(cp, namespace, name, 5_000, node)
+        rdma_pod(cp, namespace, name, 20_000, group)
 
     def settled() -> list[str] | None:
         current = pods(cp, namespace)
-        bound = [n for n in names if current[n]["spec"].get("nodeName") == node]
+        bound = [n for n in names if current[n]["spec"].get("nodeName") in nodes]
         pending = [n for n in names if n not in bound]
-        if len(bound) == 5 and all(failed_scheduling(cp, namespace, n) for n in pending):
+        if len(bound) == 8 and all(failed_scheduling(cp, namespace, n) for n in pending):
             return pending
         return None
 
     try:
-        pending = wait_for(settled, 120, "5 pods bound and 3 told why they are pending")
+        pending = wait_for(settled, 120, "8 pods bound and 1 told why it is pending")
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {diagnosis(cp, rs, namespace, names)}") from None
-    for name in pending:
-        assert any(
-            "rdma-cni: needs 5000 Mbit/s free on one PF with a free VF" in m
-            for m in failed_scheduling(cp, namespace, name)
-        )
-    # Each pod after the first was filtered before the previous one's bind had reserved: without
-    # holds some of those binds were refused ("no longer fits") and their pods requeued.
-    assert refused_binds(rs) - before == 0
-    cp.kubectl("delete", "pod", *pending, "-n", namespace, "--grace-period=0", "--force")
+    current = pods(cp, namespace)
+    assert sorted(current[n]["spec"]["nodeName"] for n in names if n not in pending) == sorted(nodes)
+    assert any(
+        "rdma-cni: needs 20000 Mbit/s free on one PF with a free VF" in m
+        for m in failed_scheduling(cp, namespace, pending[0])
+    )
+    # Without holds most of these binds were refused ("no longer fits") and their pods requeued.
+    assert refused_binds(rs) - before == 0, diagnosis(cp, rs, namespace, names)
+    cp.kubectl("delete", "pod", *names, "-n", namespace, "--grace-period=0", "--force")
 
 
 def test_a_deleted_or_finished_pods_reservation_ends_at_once(
     applied: ControlPlane, rdma_scheduler: RdmaScheduler, namespace: str, nodes: list[str]
 ) -> None:
     cp, rs = applied, rdma_scheduler
-    node = node_with(cp, rs, so.state([("ens8f0", 25_000, 4)]), nodes)
+    group = unique("group")
+    node = node_with(cp, rs, so.state([("ens8f0", 25_000, 4)]), nodes, group)
     first = unique("first")
-    rdma_pod(cp, namespace, first, 20_000, node)
+    rdma_pod(cp, namespace, first, 20_000, group)
     wait_for(lambda: pods(cp, namespace)[first]["spec"].get("nodeName") == node, 90, f"{first} bound")
     # No node agent publishes it here, so its reservation holds the node until something ends it.
     probe = probe_pod([(20_000, 0)])
@@ -183,7 +208,7 @@ def test_a_deleted_or_finished_pods_reservation_ends_at_once(
     # Pod reads every 10 s took up to 10 s more than the deletion; the watch sees it within moments.
     assert took < 5, f"the reservation ended {took:.1f} s after the deletion"
     second = unique("second")
-    rdma_pod(cp, namespace, second, 20_000, node)
+    rdma_pod(cp, namespace, second, 20_000, group)
     wait_for(lambda: pods(cp, namespace)[second]["spec"].get("nodeName") == node, 90, f"{second} bound")
     assert not filter_passes(rs, probe, node)
     # A pod that finishes leaves the watch's selection: the API server sends it as deleted.
