@@ -103,6 +103,9 @@ def published_node(c: Cluster, name: str, state: nodestate.NodeState, **kw: Any)
     create_node(c.cp, name, {nodestate.ANNOTATION: nodestate.encode(state)}, **kw)
     c.states[name] = state
     probe = so.rdma_pod(unique("probe"), [(0, 0)])
+    # Without a uid: a filter that passes one node holds it for its pod (docs/scheduling.md, "Holds"),
+    # and this probe is no pod that will ever be bound.
+    del probe["metadata"]["uid"]
 
     def judged() -> bool:
         conn = http.client.HTTPConnection("127.0.0.1", c.rs.extender_port, timeout=30)
