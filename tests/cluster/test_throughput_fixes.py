@@ -163,8 +163,23 @@ def test_consecutive_pods_binpacked_onto_one_node_do_not_collide_at_bind(
         node_with(cp, rs, so.state([("ens7f0", 25_000, 4)]), nodes, group)
     before = refused_binds(rs)
     names = [unique("pack") for _ in range(9)]
-    for name in names:  # created at once: kube-scheduler takes them one cycle after the other
-        rdma_pod(cp, namespace, name, 20_000, group)
+    # Each bind reaches the extender a second late (kube-scheduler's binding cycle runs beside the
+    # next pod's scheduling cycle), so every later pod is filtered before the earlier binds
+    # reserved: only the holds keep them apart. Without the delay the race is often won by luck.
+    rs.recorder.delays["bind"] = 1.0
+    try:
+        for name in names:  # created at once: kube-scheduler takes them one cycle after the other
+            rdma_pod(cp, namespace, name, 20_000, group)
+        settle_and_check(cp, rs, namespace, names, nodes, before)
+    finally:
+        rs.recorder.delays.pop("bind", None)
+    cp.kubectl("delete", "pod", *names, "-n", namespace, "--grace-period=0", "--force")
+
+
+def settle_and_check(
+    cp: ControlPlane, rs: RdmaScheduler, namespace: str, names: list[str], nodes: list[str], before: float
+) -> None:
+    """Eight of ``names`` bound one per node, the ninth told why, and no bind refused meanwhile."""
 
     def settled() -> list[str] | None:
         current = pods(cp, namespace)
@@ -186,7 +201,6 @@ def test_consecutive_pods_binpacked_onto_one_node_do_not_collide_at_bind(
     )
     # Without holds most of these binds were refused ("no longer fits") and their pods requeued.
     assert refused_binds(rs) - before == 0, diagnosis(cp, rs, namespace, names)
-    cp.kubectl("delete", "pod", *names, "-n", namespace, "--grace-period=0", "--force")
 
 
 def test_a_deleted_or_finished_pods_reservation_ends_at_once(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -39,6 +40,9 @@ class Recorder:
     whole: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: ThreadingHTTPServer | None = None
+    # Seconds each call of a verb waits before it is forwarded: a test widens a race kube-scheduler
+    # runs anyway (the next pod's filter before the previous pod's bind) so it is lost every time.
+    delays: dict[str, float] = field(default_factory=dict)
 
     @property
     def port(self) -> int:
@@ -101,6 +105,9 @@ def start_recorder(target_port: int) -> Recorder:
                 self.send_error(413)
                 return
             body = self.rfile.read(length)
+            delay = recorder.delays.get(self.path.rsplit("/", 1)[-1], 0.0)
+            if delay:
+                time.sleep(delay)
             conn = http.client.HTTPConnection("127.0.0.1", recorder.target_port, timeout=60)
             try:
                 conn.request(
