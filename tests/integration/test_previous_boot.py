@@ -11,6 +11,7 @@ netlink identity the VFs are found by, host-local's leases, the node lock.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import uuid
@@ -19,7 +20,14 @@ from typing import Any
 from rdma_cni.agent import snapshot
 from rdma_cni.agent.cniserver import CniServer
 from rdma_cni.node import boot
-from tests.integration.conftest import Cluster, assert_node_pristine, ns_name, plugin_command
+from tests.integration.conftest import (
+    Cluster,
+    assert_node_pristine,
+    expected_vf_names,
+    host_names,
+    ns_name,
+    plugin_command,
+)
 from tests.integration.test_agent_snapshot import view_of
 from tests.support.simnode import SimNode, ip
 
@@ -202,3 +210,99 @@ def test_a_vf_that_no_longer_exists_has_nothing_to_give_back(cluster: Cluster) -
     assert cluster.records == [] and cluster.ipam_allocations() == []
     assert len(cluster.node.vf_state()["calls"]) == calls  # no PF-side setting asked of a VF that is not
     assert boot.checked(cluster.state_dir, boot.boot_id())
+
+
+def test_a_release_that_fails_keeps_its_record_and_the_next_verb_tries_again(cluster: Cluster) -> None:
+    conf = cluster.conf()
+    pod = added_pod_of_an_earlier_boot(cluster, conf)
+    with open(record_path(cluster, pod)) as f:
+        first = json.load(f)["vfs"][0]
+    cluster.node.refuse(
+        f"{first['pf']}/{first['vf']}", errno.EBUSY
+    )  # its PF-side settings cannot be restored
+    outcome = cluster.run("STATUS", {}, conf)
+    assert outcome.ok, outcome.stderr  # the verb itself is served
+    assert cluster.records == [os.path.basename(record_path(cluster, pod))]
+    assert not boot.checked(cluster.state_dir, boot.boot_id())  # not done: the next verb goes on
+    doc = cluster.node.vf_state()
+    doc["refuse"] = {}
+    with open(cluster.node.vfcontrol, "w") as f:
+        json.dump(doc, f)
+    assert cluster.run("STATUS", {}, conf).ok
+    assert_released_for_this_boot(cluster)
+
+
+def test_one_pass_releases_a_bounded_number_and_the_next_goes_on(cluster: Cluster) -> None:
+    from rdma_cni.commands.gc import release_previous_boot
+
+    conf = cluster.conf()
+    pods = [cluster.pod([{}]) for _ in range(3)]
+    for pod in pods:
+        assert cluster.run("ADD", pod, conf).ok
+    for pod in pods:
+        with open(record_path(cluster, pod)) as f:
+            [name] = [vf["pod_name"] for vf in json.load(f)["vfs"]]
+        ip("-n", ns_name(pod), "link", "set", "dev", name, "name", f"{cluster.node.prefix}q{pods.index(pod)}")
+        ip(
+            "-n",
+            ns_name(pod),
+            "link",
+            "set",
+            "dev",
+            f"{cluster.node.prefix}q{pods.index(pod)}",
+            "netns",
+            str(os.getpid()),
+        )
+        of_an_earlier_boot(cluster, pod)
+    lock = conf["lockFile"]
+    first = release_previous_boot(cluster.state_dir, lock, 30, limit=2)
+    assert first is not None and (len(first.released), first.left, first.failed) == (2, 1, [])
+    assert len(cluster.records) == 1 and not boot.checked(cluster.state_dir, boot.boot_id())
+    second = release_previous_boot(cluster.state_dir, lock, 30, limit=2)
+    assert second is not None and (len(second.released), second.left) == (1, 0)
+    assert release_previous_boot(cluster.state_dir, lock, 30) is None  # checked: two reads, no lock
+    assert_released_for_this_boot(cluster)
+
+
+def test_a_record_without_ipam_configuration_of_another_network_leaves_its_lease_pending(
+    cluster: Cluster,
+) -> None:
+    """A schema 1 record of a network no verb has run for yet: the VFs go home, the IPAM release waits."""
+    other = cluster.conf(name="other-net")
+    pod = cluster.pod([{}])
+    assert cluster.run("ADD", pod, other).ok
+    reboot_away(cluster, pod)
+    edit_record(cluster, pod, lambda doc: as_the_version_before(doc, boot.boot_time() - 7200))
+    forget_the_check(cluster)
+    assert cluster.run("STATUS", {}, cluster.conf()).ok
+    assert cluster.records == [] and host_names(cluster) == expected_vf_names(cluster)
+    pending = os.path.join(cluster.state_dir, "ipam-pending", os.path.basename(record_path(cluster, pod)))
+    with open(pending) as f:
+        assert json.load(f)["network"] == "other-net"
+    # That network's GC (or the attachment's DEL) finishes it with its configuration.
+    assert cluster.run("GC", {}, {**other, "cni.dev/valid-attachments": []}).ok
+    leases = os.listdir(os.path.join(cluster.tmp, "ipam", "other-net"))
+    assert not os.path.exists(pending) and [n for n in leases if n[0].isdigit()] == []
+
+
+def test_an_ipam_plugin_no_longer_on_the_recorded_cni_path_leaves_the_lease_pending(cluster: Cluster) -> None:
+    conf = cluster.conf()
+    pod = added_pod_of_an_earlier_boot(cluster, conf)
+    edit_record(cluster, pod, lambda doc: doc.update(cni_path=[os.path.join(cluster.tmp, "nowhere")]))
+    environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **cluster.node.env()}
+    server = CniServer(
+        os.path.join(cluster.tmp, "agent", "cni.sock"),
+        plugin_command(),
+        environ=environ,
+        state=(cluster.state_dir, conf["lockFile"]),
+    )
+    server.start()
+    server.close()
+    assert cluster.records == [] and host_names(cluster) == expected_vf_names(cluster)
+    assert held_vfs(cluster) == 0 and len(cluster.ipam_allocations()) == 2
+    pending = os.path.join(cluster.state_dir, "ipam-pending", os.path.basename(record_path(cluster, pod)))
+    with open(pending) as f:
+        item = json.load(f)
+    assert item["conf"]["ipam"] == conf["ipam"] and "not found in CNI_PATH" in item["last_error"]
+    assert cluster.run("GC", {}, {**conf, "cni.dev/valid-attachments": []}).ok  # with the runtime's CNI_PATH
+    assert_released_for_this_boot(cluster)
