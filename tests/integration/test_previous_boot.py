@@ -14,6 +14,7 @@ import contextlib
 import errno
 import json
 import os
+import subprocess
 import uuid
 from typing import Any
 
@@ -224,6 +225,23 @@ def test_a_release_that_fails_keeps_its_record_and_the_next_verb_tries_again(clu
     assert outcome.ok, outcome.stderr  # the verb itself is served
     assert cluster.records == [os.path.basename(record_path(cluster, pod))]
     assert not boot.checked(cluster.state_dir, boot.boot_id())  # not done: the next verb goes on
+    # The CNI server's subcommand says so too, and exits 1 (the server logs it).
+    proc = subprocess.run(
+        [
+            *plugin_command(),
+            "release-previous-boot",
+            "--state-dir",
+            cluster.state_dir,
+            "--lock-file",
+            conf["lockFile"],
+        ],
+        env={k: v for k, v in cluster.env("STATUS").items() if not k.startswith("CNI_")},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        check=False,
+    )
+    key = f"{pod['CNI_CONTAINERID']}/{pod['CNI_IFNAME']}"
+    assert proc.returncode == 1 and json.loads(proc.stdout)["failed"] == [key], proc.stderr
     doc = cluster.node.vf_state()
     doc["refuse"] = {}
     with open(cluster.node.vfcontrol, "w") as f:
