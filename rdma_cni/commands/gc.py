@@ -193,7 +193,7 @@ def release_previous_boot(
             finder = VfFinder(host, None)
             vfctl = vf_control(host)
             for att in records:
-                verdict, how = boot.judge(att.boot_id, att.created_at, now).split(":")
+                verdict, how = boot.judge(att.boot_id, att.created_at, now)
                 key = f"{att.container_id}/{att.ifname}"
                 if verdict == "previous" and how == "fallback" and _in_use_elsewhere(att, finder):
                     verdict = "doubt"

@@ -31,6 +31,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 from rdma_cni.shared import atomicfile
 
@@ -88,23 +89,29 @@ def current(now: float, *, id_path: str = BOOT_ID_FILE, stat_path: str = STAT_FI
     return Boot(boot_id(id_path), boot_time(stat_path), now)
 
 
-def judge(record_boot_id: str, created_at: float, boot: Boot) -> str:
-    """``"previous"`` (surely an earlier boot), ``"current"``, or ``"doubt"`` (keep it), and
-    ``exact`` or ``fallback`` after a colon for how it was decided.
+class Verdict(NamedTuple):
+    """Which boot wrote a record, and how that was decided."""
+
+    boot: Literal["previous", "current", "doubt"]  # "doubt": keep the record
+    how: Literal["exact", "fallback"]
+
+
+def judge(record_boot_id: str, created_at: float, boot: Boot) -> Verdict:
+    """Whether a record is surely of an earlier boot, surely of this one, or in doubt (keep it).
 
     The boot id decides when both sides have one; otherwise the creation time, conservatively.
     """
     if record_boot_id and boot.id:
-        return "current:exact" if record_boot_id == boot.id else "previous:exact"
+        return Verdict("current" if record_boot_id == boot.id else "previous", "exact")
     if boot.time is None or not created_at > 0:
-        return "doubt:fallback"
+        return Verdict("doubt", "fallback")
     if created_at > boot.now:
-        return "doubt:fallback"  # written "later than now": the clock went back since
+        return Verdict("doubt", "fallback")  # written "later than now": the clock went back since
     if created_at < boot.time - CLOCK_SLACK_SECONDS:
-        return "previous:fallback"
+        return Verdict("previous", "fallback")
     if created_at >= boot.time:
-        return "current:fallback"
-    return "doubt:fallback"
+        return Verdict("current", "fallback")
+    return Verdict("doubt", "fallback")
 
 
 def checked(state_dir: str, this_boot_id: str) -> bool:

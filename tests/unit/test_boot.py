@@ -23,46 +23,46 @@ def this_boot(*, id: str = THIS, time: float | None = BTIME, now: float = NOW) -
 
 def test_another_boot_id_is_an_earlier_boot_whatever_the_clock_says() -> None:
     # Created "after" the boot by the clock (a clock stepped back since): the id decides.
-    assert judge(EARLIER, NOW - 1, this_boot()) == "previous:exact"
-    assert judge(EARLIER, 0.0, this_boot(time=None)) == "previous:exact"
+    assert judge(EARLIER, NOW - 1, this_boot()) == ("previous", "exact")
+    assert judge(EARLIER, 0.0, this_boot(time=None)) == ("previous", "exact")
 
 
 def test_this_boot_id_is_this_boot_whatever_the_clock_says() -> None:
     # Created "a day before" the boot (a clock stepped forward since): the id decides.
-    assert judge(THIS, BTIME - 86_400, this_boot()) == "current:exact"
+    assert judge(THIS, BTIME - 86_400, this_boot()) == ("current", "exact")
 
 
 def test_without_a_boot_id_a_record_well_before_the_boot_is_of_an_earlier_boot() -> None:
-    assert judge("", BTIME - CLOCK_SLACK_SECONDS - 1, this_boot()) == "previous:fallback"
+    assert judge("", BTIME - CLOCK_SLACK_SECONDS - 1, this_boot()) == ("previous", "fallback")
 
 
 def test_without_a_boot_id_a_record_after_the_boot_is_of_this_boot() -> None:
-    assert judge("", BTIME + 5, this_boot()) == "current:fallback"
-    assert judge("", BTIME, this_boot()) == "current:fallback"
+    assert judge("", BTIME + 5, this_boot()) == ("current", "fallback")
+    assert judge("", BTIME, this_boot()) == ("current", "fallback")
 
 
 def test_a_record_just_before_the_boot_time_is_kept_a_forward_clock_step_may_explain_it() -> None:
     # NTP stepped the clock forward after the record was written: btime moved past it.
-    assert judge("", BTIME - 1, this_boot()) == "doubt:fallback"
-    assert judge("", BTIME - CLOCK_SLACK_SECONDS, this_boot()) == "doubt:fallback"
+    assert judge("", BTIME - 1, this_boot()) == ("doubt", "fallback")
+    assert judge("", BTIME - CLOCK_SLACK_SECONDS, this_boot()) == ("doubt", "fallback")
 
 
 def test_a_record_from_the_future_is_kept_the_clock_went_back() -> None:
-    assert judge("", NOW + 60, this_boot()) == "doubt:fallback"
+    assert judge("", NOW + 60, this_boot()) == ("doubt", "fallback")
 
 
 def test_a_record_without_a_creation_time_is_kept() -> None:
-    assert judge("", 0.0, this_boot()) == "doubt:fallback"
-    assert judge("", -5.0, this_boot()) == "doubt:fallback"
+    assert judge("", 0.0, this_boot()) == ("doubt", "fallback")
+    assert judge("", -5.0, this_boot()) == ("doubt", "fallback")
 
 
 def test_without_the_boot_time_a_record_without_a_boot_id_is_kept() -> None:
-    assert judge("", BTIME - 86_400, this_boot(time=None)) == "doubt:fallback"
+    assert judge("", BTIME - 86_400, this_boot(time=None)) == ("doubt", "fallback")
 
 
 def test_a_record_with_a_boot_id_while_this_boot_has_none_falls_back_to_the_clock() -> None:
-    assert judge(EARLIER, BTIME - 86_400, this_boot(id="")) == "previous:fallback"
-    assert judge(EARLIER, BTIME + 1, this_boot(id="")) == "current:fallback"
+    assert judge(EARLIER, BTIME - 86_400, this_boot(id="")) == ("previous", "fallback")
+    assert judge(EARLIER, BTIME + 1, this_boot(id="")) == ("current", "fallback")
 
 
 def test_the_boot_id_is_read_from_the_kernel_and_checked(tmp_path: Path) -> None:
