@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.protocol import CniEnv
+
+if TYPE_CHECKING:
+    from rdma_cni.cni.config import NetConf
 
 _MODULES = {"ADD": "add", "DEL": "delete", "CHECK": "check", "STATUS": "status", "GC": "gc"}
 
@@ -27,7 +31,7 @@ def dispatch(env: CniEnv, doc: dict[str, Any]) -> dict[str, Any] | None:
     return module.run(env, conf, doc)
 
 
-def _previous_boot(env: CniEnv, conf: Any, doc: dict[str, Any]) -> None:
+def _previous_boot(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
     """Release the records of an earlier boot before the verb, if this boot's first verb (any verb).
 
     Every verb, so that the first one after a boot does it: on a node with a
@@ -39,8 +43,6 @@ def _previous_boot(env: CniEnv, conf: Any, doc: dict[str, Any]) -> None:
 
     if boot.checked(conf.stateDir, boot.boot_id()):
         return
-    import logging
-
     from rdma_cni.cni.errors import CniError
     from rdma_cni.commands.gc import OwnNetwork, release_previous_boot
 

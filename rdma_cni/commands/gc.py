@@ -178,8 +178,10 @@ def release_previous_boot(
         return None
     store = RecordStore(state_dir)
     if not os.path.isdir(store.dir):
-        if os.path.isdir(state_dir):
-            boot.mark_checked(state_dir, boot.current(time.time()))  # nothing recorded, nothing to release
+        # Nothing was ever recorded here, so nothing of an earlier boot: the directories the verb
+        # would make anyway are made now, so that this boot is noted without a pass under the lock.
+        store.ensure()
+        boot.mark_checked(state_dir, boot.current(time.time()))
         return None
     sweep = BootSweep()
     with node_lock(lock_file, lock_timeout):
