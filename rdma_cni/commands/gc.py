@@ -178,11 +178,7 @@ def release_previous_boot(
         return None
     store = RecordStore(state_dir)
     if not os.path.isdir(store.dir):
-        # Nothing was ever recorded here, so nothing of an earlier boot: the directories the verb
-        # would make anyway are made now, so that this boot is noted without a pass under the lock.
-        store.ensure()
-        boot.mark_checked(state_dir, boot.current(time.time()))
-        return None
+        return None  # nothing ever recorded; the verb that makes the directory notes this boot
     sweep = BootSweep()
     with node_lock(lock_file, lock_timeout):
         if boot.checked(state_dir, this_boot):

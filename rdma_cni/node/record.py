@@ -200,12 +200,19 @@ class RecordStore:
         self.dir = os.path.join(state_dir, "attachments")
 
     def ensure(self) -> None:
-        """Create the directory (0700, and stateDir 0700) if needed; code 5 if impossible."""
+        """Create the directory (0700, and stateDir 0700) if needed; code 5 if impossible.
+
+        A directory made now holds nothing an earlier boot wrote: this boot is noted as checked
+        (:mod:`rdma_cni.node.boot`), so the next verb makes no pass over it under the lock.
+        """
+        if os.path.isdir(self.dir):
+            return
         try:
             statedir.make_dirs(os.path.dirname(self.dir))
             statedir.make_dirs(self.dir)
         except OSError as exc:
             raise IOFailure(f"cannot create state directory {self.dir}: {exc.strerror}") from exc
+        boot.mark_checked(os.path.dirname(self.dir), boot.current(time.time()))
 
     def path(self, container_id: str, ifname: str) -> str:
         # Both parts were validated by the protocol layer; this is the only

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from rdma_cni.cli import run_cni
 from rdma_cni.cni.errors import TryAgainLater
 from rdma_cni.commands import gc
 from rdma_cni.node import boot
-from rdma_cni.node.record import Attachment, PodInfo
+from rdma_cni.node.record import Attachment, PodInfo, RecordStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -124,7 +125,23 @@ def test_the_subcommand_on_a_state_directory_with_nothing_recorded(tmp_path: Pat
     state.mkdir(mode=0o700)
     proc = run_subcommand("--state-dir", str(state), "--lock-file", str(tmp_path / "lock"))
     assert (proc.returncode, json.loads(proc.stdout)) == (0, {"checked": True}), proc.stderr
-    assert boot.checked(str(state), boot.boot_id())  # nothing recorded: this boot is done
+    assert os.listdir(state) == []  # nothing made: the verb that makes the records' directory notes the boot
+
+
+def test_the_records_directory_made_in_this_boot_notes_it(tmp_path: Path) -> None:
+    """A directory made now holds nothing of an earlier boot: no later pass under the lock."""
+    state = tmp_path / "state"
+    RecordStore(str(state)).ensure()
+    assert boot.checked(str(state), boot.boot_id())
+
+
+def test_a_records_directory_already_there_is_not_noted(tmp_path: Path) -> None:
+    """One that exists may hold an earlier boot's records (a node rebooted, or upgraded to this version)."""
+    state = tmp_path / "state"
+    (state / "attachments").mkdir(parents=True, mode=0o700)
+    state.chmod(0o700)
+    RecordStore(str(state)).ensure()
+    assert not boot.checked(str(state), boot.boot_id())
 
 
 def test_a_verb_is_served_when_the_release_fails(
