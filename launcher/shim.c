@@ -56,26 +56,27 @@ extern char **environ;
 static const char *const FORWARDED[] = {"CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS",
                                         "CNI_IFNAME",  "CNI_ARGS",        "CNI_PATH"};
 
-/* A CNI error document on stdout, the message on stderr; the exit status. */
-static int cni_error(int code, const char *msg, const char *details)
+/* text as the inside of a JSON string: quote and backslash escaped, control characters dropped. */
+static void json_chars(const char *text)
 {
-    fprintf(stderr, "rdma-cni shim: %s%s%s\n", msg, details ? ": " : "", details ? details : "");
-    printf("{\"cniVersion\": \"%s\", \"code\": %d, \"msg\": \"", SHIM_CNI_VERSION, code);
-    for (const char *p = msg; *p; p++) {
+    for (const char *p = text; *p; p++) {
         if (*p == '"' || *p == '\\')
             putchar('\\');
         if ((unsigned char)*p >= 0x20)
             putchar(*p);
     }
+}
+
+/* A CNI error document on stdout, the message on stderr; the exit status. */
+static int cni_error(int code, const char *msg, const char *details)
+{
+    fprintf(stderr, "rdma-cni shim: %s%s%s\n", msg, details ? ": " : "", details ? details : "");
+    printf("{\"cniVersion\": \"%s\", \"code\": %d, \"msg\": \"", SHIM_CNI_VERSION, code);
+    json_chars(msg);
     printf("\"");
     if (details) {
         printf(", \"details\": \"");
-        for (const char *p = details; *p; p++) {
-            if (*p == '"' || *p == '\\')
-                putchar('\\');
-            if ((unsigned char)*p >= 0x20)
-                putchar(*p);
-        }
+        json_chars(details);
         printf("\"");
     }
     printf("}\n");
@@ -188,34 +189,19 @@ static long long now_ms(void)
     return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
 }
 
-static int send_all(int s, const char *p, size_t n, long long deadline)
+/* Send (events POLLOUT) or receive (POLLIN) all n bytes at p on s by the deadline (monotonic ms). */
+static int transfer(int s, char *p, size_t n, short events, long long deadline)
 {
     while (n) {
-        if (wait_fd(s, POLLOUT, deadline) < 0)
+        if (wait_fd(s, events, deadline) < 0)
             return -1;
-        ssize_t w = send(s, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w < 0 && (errno == EINTR || errno == EAGAIN))
+        ssize_t k = events == POLLOUT ? send(s, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(s, p, n, MSG_DONTWAIT);
+        if (k < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
-        if (w <= 0)
+        if (k <= 0)
             return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static int recv_all(int s, char *p, size_t n, long long deadline)
-{
-    while (n) {
-        if (wait_fd(s, POLLIN, deadline) < 0)
-            return -1;
-        ssize_t r = recv(s, p, n, MSG_DONTWAIT);
-        if (r < 0 && (errno == EINTR || errno == EAGAIN))
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
+        p += k;
+        n -= (size_t)k;
     }
     return 0;
 }
@@ -266,8 +252,8 @@ static enum sent send_request(int s, struct shim_request *h, const struct buf *e
     /* The header is far smaller than a socket buffer: it goes whole or not at all. */
     if (wait_fd(s, POLLOUT, deadline) < 0 || sendmsg(s, &msg, MSG_NOSIGNAL) != (ssize_t)sizeof *h)
         return SENT_NONE;
-    if (send_all(s, env->data ? env->data : "", env->len, deadline) < 0 ||
-        send_all(s, in->data ? in->data : "", in->len, deadline) < 0)
+    if (transfer(s, env->data ? env->data : "", env->len, POLLOUT, deadline) < 0 ||
+        transfer(s, in->data ? in->data : "", in->len, POLLOUT, deadline) < 0)
         return SENT_PART;
     return SENT_ALL;
 }
@@ -277,11 +263,11 @@ static int relay_answer(int s, int *status)
 {
     long long deadline = now_ms() + ANSWER_TIMEOUT_MS;
     struct shim_answer a;
-    if (recv_all(s, (char *)&a, sizeof a, deadline) < 0 || memcmp(a.magic, SHIM_ANSWER_MAGIC, sizeof a.magic) != 0 ||
+    if (transfer(s, (char *)&a, sizeof a, POLLIN, deadline) < 0 || memcmp(a.magic, SHIM_ANSWER_MAGIC, sizeof a.magic) != 0 ||
         a.stdout_len > MAX_ANSWER || a.stderr_len > MAX_ANSWER || a.status < 0 || a.status > 255)
         return -1;
     char *out = malloc((size_t)a.stdout_len + a.stderr_len + 1);
-    if (!out || recv_all(s, out, (size_t)a.stdout_len + a.stderr_len, deadline) < 0)
+    if (!out || transfer(s, out, (size_t)a.stdout_len + a.stderr_len, POLLIN, deadline) < 0)
         return -1;
     /* The runtime may have closed its ends; the status still counts. */
     write_all(2, out + a.stdout_len, a.stderr_len);

@@ -22,9 +22,21 @@ records, rollback, the IPAM guard, warm start) is the plugin's own, unchanged.
   process group killed, as killing a plugin would.
 - **Spooled DELs** (:mod:`rdma_cni.agent.delspool`) run at start and before
   every ADD.
+- **Two agents on a node** (a rollout with surge): one server owns the socket
+  path at a time, by an ``flock`` on ``cni.lock``. A server that starts while
+  another owns it waits, holding ``cni.next.lock`` to say that it waits, and
+  takes the path over the moment the lock is free: it binds a socket of its
+  own at a temporary name and renames it over the path, so a connecting shim
+  reaches one server or the other, never nothing. A stopping server that sees
+  a successor waiting lets go of ``cni.lock`` first and keeps accepting until
+  the path names the successor's socket (at most :data:`HANDOVER_SECONDS`), then
+  answers what is left in its backlog and closes; calls under way are given
+  :data:`DRAIN_SECONDS` to finish. With no successor it closes at once (the
+  shim spools DELs and answers ADDs "try again later" until a server is back).
 - **Records of an earlier boot** (which no runtime would DEL or GC, the spool
-  being lost with ``/run``) are released at start, before the first call is
-  served: ``rdma-cni release-previous-boot`` run as the plugin, for the state
+  being lost with ``/run``) are released at the first try to start, before
+  the socket is served (and while an old server still serves, during a
+  surge): ``rdma-cni release-previous-boot`` run as the plugin, for the state
   directory the server is told (the plugin's default); every verb the
   plugin runs also does it first if no one has yet this boot
   (:mod:`rdma_cni.node.boot`).
@@ -34,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -49,6 +60,7 @@ from collections.abc import Mapping, Sequence
 from rdma_cni.agent.delspool import run_spool, spool_dir
 from rdma_cni.agent.shimconn import REQUEST_SECONDS, hung_up, peer_allowed, read_request
 from rdma_cni.agent.shimwire import Request, WireError, encode_answer
+from rdma_cni.agent.takeover import FileLock
 
 log = logging.getLogger("rdma_cni.agent.cniserver")
 
@@ -61,6 +73,11 @@ DEFAULT_MAX_CONNECTIONS = 32
 # The plugin's defaults (rdma_cni.cni.config; the agent does not import the plugin's config).
 DEFAULT_STATE_DIR = "/var/lib/cni/rdma-cni"
 DEFAULT_LOCK_FILE = "/run/rdma-cni/rdma-cni.lock"
+# With a successor waiting, a stopping server accepts until the successor owns the path, this long at most.
+HANDOVER_SECONDS = 5.0
+# Calls under way when the server stops get this long to finish (below the DaemonSet's grace period).
+DRAIN_SECONDS = 20.0
+TAKEOVER_POLL = 0.05
 
 
 class ServerError(Exception):
@@ -127,6 +144,8 @@ class CniServer:
         verb_timeout: float = VERB_TIMEOUT,
         environ: Mapping[str, str] | None = None,
         state: tuple[str, str] | None = (DEFAULT_STATE_DIR, DEFAULT_LOCK_FILE),
+        handover_seconds: float = HANDOVER_SECONDS,
+        drain_seconds: float = DRAIN_SECONDS,
     ) -> None:
         """Nothing is opened until :meth:`start`.
 
@@ -134,6 +153,7 @@ class CniServer:
         released at start (None: not done here, only by the verbs).
         """
         self.state = state
+        self._boot_checked = False
         self.socket_path = os.path.abspath(socket_path)
         self.plugin = list(plugin or default_plugin())
         self.verb_timeout = verb_timeout
@@ -143,7 +163,15 @@ class CniServer:
         self._busy_slots = threading.BoundedSemaphore(max_connections)
         self._spool_lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._lock_fd = -1
+        directory = os.path.dirname(self.socket_path)
+        self._lock = FileLock(os.path.join(directory, "cni.lock"))
+        # Held while this server waits for the lock: a stopping owner then hands over instead of closing.
+        self._next = FileLock(os.path.join(directory, "cni.next.lock"))
+        self._path_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket file this server bound
+        self.handover_seconds = handover_seconds
+        self.drain_seconds = drain_seconds
+        self._calls = 0
+        self._calls_done = threading.Condition()
 
     @property
     def spool(self) -> str:
@@ -156,77 +184,160 @@ class CniServer:
         With ``wait``, a lock held by another server (the old agent of a rolling update with
         surge) is waited for until that server stops or ``wait`` is set (ServerError then).
         """
-        directory = os.path.dirname(self.socket_path)
-        _private_dir(directory)
-        if len(self.socket_path.encode()) > 107:
-            raise ServerError(f"the socket path {self.socket_path} is longer than a unix socket allows")
-        fd = os.open(os.path.join(directory, "cni.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         told = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if wait is None or wait.is_set():
-                    os.close(fd)
-                    raise ServerError(f"another CNI server serves {self.socket_path}") from None
+        while not self.try_start():
+            if wait is None or wait.is_set():
+                self._next.release()
+                raise ServerError(f"another CNI server serves {self.socket_path}")
             if not told:
                 log.warning("another CNI server serves %s: waiting for it to stop", self.socket_path)
                 told = True
-            wait.wait(0.5)
-        self._lock_fd = fd
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)  # a dead server's: we hold the lock
+            wait.wait(TAKEOVER_POLL)
+
+    def try_start(self) -> bool:
+        """Start serving if no other server owns the path (True); False while one does.
+
+        ServerError for what waiting cannot mend: the directory, the path's length, a bind that fails.
+        While False, this server is marked as the waiting successor (``cni.next.lock``).
+        """
+        directory = os.path.dirname(self.socket_path)
+        _private_dir(directory)
+        if len(self.socket_path.encode()) + len(".next") > 107:
+            raise ServerError(f"the socket path {self.socket_path} is longer than a unix socket allows")
+        if not self._boot_checked:
+            # Once, at the first try: before this server serves (an ADD then places with what an
+            # earlier boot held free), and off a surge handover's path (the old server still serves).
+            self._boot_checked = True
+            self.release_previous_boot()
+        try:
+            if not self._lock.try_acquire():
+                with contextlib.suppress(OSError):
+                    self._next.try_acquire()  # a third server waits unmarked: one successor is enough
+                return False
+        except OSError as exc:
+            raise ServerError(f"cannot open the lock in {directory}: {exc.strerror}") from None
+        self._next.release()
+        try:
+            self._publish()
+        except ServerError:
+            self._lock.release()
+            raise
+        _private_dir(self.spool)
+        self.run_spool()
+        return True
+
+    def _publish(self) -> None:
+        """Bind at a temporary name and rename over the path: the path always names a listening socket."""
+        temp = self.socket_path + ".next"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         old = os.umask(0o177)
         try:
-            sock.bind(self.socket_path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)  # a server that died between bind and rename: we hold the lock
+            sock.bind(temp)
+            sock.listen(64)
+            os.rename(temp, self.socket_path)
+            st = os.stat(self.socket_path)
         except OSError as exc:
             sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
             raise ServerError(f"cannot listen on {self.socket_path}: {exc.strerror}") from None
         finally:
             os.umask(old)
-        sock.listen(64)
         self._sock = sock
-        _private_dir(self.spool)
-        self.run_spool()
-        self.release_previous_boot()
+        self._path_id = (st.st_dev, st.st_ino)
+
+    def _owns_path(self) -> bool:
+        try:
+            st = os.stat(self.socket_path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._path_id
+
+    def _successor_waits(self) -> bool:
+        """Whether another server waits to take over (it holds ``cni.next.lock``)."""
+        probe = FileLock(self._next.path)
+        try:
+            free = probe.try_acquire()
+        except OSError:
+            return False
+        finally:
+            probe.release()
+        return not free
 
     def close(self) -> None:
-        """Stop listening (calls under way finish)."""
+        """Stop listening (calls under way finish); the path is removed only while it is still ours."""
         if self._sock is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self.socket_path)
+            if self._owns_path():
+                with contextlib.suppress(OSError):
+                    os.unlink(self.socket_path)
             self._sock.close()
             self._sock = None
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        self._lock.release()
+        self._next.release()
+
+    def _hand_over(self) -> None:
+        """On stop, with a successor waiting: let it take the path, answering calls until it has."""
+        assert self._sock is not None
+        self._lock.release()
+        deadline = time.monotonic() + self.handover_seconds
+        self._sock.settimeout(0.05)
+        while self._owns_path() and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                self._accept_one()
+        # The path names the successor's socket now: whoever connected to ours is in the backlog.
+        self._sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                self._accept_one()
+        if self._owns_path():
+            log.warning(
+                "no other CNI server took %s over within %.0f s", self.socket_path, self.handover_seconds
+            )
+        else:
+            log.info("handed %s over to the next CNI server", self.socket_path)
+
+    def _accept_one(self) -> None:
+        """Accept one call and start it (TimeoutError or BlockingIOError when none is waiting)."""
+        assert self._sock is not None
+        conn, _ = self._sock.accept()
+        conn.settimeout(None)
+        if not self._slots.acquire(blocking=False):
+            if self._busy_slots.acquire(blocking=False):
+                threading.Thread(target=self._busy, args=(conn,), daemon=True).start()
+            else:
+                conn.close()
+            return
+        with self._calls_done:
+            self._calls += 1
+        threading.Thread(target=self._handle, args=(conn,), name="cni-call", daemon=True).start()
+
+    def _drain(self) -> None:
+        """Wait for the calls under way to be answered, :attr:`drain_seconds` at most."""
+        with self._calls_done:
+            if not self._calls_done.wait_for(lambda: self._calls == 0, self.drain_seconds):
+                log.warning("stopping with %d CNI call(s) still running", self._calls)
 
     def serve(self, stop: threading.Event) -> None:
-        """Accept calls until ``stop`` is set; each runs in a thread of its own."""
+        """Accept calls until ``stop`` is set (each runs in a thread of its own), then hand over or close."""
         assert self._sock is not None, "start() first"
         self._sock.settimeout(0.5)
         try:
             while not stop.is_set():
                 try:
-                    conn, _ = self._sock.accept()
+                    self._accept_one()
                 except TimeoutError:
                     continue
                 except OSError as exc:
                     log.error("accept on %s failed: %s", self.socket_path, exc)
                     time.sleep(0.1)
                     continue
-                conn.settimeout(None)
-                if not self._slots.acquire(blocking=False):
-                    if self._busy_slots.acquire(blocking=False):
-                        threading.Thread(target=self._busy, args=(conn,), daemon=True).start()
-                    else:
-                        conn.close()
-                    continue
-                threading.Thread(target=self._handle, args=(conn,), name="cni-call", daemon=True).start()
+            if self._successor_waits():
+                self._hand_over()
         finally:
             self.close()
+            self._drain()
 
     def run_spool(self) -> None:
         """Run the spooled DELs once (one pass at a time)."""
@@ -300,6 +411,9 @@ class CniServer:
             if fd is not None:
                 os.close(fd)
             self._slots.release()
+            with self._calls_done:
+                self._calls -= 1
+                self._calls_done.notify_all()
 
     def _env(self, request: Request, fd: int | None) -> dict[str, str]:
         env = dict(self.base_env)

@@ -171,6 +171,7 @@ def start_nri(
         PodDevices([v.state_dir for v in views]),
         memlock=memlock,
         state_file=state_path(views[0].lock_file) if views else None,
+        lock_file=state_path(views[0].lock_file) + ".lock" if views else None,
     )
 
     # Like run_agent: a bug is logged and the plugin resumes; container creation never waits on it.

@@ -103,6 +103,24 @@ class _PublisherCollector(Collector):
         yield from families.values()
 
 
+class _ServingCollector(Collector):
+    """Which of the parts a second agent on the node waits for this agent holds (rdma_cni.agent.takeover)."""
+
+    def collect(self) -> Iterator[Any]:
+        from rdma_cni.agent.takeover import HELD
+
+        family = GaugeMetricFamily(
+            "rdma_cni_agent_serving",
+            "1 when this agent holds the part (cni: the CNI server's socket, metrics: this port, nri: the "
+            "NRI registration), 0 while another agent on the node still does",
+            labels=["part"],
+        )
+        for part, held in sorted(HELD.items()):
+            family.add_metric([part], 1 if held else 0)
+        yield family
+
+
+REGISTRY.register(_ServingCollector())
 _SLOT = exporter.CollectorSlot(REGISTRY)
 
 

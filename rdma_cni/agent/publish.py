@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rdma_cni.agent import metrics
+from rdma_cni.agent.capacity import Advertiser
 from rdma_cni.shared import nodestate
 
 if TYPE_CHECKING:
@@ -112,6 +113,8 @@ class Publisher:
         self.last_error = ""
         # An rdma_cni.kube.events.EventSink: told (rate-limited per node) when a publish fails.
         self.events: Any = None
+        # The state's RDMA resources in the Node's status, after each write of the state.
+        self.capacity = Advertiser(lambda: self.client, self.node)
 
     def offer(self, state: nodestate.NodeState) -> None:
         """A freshly computed state; written by the next :meth:`step` if it differs from the Node's."""
@@ -132,11 +135,8 @@ class Publisher:
         try:
             if not self._known:
                 self._read_current()
-            if (
-                self.published is not None
-                and nodestate.same_content(self.published, state)
-                and not self.heartbeat_due()
-            ):
+            unchanged = self.published is not None and nodestate.same_content(self.published, state)
+            if unchanged and not self.heartbeat_due():
                 self._pending = None
                 self._backoff = 0.0
                 metrics.publish_done("unchanged", started)
@@ -152,6 +152,8 @@ class Publisher:
         self._backoff = 0.0
         self.writes += 1
         metrics.publish_done("written", started)
+        # With each heartbeat too: the kubelet may have reset them (see agent/capacity).
+        self.capacity.advertise(written, again=unchanged)
         if self.last_error:
             log.info("node state published again after: %s", self.last_error)
             self.last_error = ""

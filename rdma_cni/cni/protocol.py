@@ -17,7 +17,16 @@ from rdma_cni.cni.errors import DecodeFailure, IncompatibleVersion, InvalidConfi
 
 # The interface-name rule lives in shared.names (the pod request uses it too); callers of the
 # CNI edge keep importing IFNAMSIZ and valid_ifname from here.
-from rdma_cni.shared.names import IFNAME_RULE, IFNAMSIZ, valid_ifname
+from rdma_cni.shared.jsondepth import MAX_DEPTH, depth_over
+from rdma_cni.shared.names import (
+    IFNAME_RULE,
+    IFNAMSIZ,
+    LABEL_RULE,
+    SUBDOMAIN_RULE,
+    dns_label,
+    dns_subdomain,
+    valid_ifname,
+)
 from rdma_cni.shared.quote import quote
 
 # 0.1.0 and 0.2.0 results hold a single ip4/ip6 pair and no interface list, so
@@ -91,16 +100,29 @@ def check_version(version: object, verb: str) -> str:
 
 
 def decode_stdin(raw: bytes) -> dict[str, Any]:
-    """Decode the network configuration from stdin: a JSON object, else code 6 (code 7 if too large)."""
+    """Decode the network configuration from stdin: a JSON object, else code 6 (7: too large or deep)."""
     if len(raw) > MAX_CONFIG_BYTES:
         raise InvalidConfig(
             f"the network configuration on stdin is larger than {MAX_CONFIG_BYTES} bytes (1 MiB), "
             "the limit for a single plugin's configuration"
         )
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        # RecursionError: nesting deeper than the decoder's stack allows.
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeFailure(
+            "failed to decode the network configuration on stdin: not UTF-8", str(exc)
+        ) from exc
+    depth = depth_over(text)
+    if depth is not None:
+        # A pod's Multus cni-args arrive as args.cni: the one part of the config a tenant writes.
+        raise InvalidConfig(
+            f"the network configuration on stdin is nested {depth} levels deep, more than the {MAX_DEPTH} "
+            "rdma-cni reads (a pod's Multus cni-args arrive as args.cni)"
+        )
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: kept for a caller whose stack leaves the parser less room than MAX_DEPTH.
         raise DecodeFailure(
             "failed to decode the network configuration on stdin: not JSON", str(exc)
         ) from exc
@@ -125,8 +147,17 @@ def validate_ifname(name: str, what: str) -> str:
     return name
 
 
+# A pod's UID as Kubernetes makes one: a UUID (the API server's, 8-4-4-4-12 hex digits) or the
+# same 128 bits as 32 hex digits, which is what kubelet gives a static pod (an md5 of its manifest).
+_POD_UID = re.compile(r"[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}|[0-9A-Fa-f]{32}")
+POD_UID_RULE = "a UUID: 8-4-4-4-12 hex digits, or the 32 hex digits kubelet gives a static pod"
+
+
 def parse_cni_args(raw: str) -> dict[str, str]:
-    """Parse ``K=V;K=V``. Unknown keys are kept (runtimes send several)."""
+    """Parse ``K=V;K=V`` and check the pod it names (:func:`check_pod_args`).
+
+    Unknown keys are kept (runtimes send several).
+    """
     args: dict[str, str] = {}
     for item in raw.split(";"):
         if not item:
@@ -135,7 +166,40 @@ def parse_cni_args(raw: str) -> dict[str, str]:
         if not sep or not key:
             raise InvalidEnvironment(f"CNI_ARGS is malformed: {quote(item)} is not KEY=VALUE")
         args[key] = value
+    check_pod_args(args)
     return args
+
+
+def check_pod_args(args: Mapping[str, str]) -> None:
+    """Refuse (code 4, the key named) a pod in CNI_ARGS that Kubernetes could not have named.
+
+    The pod's namespace and name go into the API server's URL, the
+    allocation record and the node state the agent publishes (whose readers
+    refuse a whole state over one bad name), so they are checked before
+    anything uses them: ``K8S_POD_NAMESPACE`` a DNS-1123 label,
+    ``K8S_POD_NAME`` a DNS-1123 subdomain, ``K8S_POD_UID`` a UUID. An empty
+    namespace names no pod (manual use), and without a namespace
+    ``K8S_POD_NAME`` is not a pod's name but podman's container name
+    (``My_Ctr`` is one), which nothing reads: neither is checked then.
+    """
+    namespace = args.get("K8S_POD_NAMESPACE", "")
+    if namespace:
+        if not dns_label(namespace):
+            raise InvalidEnvironment(
+                f"CNI_ARGS K8S_POD_NAMESPACE={quote(namespace)} is not a namespace's name: {LABEL_RULE}"
+            )
+        name = args.get("K8S_POD_NAME", "")
+        if not name:
+            raise InvalidEnvironment(
+                f"CNI_ARGS names namespace {namespace} but no pod: K8S_POD_NAME is missing or empty"
+            )
+        if not dns_subdomain(name):
+            raise InvalidEnvironment(
+                f"CNI_ARGS K8S_POD_NAME={quote(name)} is not a pod's name: {SUBDOMAIN_RULE}"
+            )
+    uid = args.get("K8S_POD_UID", "")
+    if uid and not _POD_UID.fullmatch(uid):
+        raise InvalidEnvironment(f"CNI_ARGS K8S_POD_UID={quote(uid)} is not {POD_UID_RULE}")
 
 
 @dataclass(frozen=True)
@@ -165,7 +229,7 @@ class CniEnv:
 
     @property
     def pod(self) -> PodRef | None:
-        """The pod from K8S_POD_NAMESPACE/K8S_POD_NAME, or None for manual use."""
+        """The pod from K8S_POD_NAMESPACE/K8S_POD_NAME (:func:`check_pod_args`), or None for manual use."""
         ns = self.args.get("K8S_POD_NAMESPACE", "")
         name = self.args.get("K8S_POD_NAME", "")
         if ns and name:

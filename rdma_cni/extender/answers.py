@@ -65,6 +65,11 @@ def _fragments(name: str, verdict: Verdict) -> tuple[str, str, str, str]:
     return "", entry, "", ""
 
 
+def _ranks(verdicts: list[Verdict]) -> list[int]:
+    """Per verdict: its score if the node passed, else -1."""
+    return [v.score if v.fits else -1 for v in verdicts]
+
+
 def _join(parts: list[str], open_: str, close: str) -> str:
     # Every fragment starts with a comma: drop the first one.
     return open_ + "".join(parts)[1:] + close
@@ -80,11 +85,42 @@ class Answer:
     passing: list[str]
     filter_body: bytes
     prioritize_body: bytes
+    # The encoded FailedNodes and FailedAndUnresolvableNodes, for answers that pass fewer nodes.
+    failed_json: str = "{}"
+    unresolvable_json: str = "{}"
+    # Per node: its score if it passed, else -1 (what :meth:`best` ranks by); None: from the verdicts.
+    ranks: list[int] | None = None
 
     def score(self, name: str) -> int:
         """The node's score (0 when it did not pass or was not asked about)."""
         i = self.index.get(name)
         return 0 if i is None else self.verdicts[i].score
+
+    def best(self, n: int) -> list[str]:
+        """The ``n`` passing nodes the policy ranks first, best first: highest score, ties in the
+        answer's order (a fixed order, so pods of a shape keep choosing the same node while it fits)."""
+        ranks = self.ranks if self.ranks is not None else _ranks(self.verdicts)
+        top = max(ranks, default=-1)
+        if n == 1 and top >= 0:
+            return [self.names[ranks.index(top)]]  # the usual case, in C
+        out: list[str] = []
+        for score in range(top, -1, -1):
+            # One C-level pass per score, from the highest down, until n are found.
+            out += compress(self.names, map(score.__eq__, ranks))
+            if len(out) >= n:
+                break
+        return out[:n]
+
+    def filter_body_passing(self, passing: list[str], failures: bool = True) -> bytes:
+        """The filter answer passing only ``passing`` (some of :attr:`passing`); the nodes that fit but are
+        left out are in neither failed map: kube-scheduler drops them without a status. Without
+        ``failures`` the failed maps are left empty too (see docs/scheduling.md, "The best nodes")."""
+        names = ",".join(map(encode_basestring_ascii, passing))
+        failed, unresolvable = (self.failed_json, self.unresolvable_json) if failures else ("{}", "{}")
+        return (
+            f'{{"Nodes":null,"NodeNames":[{names}],"FailedNodes":{failed},'
+            f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
+        ).encode()
 
     @property
     def failed(self) -> dict[str, str]:
@@ -114,6 +150,7 @@ class _Shape:
     version: int
     deadline: float
     verdicts: list[Verdict]
+    ranks: list[int]
     # Per part (_PASSING ...): one fragment per requested node, and the part joined.
     parts: tuple[list[str], list[str], list[str], list[str]]
     joined: list[str]
@@ -223,6 +260,7 @@ class Answers:
         ]
         index = {name: i for i, name in enumerate(names)}
         passing = list(compress(names, parts[_PASSING]))
+        ranks = _ranks(verdicts)
         shape = _Shape(
             names=names,
             index=index,
@@ -230,9 +268,10 @@ class Answers:
             version=version,
             deadline=self._deadline(views, now),
             verdicts=verdicts,
+            ranks=ranks,
             parts=parts,  # type: ignore[arg-type]
             joined=joined,
-            answer=self._answer(names, index, verdicts, passing, joined),
+            answer=self._answer(names, index, verdicts, passing, joined, ranks),
         )
         self._shapes.put(demand.key, shape, _NODE_BYTES * len(names) + 2 * sum(map(len, names)))
         return shape
@@ -244,13 +283,24 @@ class Answers:
         verdicts: list[Verdict],
         passing: list[str],
         joined: list[str],
+        ranks: list[int],
     ) -> Answer:
         # The same document wire.filter_result builds, encoded as json.dumps would.
         body = (
             f'{{"Nodes":null,"NodeNames":{joined[_PASSING]},"FailedNodes":{joined[_FAILED]},'
             f'"FailedAndUnresolvableNodes":{joined[_UNRESOLVABLE]},"Error":""}}'
         )
-        return Answer(names, index, verdicts, passing, body.encode(), joined[_PRIORITY].encode())
+        return Answer(
+            names,
+            index,
+            verdicts,
+            passing,
+            body.encode(),
+            joined[_PRIORITY].encode(),
+            joined[_FAILED],
+            joined[_UNRESOLVABLE],
+            ranks,
+        )
 
     def _update(
         self,
@@ -274,12 +324,18 @@ class Answers:
         judged = self.judge(demand, [names[i] for i in order], part_views, deadline)
         self.rejudged += len(order)
         verdicts = list(shape.verdicts)  # the old answer keeps its own
+        ranks = shape.ranks
         parts = shape.parts
         dirty = [False] * 4
         for i, verdict in zip(order, judged, strict=True):
             if verdicts[i] == verdict:
                 continue
             verdicts[i] = verdict
+            rank = verdict.score if verdict.fits else -1
+            if ranks[i] != rank:
+                if ranks is shape.ranks:
+                    ranks = list(ranks)  # the old answer keeps its own, as its verdicts
+                ranks[i] = rank
             for part, fragment in enumerate(_fragments(names[i], verdict)):
                 if parts[part][i] != fragment:
                     parts[part][i] = fragment
@@ -294,9 +350,10 @@ class Answers:
             shape.joined[_PRIORITY] = _join(parts[_PRIORITY], "[", "]")
         old = shape.answer
         passing = list(compress(names, parts[_PASSING])) if dirty[_PASSING] else old.passing
-        if any(dirty):
-            shape.answer = self._answer(names, index, verdicts, passing, shape.joined)
+        if any(dirty) or ranks is not shape.ranks:
+            shape.answer = self._answer(names, index, verdicts, passing, shape.joined, ranks)
         shape.verdicts = verdicts
+        shape.ranks = ranks
         shape.views = views
         shape.version = version
         shape.deadline = min(shape.deadline, self._deadline(part_views, now))

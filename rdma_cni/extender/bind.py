@@ -84,8 +84,8 @@ class Binder:
     def _pod_path(self, args: BindArgs) -> str:
         return f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}"
 
-    def _read(self, args: BindArgs) -> tuple[str, Demand | None]:
-        """The API's uid of the pod and its demand, after every check a bind makes of the pod."""
+    def _read(self, args: BindArgs) -> tuple[str, Demand | None, str]:
+        """The API's uid of the pod, its demand and its scheduler, after every check a bind makes of it."""
         from rdma_cni.kube import client as kubeapi
 
         who = f"pod {args.pod_namespace}/{args.pod_name}"
@@ -125,7 +125,7 @@ class Binder:
             raise _Refused(
                 f"rdma-cni: {who} asks for RDMA interfaces but the bind names no pod uid", "no_pod_uid"
             )
-        return uid, demand
+        return uid, demand, scheduler
 
     def bind(self, args: BindArgs) -> str:
         """Bind the pod; the ``Error`` to answer ("" on success). A refusal is counted and told."""
@@ -137,6 +137,11 @@ class Binder:
             if self.on_refused is not None:
                 self.on_refused(args, refused.reason, str(refused))
             return str(refused)
+        finally:
+            # The pod's hold has done its work, whatever the outcome: a reservation made here replaced
+            # it in the same step (no moment with neither), and a refused pod is filtered afresh.
+            if args.pod_uid:
+                self.reservations.release(args.pod_uid)
         metrics.decided("bind", "bound")
         return error
 
@@ -144,12 +149,12 @@ class Binder:
         from rdma_cni.kube import client as kubeapi
 
         who = f"pod {args.pod_namespace}/{args.pod_name}"
-        uid, demand = self._read(args)
+        uid, demand, scheduler = self._read(args)
         reserved = False
         if demand is not None:
             with self.lock:
                 self.reservations.expire()
-                problem, reason = self._reserve(args, demand)
+                problem, reason = self._reserve(args, demand, scheduler)
             if problem:
                 raise _Refused(problem, reason)
             reserved = self.reservations.get(args.pod_uid) is not None
@@ -203,7 +208,7 @@ class Binder:
             self.reservations.drop(args.pod_uid, "the pod is bound elsewhere or was replaced")
         raise _Refused(f"rdma-cni: binding {who} to {args.node} failed: {exc}", "outcome_unknown")
 
-    def _reserve(self, args: BindArgs, demand: Demand) -> tuple[str, str]:
+    def _reserve(self, args: BindArgs, demand: Demand, scheduler: str = "") -> tuple[str, str]:
         """("", "") when reserved (or nothing to reserve), else (the refusal, its reason)."""
         # Called under self.lock: the check and the reservation are one step.
         view = self.views(args.node)
@@ -217,7 +222,8 @@ class Binder:
         assert view is not None
         if args.pod_uid in view.uids:
             return "", ""  # already published on this node: it holds what it needs
-        extra = self.reservations.extra(args.node, without=(args.pod_uid,))
+        # Reservations only: holds are filter's guesses (see reservations.py), never a reason to refuse.
+        extra = self.reservations.extra(args.node, without=(args.pod_uid,), holds=False)
         # The same per-node rule as filter's: node rules, then the fit with every reservation held.
         verdict = self.decider.admit(demand, view, now, extra)
         if not verdict.fits:
@@ -228,14 +234,50 @@ class Binder:
                 f"{verdict.reason.removeprefix('rdma-cni: ')} ({free})"
             ), "no_fit"
         if args.pod_uid:
+            use = self._held_use(args, view, extra)
+            if use is None:
+                # Placed where the other pods' holds leave room if it can be, so as not to take the PFs
+                # their filters counted on; reservations alone decide whether it fits at all.
+                try:
+                    use = self.decider.use(
+                        demand, view, self.reservations.extra(args.node, without=(args.pod_uid,))
+                    )
+                except placement.NoFit:
+                    use = None
             try:
-                use = self.decider.use(demand, view, extra)
+                use = use or self.decider.use(demand, view, extra)
             except placement.NoFit as exc:  # the verdict's search gave up where bind's did not
                 return (
                     f"rdma-cni: pod {args.pod_namespace}/{args.pod_name} does not fit node {args.node}: {exc}"
                 ), "no_fit"
-            self.reservations.add(args.pod_uid, args.pod_namespace, args.pod_name, args.node, use)
+            self.reservations.add(
+                args.pod_uid, args.pod_namespace, args.pod_name, args.node, use, scheduler=scheduler
+            )
         return "", ""
+
+    def _held_use(
+        self, args: BindArgs, view: NodeView, extra: dict[str, tuple[int, int]]
+    ) -> tuple[tuple[str, int, int], ...] | None:
+        """The PFs the pod's hold on this node took, when they still have room: what to reserve.
+
+        Filters of other pods since the hold were judged with exactly these PFs taken; a placement
+        made afresh here (without the other pods' holds) may pick other PFs of the node, and a pod
+        judged to fit beside the hold would then not fit beside the reservation. None when there is
+        no such hold, the node's state changed since, or a PF no longer has the room.
+        """
+        hold = self.reservations.held(args.pod_uid)
+        if hold is None or hold.node != args.node or hold.basis is not view or view.state is None:
+            return None
+        pfs = {pf.name: pf for pf in view.state.pfs}
+        for name, vfs, rate in hold.use:
+            summary = pfs.get(name)
+            if summary is None:
+                return None
+            pf = nodestate.pf_state(summary, extra.get(name, (0, 0)))
+            capacity = pf.capacity_mbps
+            if pf.free_vfs < vfs or (capacity is not None and pf.reserved_mbps + rate > capacity):
+                return None
+        return hold.use
 
     def _post(self, args: BindArgs, uid: str) -> None:
         from rdma_cni.kube import client as kubeapi

@@ -135,8 +135,12 @@ class NodeCache:
                     need_list = False
                 self.watch_once()
                 delay = self.backoff[0]
-            except kubeapi.Gone:
-                log.info("node watch: resourceVersion %s is too old, relisting", self.resource_version)
+            except kubeapi.Gone as exc:
+                # The server's words tell a compacted etcd ("...for the provided watch is
+                # too old") from a watch cache that starts later ("too old resource version").
+                log.info(
+                    "node watch: resourceVersion %s is too old, relisting (%s)", self.resource_version, exc
+                )
                 need_list = True
             except Exception as exc:  # any failure: keep the views, retry later
                 self.reconnects += 1

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
 
+from rdma_cni.extender import declared
 from rdma_cni.extender.bounded import Bounded
 from rdma_cni.extender.wire import pod_annotations, pod_identity
 from rdma_cni.shared import placement
@@ -182,8 +183,22 @@ class Demands:
                 self._memo.put(raw, request, weight)
         return request
 
-    def of_pod(self, pod: Mapping[str, Any]) -> Demand | None:
+    def of_pod(self, pod: Mapping[str, Any], *, check_declared: bool = True) -> Demand | None:
         """The pod's demand, None when it is not an RDMA pod; InvalidPodRequest when malformed.
+
+        Malformed includes RDMA resources declared in the pod's containers that are not exactly
+        its demand (:mod:`rdma_cni.extender.declared`): every verb and bind see a pod through
+        here. ``check_declared=False`` is for pods already bound, whose ADD will use the demand
+        whatever they declared.
+        """
+        demand = self._of_pod(pod)
+        if check_declared:
+            namespace, name, _ = pod_identity(pod)
+            declared.check(pod, demand, f"pod {namespace}/{name}")
+        return demand
+
+    def _of_pod(self, pod: Mapping[str, Any]) -> Demand | None:
+        """The demand the pod's annotations and networks make.
 
         Each selected network of ``--networks`` is one attachment, one ADD: its
         request is decided as ADD decides it

@@ -43,6 +43,12 @@ def _default_request(value: str) -> PodRequest:
         raise argparse.ArgumentTypeError(exc.msg) from exc
 
 
+def _best_nodes(value: str) -> int:
+    if not value.isdigit() or not 0 <= int(value) <= 100_000:
+        raise argparse.ArgumentTypeError(f"--best-nodes {value!r}: expected a number from 0 to 100000")
+    return int(value)
+
+
 def _timeout(value: str) -> float:
     seconds = _positive(value)
     if seconds > 600:
@@ -145,6 +151,13 @@ def parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds: kube-scheduler's httpTimeout for this extender (default 10, as conf/ sets it); "
         "a filter or prioritize still deciding after half of it is abandoned",
+    )
+    p.add_argument(
+        "--best-nodes",
+        type=_best_nodes,
+        default=Settings().best_nodes,
+        help=f"filter passes at most this many fitting nodes, the policy's best (default "
+        f"{Settings().best_nodes}; 0: every fitting node)",
     )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return p

@@ -8,6 +8,21 @@ when the node's published allocations include the pod's uid, when the pod is
 gone, or after a TTL (a node that never publishes must not hold capacity
 forever). A restarted extender rebuilds them from the API before it reports
 ready: pods bound to a node whose published allocations do not list them.
+
+Holds are the tentative kind: what the extender told kube-scheduler is a pod's
+best node (the only node its filter passed, or the one its prioritize scored
+highest), held from that answer until the pod's bind arrives. kube-scheduler
+starts the next pod's scheduling cycle before the previous pod's binding
+cycle reaches bind, so without the hold the next pod is judged on a node that
+looks emptier than it is about to be, and binpack sends it to the same node,
+where its bind is then refused. A hold counts in filter and prioritize of
+every other pod, like a reservation; bind never counts holds (it decides on
+reservations alone, so a hold can only make filters more conservative, never
+let a node be over-committed). A hold ends when the pod's bind arrives (its
+reservation, on whatever node kube-scheduler chose, replaces it), when the
+pod's next filter starts (a retried pod never meets its own hold), when the
+pod is gone, or after :data:`HOLD_TTL` seconds; at most :data:`HOLDS_MAX` are held (the
+oldest gives way).
 """
 
 from __future__ import annotations
@@ -19,13 +34,19 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["Reservation", "Reservations"]
+__all__ = ["HOLDS_MAX", "HOLD_TTL", "Reservation", "Reservations"]
 
 log = logging.getLogger("rdma_cni.extender.reservations")
 
 Use = tuple[tuple[str, int, int], ...]
 # Nodes whose last change is remembered; a cluster's node count is far below it.
 _TOUCHED_LIMIT = 100_000  # changes remembered
+# Seconds a hold lasts without its bind: the bind comes once the pod's scheduling cycle ends, well under
+# a second after the answer unless the control plane is overloaded; a pod that kube-scheduler gave up
+# on after the answer must not keep capacity from others for long.
+HOLD_TTL = 10.0
+# Holds at once: one per pod between its answer and its bind, so a few per scheduling cycle in flight.
+HOLDS_MAX = 1024
 
 
 @dataclass(frozen=True)
@@ -40,19 +61,37 @@ class Reservation:
     expires: float
     # False while the Binding's outcome is unknown (no answer, a 5xx): kept until the pod is read back.
     confirmed: bool = True
+    # The pod's spec.schedulerName: the pod watch of that name (podwatch.py), if one runs, sees it go.
+    scheduler: str = ""
+    # When it was made (the reservations' clock): a pod watch's relist ends only older ones.
+    made: float = 0.0
+    # A hold's: the node view its use was placed on (bind reuses the use while the view is the same).
+    basis: object = dataclasses.field(default=None, compare=False, repr=False)
 
 
 class Reservations:
     """Reservations by pod uid, with per-node lookup. Thread-safe."""
 
-    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
-        if ttl <= 0:
+    def __init__(
+        self,
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        hold_ttl: float = HOLD_TTL,
+        holds_max: int = HOLDS_MAX,
+    ) -> None:
+        if ttl <= 0 or hold_ttl <= 0:
             raise ValueError("reservation TTL must be positive")
         self.ttl = ttl
+        self.hold_ttl = hold_ttl
+        self.holds_max = holds_max
         self._clock = clock
         self._lock = threading.Lock()
         self._by_uid: dict[str, Reservation] = {}
         self._by_node: dict[str, dict[str, Reservation]] = {}
+        # Holds by uid, oldest first (insertion order: every hold lasts hold_ttl), and per node.
+        self._holds: dict[str, Reservation] = {}
+        self._holds_by_node: dict[str, dict[str, Reservation]] = {}
         # Bumped by every change; _touched[i] is the node of change _forgotten + i + 1,
         # so cached filter answers re-judge only those nodes (see answers.py).
         self.version = 0
@@ -62,14 +101,67 @@ class Reservations:
     def __len__(self) -> int:
         return len(self._by_uid)
 
-    def add(self, uid: str, namespace: str, name: str, node: str, use: Use) -> Reservation:
-        """Record (or replace) the reservation of pod ``uid`` on ``node``."""
-        res = Reservation(uid, namespace, name, node, use, self._clock() + self.ttl)
+    def add(
+        self, uid: str, namespace: str, name: str, node: str, use: Use, *, scheduler: str = ""
+    ) -> Reservation:
+        """Record (or replace) the reservation of pod ``uid`` (of ``scheduler``) on ``node``; it replaces
+        the pod's hold."""
+        now = self._clock()
+        res = Reservation(uid, namespace, name, node, use, now + self.ttl, scheduler=scheduler, made=now)
         with self._lock:
             self._remove(uid)
+            self._unhold(uid)
             self._by_uid[uid] = res
             self._by_node.setdefault(node, {})[uid] = res
             self._touch(node)
+        return res
+
+    def hold(
+        self, uid: str, namespace: str, name: str, node: str, use: Use, basis: object = None
+    ) -> Reservation | None:
+        """Hold ``use`` on ``node`` for pod ``uid`` until its bind (see the module docstring).
+
+        None when the pod already has a reservation (it is bound: nothing to hold) or holds nothing.
+        """
+        if not uid or not use or self.holds_max <= 0:
+            return None
+        now = self._clock()
+        res = Reservation(uid, namespace, name, node, use, now + self.hold_ttl, made=now, basis=basis)
+        with self._lock:
+            if uid in self._by_uid:
+                return None
+            self._unhold(uid)
+            while len(self._holds) >= self.holds_max:
+                self._unhold(next(iter(self._holds)))
+            self._holds[uid] = res
+            self._holds_by_node.setdefault(node, {})[uid] = res
+            self._touch(node)
+        return res
+
+    def release(self, uid: str) -> Reservation | None:
+        """End pod ``uid``'s hold, if any (its next filter started, its bind arrived, or it is gone)."""
+        if uid not in self._holds:  # the common case, without the lock
+            return None
+        with self._lock:
+            return self._unhold(uid)
+
+    def held(self, uid: str) -> Reservation | None:
+        """Pod ``uid``'s hold, if any."""
+        return self._holds.get(uid)
+
+    def holds(self) -> int:
+        """How many holds there are."""
+        return len(self._holds)
+
+    def _unhold(self, uid: str) -> Reservation | None:
+        res = self._holds.pop(uid, None)
+        if res is not None:
+            on_node = self._holds_by_node.get(res.node)
+            if on_node is not None:
+                on_node.pop(uid, None)
+                if not on_node:
+                    del self._holds_by_node[res.node]
+            self._touch(res.node)
         return res
 
     def _touch(self, node: str) -> None:
@@ -144,26 +236,39 @@ class Reservations:
             return list(self._by_uid.values())
 
     def has_node(self, node: str) -> bool:
-        """Whether any reservation is on ``node`` (the fast path of filter)."""
-        return node in self._by_node
+        """Whether any reservation or hold is on ``node`` (the fast path of filter)."""
+        return node in self._by_node or node in self._holds_by_node
 
     def nodes(self) -> frozenset[str]:
-        """The nodes holding reservations now (filter takes this once per request)."""
+        """The nodes holding reservations or holds now (filter takes this once per request)."""
         with self._lock:
+            if self._holds_by_node:
+                return frozenset(self._by_node).union(self._holds_by_node)
             return frozenset(self._by_node)
 
-    def extra(self, node: str, without: Iterable[str] = ()) -> dict[str, tuple[int, int]]:
-        """Per PF of ``node``: (VFs, min rate sum) reserved, leaving out the pods ``without``."""
+    def extra(
+        self, node: str, without: Iterable[str] = (), *, holds: bool = True
+    ) -> dict[str, tuple[int, int]]:
+        """Per PF of ``node``: (VFs, min rate sum) reserved, and held unless ``holds`` is False (bind),
+        leaving out the pods ``without``."""
         skip = set(without)
         out: dict[str, tuple[int, int]] = {}
         with self._lock:
-            for uid, res in (self._by_node.get(node) or {}).items():
-                if uid in skip:
-                    continue
-                for pf, vfs, rate in res.use:
-                    have = out.get(pf, (0, 0))
-                    out[pf] = (have[0] + vfs, have[1] + rate)
+            tables = [self._by_node.get(node) or {}]
+            if holds:
+                tables.append(self._holds_by_node.get(node) or {})
+            for table in tables:
+                for uid, res in table.items():
+                    if uid in skip:
+                        continue
+                    for pf, vfs, rate in res.use:
+                        have = out.get(pf, (0, 0))
+                        out[pf] = (have[0] + vfs, have[1] + rate)
         return out
+
+    def now(self) -> float:
+        """The reservations' clock (what ``made`` is measured on)."""
+        return self._clock()
 
     def observe(self, node: str, published: frozenset[str]) -> None:
         """The node published allocations for the pods ``published``: their reservations end."""
@@ -175,10 +280,15 @@ class Reservations:
             self.drop(uid, "the node published it")
 
     def expire(self) -> list[Reservation]:
-        """End the reservations whose TTL has passed; returns them."""
+        """End the reservations whose TTL has passed (returns them), and the holds whose TTL has."""
         now = self._clock()
         with self._lock:
             old = [res for res in self._by_uid.values() if res.expires <= now]
+            # Oldest first: the first hold still in time ends the sweep.
+            for uid, res in list(self._holds.items()):
+                if res.expires > now:
+                    break
+                self._unhold(uid)
         for res in old:
             self.drop(res.uid, f"TTL of {self.ttl:.0f} s passed without the node publishing it")
         return old

@@ -20,6 +20,7 @@ from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender.cache import NodeCache
 from rdma_cni.extender.decide import Decider
 from rdma_cni.extender.demand import Demand, Demands
+from rdma_cni.extender.podwatch import PodWatch
 from rdma_cni.extender.reservations import Reservations
 from rdma_cni.extender.server import ExtenderServer
 from rdma_cni.extender.settings import Settings
@@ -61,7 +62,8 @@ def rebuild_reservations(
         if not node or not uid or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         try:
-            demand: Demand | None = demands.of_pod(pod)
+            # Bound already: its ADD takes the annotation's demand, whatever the pod declared.
+            demand: Demand | None = demands.of_pod(pod, check_declared=False)
         except (InvalidPodRequest, ValueError):
             continue
         view = cache.views.get(node)
@@ -82,7 +84,10 @@ def rebuild_reservations(
             use = decider.use(demand, view, reservations.extra(node))
         except placement.NoFit:
             continue
-        reservations.add(uid, meta.get("namespace") or "default", meta.get("name") or "", node, use)
+        scheduler = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+        reservations.add(
+            uid, meta.get("namespace") or "default", meta.get("name") or "", node, use, scheduler=scheduler
+        )
         made += 1
     return made
 
@@ -150,6 +155,12 @@ class Service:
         self.metrics_server: Any = None
         if settings.metrics_listen is not None:
             self._serve_metrics(settings.metrics_listen)
+        # One pod watch per scheduler name served: a pod deleted or finished ends its reservation at once.
+        self.pod_watches = [
+            PodWatch(client, self.reservations, name, backoff=settings.backoff)
+            for name in sorted(settings.scheduler_names)
+            if settings.pod_watch
+        ]
         self.sweep_interval = settings.sweep_interval
         self.pod_check_interval = settings.pod_check_interval
         self.backoff = settings.backoff
@@ -217,6 +228,8 @@ class Service:
         """Stop serving and following the API."""
         self.stopping.set()
         self.cache.stop()
+        for watch in self.pod_watches:
+            watch.stop()
         self.server.shutdown()
         self.server.server_close()
         if self.probe_server is not None:
@@ -232,6 +245,8 @@ class Service:
         from rdma_cni.kube import client as kubeapi
 
         self.cache.start()
+        for watch in self.pod_watches:
+            watch.start()
         delay = self.backoff[0]
         while not self.stopping.is_set():
             if not self.cache.synced.wait(0.2):
@@ -259,10 +274,14 @@ class Service:
                 self.check_pods()
 
     def check_pods(self) -> None:
-        """End the reservations of pods deleted, replaced (other uid) or finished."""
+        """End the reservations of pods deleted, replaced (other uid) or finished, that no pod watch
+        covers; and settle Bindings whose outcome was unknown, by reading their pods."""
         from rdma_cni.kube import client as kubeapi
 
+        watched = {watch.scheduler for watch in self.pod_watches if watch.synced.is_set()}
         for res in self.reservations.all():
+            if res.confirmed and res.scheduler in watched:
+                continue  # its pod watch ends it when the pod goes
             try:
                 pod = self.client.get(f"/api/v1/namespaces/{res.namespace}/pods/{res.name}")
             except kubeapi.NotFound:

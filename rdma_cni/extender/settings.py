@@ -46,10 +46,14 @@ class Settings:
     max_connections: int = 256
     # kube-scheduler's httpTimeout for this extender, in seconds (conf/ sets 10 s).
     http_timeout: float = 10.0
+    # Filter passes at most this many fitting nodes, the policy's best (0: every fitting node).
+    best_nodes: int = 0
     log_level: str = "info"
-    # Not options: the service's housekeeping periods and the API's retry backoff (tests shorten them).
+    # Not options: the service's housekeeping periods and the API's retry backoff (tests shorten them),
+    # and whether pod watches end reservations (tests of the pod reads turn them off).
     sweep_interval: float = 1.0
     pod_check_interval: float = 10.0
+    pod_watch: bool = True
     backoff: tuple[float, float] = (0.2, 10.0)
 
     @property

@@ -37,7 +37,7 @@ from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.preempt import keep_nodes
 from rdma_cni.extender.reservations import Reservations
 from rdma_cni.extender.settings import Settings
-from rdma_cni.shared import nodestate
+from rdma_cni.shared import nodestate, placement
 
 __all__ = ["Extender", "KeptScores", "error_answer"]
 
@@ -59,14 +59,18 @@ def _key_bytes(key: tuple[Any, ...]) -> int:
     return 64 + sum(_key_bytes(part) if isinstance(part, tuple) else 48 for part in key)
 
 
+def _ranks(names: list[str]) -> dict[str, int]:
+    """Each name's first position in ``names`` (a repeated name keeps its first)."""
+    return dict(zip(reversed(names), range(len(names) - 1, -1, -1), strict=True))
+
+
 class KeptScores(NamedTuple):
     """What a pod's filter computed, kept for the prioritize that kube-scheduler sends next."""
 
     when: float  # time.monotonic() of the filter
     demand_key: tuple[tuple[int, int], ...]  # the demand it was computed for (the pod may change)
     score: Callable[[str], int]  # a node's score (0: does not fit)
-    passing: list[str] | None  # the nodes that passed, when the answer came from Answers' cache
-    body: bytes  # the encoded priorities of exactly ``passing``
+    rank: dict[str, int]  # the nodes filter passed, by the policy's rank (0 best): prioritize's ties
 
 
 class Extender:
@@ -93,6 +97,8 @@ class Extender:
         # Bumped by the cache after every change of its views; None: lists are never reused.
         self._cache_generation: Callable[[], int | None] = cache_generation or (lambda: None)
         self._last_lookup: tuple[int, list[str], list[NodeView | None]] | None = None
+        # The last list's names as a set, for lists of the same nodes in another order.
+        self._last_set: frozenset[str] = frozenset()
         # Per pod uid: what its filter computed, for its prioritize.
         self._scores: Bounded[str, KeptScores] = Bounded(_SCORES_KEPT, _SCORES_BYTES)
         self.answers = Answers(reservations, self._judge, decider.max_state_age)
@@ -240,20 +246,45 @@ class Extender:
             return wire.filter_result(args, args.names, {}, {})
         uid = wire.pod_identity(args.pod)[2]
         if args.node_names is not None:
+            # A new attempt for this pod: its hold from an earlier one must not count against it.
+            self.reservations.release(uid)
             names, views = self._lookup(args.node_names)
             answer = self.answers.filter(demand, names, views, self.decider.now(), deadline)
-            self._remember(
-                uid, demand, answer.score, answer.passing, answer.prioritize_body, len(answer.names)
-            )
-            metrics.decided("filter", "fits" if answer.passing else "no_fit")
+            passing, body = answer.passing, answer.filter_body
+            best = self.settings.best_nodes
+            if best and passing:
+                # kube-scheduler reads the failed maps only to explain a pod that fits nowhere (its
+                # event, preemption's candidates): with a node passed, they would be bytes both sides
+                # pay for (hundreds of KB at 5,000 nodes) and nobody reads.
+                if len(passing) > best:
+                    passing = answer.best(best)
+                body = answer.filter_body_passing(passing, failures=False)
+            if best and len(passing) == 1:
+                # kube-scheduler takes a lone feasible node without asking prioritize: held now. Only
+                # with --best-nodes, which says the answers are kube-scheduler's to act on as given.
+                self._hold(args.pod, demand, passing[0])
+            self._remember(uid, demand, answer.score, passing, len(answer.names))
+            metrics.decided("filter", "fits" if passing else "no_fit")
             if log.isEnabledFor(logging.DEBUG):  # first: answer.failed is built per call
                 self._log_detail(args.pod, answer.failed, self._cache_views())
-            return answer.filter_body
+            return body
         names, views = self._views(args)
         passing, failed, unresolvable, scores = self._decide(demand, names, views, deadline)
-        self._remember(uid, demand, lambda node: scores.get(node, 0), None, b"", len(scores))
+        self._remember(uid, demand, lambda node: scores.get(node, 0), passing, len(scores))
         metrics.decided("filter", "fits" if passing else "no_fit")
         return wire.filter_result(args, passing, failed, unresolvable)
+
+    def _hold(self, pod: dict[str, Any], demand: Demand, node: str) -> None:
+        """Hold what ``pod`` would take on ``node`` (the watched cache's view) until its bind comes."""
+        namespace, name, uid = wire.pod_identity(pod)
+        view = self.view_of(node)
+        if not uid or view is None or view.state is None:
+            return
+        try:
+            use = self.decider.use(demand, view, self.reservations.extra(node, without=(uid,)))
+        except placement.NoFit:
+            return  # judged on a state that changed since: nothing to hold, bind decides
+        self.reservations.hold(uid, namespace, name, node, use, view)
 
     def _lookup(self, names: list[str]) -> tuple[list[str], list[NodeView | None]]:
         """The cached views of ``names``, and ``names`` as a list equal to it.
@@ -271,8 +302,19 @@ class Extender:
         last = self._last_lookup
         if generation is not None and last is not None and last[0] == generation and last[1] == names:
             return last[1], last[2]
+        if generation is not None and last is not None and len(names) == len(last[1]):
+            # The same nodes in another order (kube-scheduler's usual case, see Answers._reordered):
+            # answered in the last list's order, which kube-scheduler reads as a set. Hashing the new
+            # names once for a set is all the new list costs; the views come from the last lookup.
+            given = set(names)
+            if len(given) == len(names) and given == self._last_set:
+                if last[0] == generation:
+                    return last[1], last[2]
+                names = last[1]
         views = list(map(self._cache_views().get, names))
         if generation is not None:
+            if last is None or names is not last[1]:
+                self._last_set = frozenset(names)
             self._last_lookup = (generation, names, views)
         return names, views
 
@@ -293,20 +335,18 @@ class Extender:
         uid: str,
         demand: Demand,
         score: Callable[[str], int],
-        passing: list[str] | None,
-        body: bytes,
+        passing: list[str],
         nodes: int,
     ) -> None:
-        """Keep what ``uid``'s filter computed (``score`` knows ``nodes`` nodes) for its prioritize."""
+        """Keep what ``uid``'s filter computed (``score`` knows ``nodes`` nodes; ``passing`` best first)
+        for its prioritize."""
         # kube-scheduler asks prioritize for the same pod next: its scores are computed now. Weighed by
         # what the entry holds (uids and keys come from the pod, scores from the node list).
         if uid:
-            kept = KeptScores(time.monotonic(), demand.key, score, passing, body)
+            rank = _ranks(passing)
+            kept = KeptScores(time.monotonic(), demand.key, score, rank)
             weight = (
-                len(body)
-                + _SCORE_NODE_BYTES * (nodes + len(passing or ()))
-                + sys.getsizeof(uid)
-                + _key_bytes(demand.key)
+                _SCORE_NODE_BYTES * (nodes + 2 * len(passing)) + sys.getsizeof(uid) + _key_bytes(demand.key)
             )
             self._scores.put(uid, kept, weight)
 
@@ -328,17 +368,45 @@ class Extender:
             and kept.demand_key == demand.key
             and time.monotonic() - kept.when < _SCORES_FRESH
         ):
-            if kept.passing is not None and args.names == kept.passing:
-                return kept.body  # the nodes filter passed, as kube-scheduler usually sends them
-            score = kept.score
-            return wire.priority_json((n, score(n)) for n in args.names)
-        names, views = self._views(args)
-        try:
-            _, _, _, scores = self._decide(demand, names, views, deadline or self.deadline())
-        except Abandoned as exc:
-            log.warning("prioritize abandoned: %s", exc)
-            return b"[]"
-        return wire.priority_json((n, scores.get(n, 0)) for n in names)
+            score, rank = kept.score, kept.rank
+            scored = [(n, score(n)) for n in args.names]
+            fits = [n for n in args.names if n in rank]
+        else:
+            names, views = self._views(args)
+            try:
+                passing, _, _, scores = self._decide(demand, names, views, deadline or self.deadline())
+            except Abandoned as exc:
+                log.warning("prioritize abandoned: %s", exc)
+                return b"[]"
+            rank = _ranks(passing)
+            scored = [(n, scores.get(n, 0)) for n in names]
+            fits = passing
+        if not fits:
+            return wire.priority_json(scored)
+        return wire.priority_json(self._one_top(args, demand, scored, fits, rank))
+
+    def _one_top(
+        self,
+        args: wire.FilterArgs,
+        demand: Demand,
+        scored: list[tuple[str, int]],
+        fits: list[str],
+        rank: dict[str, int],
+    ) -> list[tuple[str, int]]:
+        """``scored`` with one node alone on top, held for the pod (see docs/scheduling.md,
+        "Holds"): the best-scored node that fits, ties by the policy's rank.
+
+        The others keep their scores below it (capped one under), so kube-scheduler, whose
+        extender weight makes one point of this score outweigh all of its own plugins (conf/),
+        binds the pod where the hold is; ties would otherwise be broken at random, on a node
+        that nothing holds.
+        """
+        scores = dict(scored)
+        top = min(fits, key=lambda n: (-scores.get(n, 0), rank.get(n, len(rank))))
+        best = max(1, scores.get(top, 0))
+        if args.node_names is not None:
+            self._hold(args.pod, demand, top)
+        return [(n, best if n == top else min(s, best - 1)) for n, s in scored]
 
     def preempt(self, doc: Any) -> dict[str, Any]:
         """ExtenderPreemptionArgs -> ExtenderPreemptionResult (only nodes where eviction helps)."""

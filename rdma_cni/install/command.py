@@ -17,6 +17,7 @@ from typing import TextIO
 
 from rdma_cni import __version__, exporter
 from rdma_cni.agent.cniserver import DEFAULT_SOCKET
+from rdma_cni.agent.takeover import MetricsPort
 from rdma_cni.install.binary import install_binary
 from rdma_cni.install.common import (
     DEFAULT_CNI_BIN_DIR,
@@ -308,7 +309,8 @@ def _run(args: argparse.Namespace, opts: Options, out: TextIO, err: TextIO) -> i
     with _stop_on_signals(stop):
         server = None
         if args.mode == "shim" and args.watch:
-            # Serving before the shim is in place: no call finds a shim without a server.
+            # Serving before the shim is in place: no call finds a shim without a server (or, in a
+            # rollout with surge, the old agent serves until this one takes the socket over).
             try:
                 server = _start_cni_server(args.cni_socket, stop, out)
             except InstallError as exc:
@@ -322,7 +324,10 @@ def _run(args: argparse.Namespace, opts: Options, out: TextIO, err: TextIO) -> i
         finally:
             stop.set()
             if server is not None:
-                server.join(timeout=10)
+                # The CNI server hands its socket over to a waiting agent, then lets calls under way finish.
+                from rdma_cni.agent.cniserver import DRAIN_SECONDS, HANDOVER_SECONDS
+
+                server.join(timeout=HANDOVER_SECONDS + DRAIN_SECONDS + 1)
         if code is not None:
             return code
     say(out, "stopping")
@@ -340,44 +345,71 @@ def _install_and_watch(
         err.flush()
         return 1
     agent = None
+    port = None
     if args.node_state:
         try:
-            agent = _start_agent(args, opts, stop, out)
+            agent, port = _start_agent(args, opts, stop, out)
         except InstallError as exc:
             err.write(f"rdma-cni install: error: {exc}\n")
             err.flush()
             return 1
+    # Ready without waiting for what another agent still holds (see rdma_cni/agent/takeover.py).
     _set_ready(opts.ready_file, True)
     if not args.watch or stop.is_set():
+        if port is not None:
+            port.close()
         return 0
     say(out, f"watching {opts.serviceaccount_dir} every {opts.interval:g}s")
     watch(opts, stop, out, max_iterations=args.max_iterations)
     stop.set()
+    if port is not None:
+        port.close()  # first: the next agent on this node is waiting for the port
     if agent is not None:
         agent.join(timeout=10)
     return None
 
 
 def _start_cni_server(socket_path: str, stop: threading.Event, out: TextIO) -> threading.Thread:
-    """Serve the shim's calls in a thread until ``stop``; InstallError when the socket cannot be served."""
-    from rdma_cni.agent.cniserver import CniServer, ServerError
+    """Serve the shim's calls in a thread until ``stop``; InstallError when the socket cannot be served.
+
+    Another agent serving the socket (the old one of a rollout with surge) is no error: this one
+    takes the socket over in the background the moment that one lets go.
+    """
+    from rdma_cni.agent.cniserver import TAKEOVER_POLL, CniServer, ServerError
+    from rdma_cni.agent.takeover import HELD, take_over
 
     server = CniServer(socket_path)
     try:
-        # During a rolling update with surge the old agent still serves: take over when it stops.
-        server.start(wait=stop)
+        serving = server.try_start()
     except ServerError as exc:
         raise InstallError(f"CNI server: {exc}") from None
-    thread = threading.Thread(target=server.serve, args=(stop,), name="cni-server", daemon=True)
+
+    def run() -> None:
+        if not serving and not take_over(
+            "cni", server.try_start, stop, poll=TAKEOVER_POLL, max_poll=TAKEOVER_POLL
+        ):
+            server.close()
+            return
+        HELD["cni"] = True
+        try:
+            server.serve(stop)
+        finally:
+            HELD["cni"] = False
+
+    HELD["cni"] = serving
+    thread = threading.Thread(target=run, name="cni-server", daemon=True)
     thread.start()
-    say(out, f"serving CNI verbs for the shim on {server.socket_path} (plugin {server.plugin[0]})")
+    if serving:
+        say(out, f"serving CNI verbs for the shim on {server.socket_path} (plugin {server.plugin[0]})")
+    else:
+        say(out, f"another agent serves {server.socket_path}: taking it over when it stops")
     return thread
 
 
 def _start_agent(
     args: argparse.Namespace, opts: Options, stop: threading.Event, out: TextIO
-) -> threading.Thread:
-    """Start the node agent thread; InstallError for what the operator must fix (nothing is started then)."""
+) -> tuple[threading.Thread, MetricsPort | None]:
+    """Start the node agent thread and its metrics; InstallError for what the operator must fix."""
     from rdma_cni.agent.loop import run_agent, setup_agent, start_nri
 
     node_name = opts.environ.get("NODE_NAME", "")
@@ -399,14 +431,24 @@ def _start_agent(
         lambda path, body: publisher.client.post(path, body), "rdma-cni-agent", host=node_name
     )
     metrics.watch(publisher)
+    port = None
     if args.metrics_listen:
+        port = MetricsPort(args.metrics_listen, metrics.serve)
         try:
-            server = metrics.serve(args.metrics_listen)
+            serving = port.start(stop)
         except OSError as exc:
             raise InstallError(
                 "node agent: cannot serve metrics on {}:{}: {}".format(*args.metrics_listen, exc)
             ) from None
-        say(out, "serving metrics on {}:{}".format(*server.server_address[:2]))
+        if serving:
+            say(out, "serving metrics on {}:{}".format(*port.server.server_address[:2]))
+        else:
+            say(
+                out,
+                "metrics port {}:{} is busy (another agent): taking it over when it is free".format(
+                    *args.metrics_listen
+                ),
+            )
     # The agent reports through logging; the container's log should show its progress, not only errors.
     for handler in logging.getLogger("rdma_cni").handlers:
         handler.setLevel(logging.INFO)
@@ -414,4 +456,4 @@ def _start_agent(
     thread.start()
     say(out, f"publishing node state on node {node_name} ({len(agent.views)} network(s))")
     start_nri(agent.views, args.nri_socket, args.memlock, stop)
-    return thread
+    return thread, port

@@ -41,6 +41,7 @@ DEFAULT_CACHE_DIR = "/var/cache/rdma-cni"
 DEFAULT_LOG_FILE = "/var/log/rdma-cni.log"
 NRI_STATE = "nri-state"  # rdma_cni.node.nristate.STATE_FILE
 BOOT_CHECKED = "boot-checked"  # rdma_cni.node.boot.MARKER: the boot whose records were last checked
+SERVER_LOCKS = ("cni.lock", "cni.next.lock")  # beside the CNI server's socket (rdma_cni.agent.cniserver)
 STATE_SUBDIRS = ("attachments", "quarantine", "ipam-pending")  # rdma_cni.node.statedir.SUBDIRS
 NODE_STATE_ANNOTATION = "rdma-cni.io/node-state"  # rdma_cni.shared.nodestate.ANNOTATION
 SPOOL_NAME = "del-spool"  # rdma_cni.agent.delspool.SPOOL_NAME, beside the CNI server's socket
@@ -131,6 +132,9 @@ def _remove_socket(socket_path: str, report: Report) -> None:
         if stat.S_ISSOCK(os.lstat(socket_path).st_mode):
             _remove_file(socket_path, report)
     directory = os.path.dirname(socket_path)
+    # Which server owns the socket, and which waits to take it over (rdma_cni.agent.cniserver).
+    for lock in SERVER_LOCKS:
+        _remove_file(os.path.join(directory, lock), report)
     _remove_empty_dir(os.path.join(directory, SPOOL_NAME), report, "not empty: DELs still spooled")
     _remove_empty_dir(directory, report, "not empty")
 
@@ -246,6 +250,8 @@ def run(
         _remove_socket(args.cni_socket, report)
         _remove_file(args.lock_file, report)
         _remove_file(os.path.join(os.path.dirname(args.lock_file), NRI_STATE), report)
+        # Which agent's NRI plugin registers (rdma_cni.agent.nri.plugin's lock_file).
+        _remove_file(os.path.join(os.path.dirname(args.lock_file), NRI_STATE + ".lock"), report)
         _remove_empty_dir(os.path.dirname(args.lock_file), report, "not empty")
         for sub in STATE_SUBDIRS:
             _remove_empty_dir(

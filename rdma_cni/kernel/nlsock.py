@@ -348,13 +348,58 @@ class NlSocket:
         the dump would greet the next request. No retry here: the caller
         decides what an interrupted dump means.
         """
+        self._send(op, request)
+        for frame in self._recv(op, seq):
+            yield frame
+            if frame.type in (NLMSG_DONE, NLMSG_ERROR):
+                return
+
+    def exchange(self, op: str, request: bytes, seq: int) -> list[Frame]:
+        """Send ``request`` (whose sequence number is ``seq``) and collect its replies.
+
+        Collects up to NLMSG_DONE for a dump, up to the ACK when the request
+        asked for one, else up to the first reply that is not multi-part.
+        Returns the data messages (and a dump's DONE, whose flags may carry
+        NLM_F_DUMP_INTR). Replies to other sequence numbers are leftovers of
+        earlier requests and are skipped.
+        """
+        self._send(op, request)
+        (req_flags,) = struct.unpack_from("=H", request, 6)
+        dump = req_flags & NLM_F_DUMP == NLM_F_DUMP
+        acked = bool(req_flags & NLM_F_ACK)
+        replies: list[Frame] = []
+        for frame in self._recv(op, seq):
+            if frame.type == NLMSG_ERROR:  # the ACK: an error was raised by _recv
+                return replies
+            if frame.type == NLMSG_DONE:
+                if dump:
+                    replies.append(frame)  # its flags may carry NLM_F_DUMP_INTR
+                    return replies
+                continue
+            replies.append(frame)
+            if not dump and not acked and not frame.flags & NLM_F_MULTI:
+                return replies
+        raise AssertionError("unreachable: _recv never ends by itself")  # pragma: no cover
+
+    def _send(self, op: str, request: bytes) -> None:
+        if self._sock is None:
+            raise ValueError("the netlink socket is closed")
+        try:
+            self._sock.send(request)
+        except OSError as exc:
+            raise self._os_error(op, exc) from exc
+
+    def _recv(self, op: str, seq: int) -> Iterator[Frame]:
+        """The replies to ``seq`` as they arrive, checked: without end, the caller stops reading.
+
+        Skips leftovers of earlier requests (other sequence numbers) and
+        NLMSG_NOOP; raises :class:`NetlinkError` for an NLMSG_ERROR or
+        NLMSG_DONE carrying an error, an NLMSG_OVERRUN, a closed socket, a
+        timeout or a failed ``recv``.
+        """
         sock = self._sock
         if sock is None:
             raise ValueError("the netlink socket is closed")
-        try:
-            sock.send(request)
-        except OSError as exc:
-            raise self._os_error(op, exc) from exc
         while True:
             try:
                 data = sock.recv(RECV_BUFSIZE)
@@ -370,55 +415,6 @@ class NlSocket:
                 if frame.type == NLMSG_OVERRUN:
                     raise self.error(errno.ENOBUFS, op, reason="the kernel dropped part of the reply")
                 yield frame
-                if frame.type in (NLMSG_DONE, NLMSG_ERROR):
-                    return
-
-    def exchange(self, op: str, request: bytes, seq: int) -> list[Frame]:
-        """Send ``request`` (whose sequence number is ``seq``) and collect its replies.
-
-        Collects up to NLMSG_DONE for a dump, up to the ACK when the request
-        asked for one, else up to the first reply that is not multi-part.
-        Returns the data messages (and a dump's DONE, whose flags may carry
-        NLM_F_DUMP_INTR). Replies to other sequence numbers are leftovers of
-        earlier requests and are skipped.
-        """
-        sock = self._sock
-        if sock is None:
-            raise ValueError("the netlink socket is closed")
-        (req_flags,) = struct.unpack_from("=H", request, 6)
-        dump = req_flags & NLM_F_DUMP == NLM_F_DUMP
-        acked = bool(req_flags & NLM_F_ACK)
-        try:
-            sock.send(request)
-        except OSError as exc:
-            raise self._os_error(op, exc) from exc
-        replies: list[Frame] = []
-        while True:
-            try:
-                data = sock.recv(RECV_BUFSIZE)
-            except OSError as exc:
-                raise self._os_error(op, exc) from exc
-            if not data:
-                raise self.error(errno.EPROTO, op, reason="the socket closed before the answer came")
-            for frame in split_frames(data):
-                if frame.seq != seq:
-                    continue
-                if frame.type in (NLMSG_ERROR, NLMSG_DONE) and frame.error:
-                    raise self.error(-frame.error, op, kernel_message=frame.kernel_message)
-                if frame.type == NLMSG_ERROR:
-                    return replies
-                if frame.type == NLMSG_DONE:
-                    if dump:
-                        replies.append(frame)  # its flags may carry NLM_F_DUMP_INTR
-                        return replies
-                    continue
-                if frame.type == NLMSG_OVERRUN:
-                    raise self.error(errno.ENOBUFS, op, reason="the kernel dropped part of the reply")
-                if frame.type == NLMSG_NOOP:
-                    continue
-                replies.append(frame)
-                if not dump and not acked and not frame.flags & NLM_F_MULTI:
-                    return replies
 
     def _os_error(self, op: str, exc: OSError) -> NetlinkError:
         if isinstance(exc, TimeoutError):

@@ -22,8 +22,9 @@ Each reading ends in one of three ways:
   error, a type error, a panic in Multus): nothing of the pod is attached;
 - :class:`UnreadableNetworks` (an :class:`InvalidPodRequest`): the text cannot
   be read here exactly as Multus would, or past this reader's bounds (nested
-  deeper than Python's parser goes, over the API server's 256 KiB, more than
-  :data:`MAX_ELEMENTS` networks): the extender refuses the pod.
+  deeper than :data:`~rdma_cni.shared.jsondepth.MAX_DEPTH` levels, over the API
+  server's 256 KiB, more than :data:`MAX_ELEMENTS` networks): the extender
+  refuses the pod.
 
 ``tests/integration/test_multus_differential.py`` checks this against
 Multus' own code, built from the module at the version above.
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rdma_cni.shared.errors import InvalidPodRequest
+from rdma_cni.shared.jsondepth import MAX_DEPTH, depth_over
 
 __all__ = [
     "DEFAULT_NETWORK_ANNOTATION",
@@ -79,11 +81,9 @@ _GO_FOLD = {"\u017f": "S", "\u212a": "K"}
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _IFNAME_BAD = frozenset(" \t\n\v\f\r/")
 _IFNAMSIZ = 15
-# Python's parser (and the walk over what it returns) stops at its recursion limit, about 1,000
-# levels; Go's allows 10,000. Deeper text is refused rather than read differently.
-_TOO_DEEP = (
-    "nested deeper than the extender reads (about 1,000 levels); it cannot count what Multus would attach"
-)
+# Python's parser stops at its recursion limit, about 1,000 levels less its caller's, and Go's
+# allows 10,000: text deeper than MAX_DEPTH is measured before the parse and refused rather than
+# read differently. RecursionError stays caught, should a caller's stack be deeper than expected.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _MAC = re.compile(r"[0-9A-Fa-f]{2}(?:([:-])[0-9A-Fa-f]{2})(?:\1[0-9A-Fa-f]{2})*")
 _MAC_DOTS = re.compile(r"[0-9A-Fa-f]{4}(?:\.[0-9A-Fa-f]{4})*")
@@ -366,10 +366,13 @@ def read_networks(value: str | None, default_namespace: str) -> Reading:
         return Reading(())
     _check_size(value)
     if any(c in value for c in '[{"'):  # Multus' own test for the JSON form
+        depth = depth_over(value)
+        if depth is not None:
+            raise UnreadableNetworks(f"is nested {depth} levels deep; the extender reads at most {MAX_DEPTH}")
         try:
             return _json_form(value, default_namespace)
         except RecursionError:
-            raise UnreadableNetworks(_TOO_DEEP) from None
+            raise UnreadableNetworks("is nested deeper than the parser goes on this call's stack") from None
     _check_count(value.count(",") + 1)
     selections = [_comma_item(item) for item in value.split(",")]
     return Reading(tuple(_in_namespace(s, default_namespace) for s in selections))

@@ -27,8 +27,10 @@ from rdma_cni.shared.quote import quote
 
 __all__ = [
     "ANNOTATION",
+    "BANDWIDTH_RESOURCE",
     "VERSION",
     "VERSION_2",
+    "VF_RESOURCE",
     "Allocation",
     "InterfaceUse",
     "Network",
@@ -44,6 +46,11 @@ __all__ = [
 ]
 
 ANNOTATION = "rdma-cni.io/node-state"
+# The node's RDMA capacity as extended resources, which kube-scheduler's own filters count: in the
+# Node's status (agent/capacity) and in the containers of pods that declare their interfaces
+# (extender/declared). Bandwidth in Mbit/s of min_tx_rate; one VF per interface.
+BANDWIDTH_RESOURCE = "rdma-cni.io/bandwidth"
+VF_RESOURCE = "rdma-cni.io/vf"
 VERSION = 1
 # Version 2: PFs, allocations and the networks (each with its PFs and their rails) as arrays.
 VERSION_2 = 2

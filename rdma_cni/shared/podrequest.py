@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from rdma_cni.shared.errors import InvalidPodRequest
+from rdma_cni.shared.jsondepth import MAX_DEPTH, depth_over
 from rdma_cni.shared.names import IFNAME_RULE, RAIL_RULE, valid_ifname, valid_rail
 from rdma_cni.shared.quote import quote
 
@@ -187,6 +188,9 @@ def parse_request(raw: Any, source: str) -> PodRequest:
         size = len(raw.encode("utf-8", "surrogatepass"))
         if size > MAX_REQUEST_BYTES:
             raise InvalidPodRequest(f"{source}: value is {size} bytes, the limit is {MAX_REQUEST_BYTES}")
+        depth = depth_over(raw)
+        if depth is not None:
+            raise InvalidPodRequest(f"{source}: nested {depth} levels deep, the limit is {MAX_DEPTH}")
         try:
             value = json.loads(raw)
         except (ValueError, RecursionError) as exc:

@@ -2,14 +2,16 @@
 
 The agent's service account, with a token bound to a pod on node A (what the
 DaemonSet's projected token is), may change node A's
-``rdma-cni.io/node-state`` annotation and nothing else; node B, another
-annotation, a label or the spec are denied with the policy's message, the
-status subresource by RBAC, and a token bound to no node is denied.
+``rdma-cni.io/node-state`` annotation and, in its status, the
+``rdma-cni.io/bandwidth`` and ``rdma-cni.io/vf`` resources, and nothing else;
+node B, another annotation, a label, the spec or any other status field are
+denied with the policy's message, and a token bound to no node is denied.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,12 +22,18 @@ from rdma_cni.kube.client import ApiClient, ApiError
 from rdma_cni.shared import nodestate
 from tests.cluster.conftest import unique
 from tests.support import sched_objects as so
+from tests.support.kube.applyconf import documents
 from tests.support.kube.controlplane import ControlPlane
 from tests.support.kube.objects import client_for_token, create, create_node, pod_doc, token_claims
 
 AGENT_NAMESPACE, AGENT_ACCOUNT = "kube-system", "rdma-cni"
 WRONG_NODE = "rdma-cni may only patch the Node its own pod runs on"
 WRONG_FIELD = "rdma-cni may only change the rdma-cni.io/node-state annotation"
+WRONG_STATUS = (
+    "rdma-cni may only change the rdma-cni.io/bandwidth and rdma-cni.io/vf resources of a Node's status"
+)
+RDMA = {"rdma-cni.io/bandwidth": "40k", "rdma-cni.io/vf": "4"}
+NOT_READY = [{"type": "Ready", "status": "False", "reason": "x", "message": "x"}]
 
 
 @dataclass
@@ -128,16 +136,74 @@ def test_a_token_bound_to_no_node_is_denied(agents: Agents) -> None:
         assert nodestate.ANNOTATION not in _annotations(agents.cp, node)
 
 
-def test_status_is_out_of_reach(agents: Agents) -> None:
-    # The status subresource: RBAC grants the agent nodes, not nodes/status.
-    body = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "x", "message": "x"}]}}
-    error = _denied(agents.bound, f"/api/v1/nodes/{agents.node_a}/status", body)
-    assert error.status == 403 and "nodes/status" in error.message, error.message
+def test_the_agent_sets_its_own_nodes_rdma_resources_in_its_status(agents: Agents) -> None:
+    path = f"/api/v1/nodes/{agents.node_a}/status"
+    before = agents.cp.get("node", agents.node_a)["status"]
+    stored = agents.bound.patch_merge(path, {"status": {"capacity": RDMA, "allocatable": RDMA}})
+    for part in ("capacity", "allocatable"):
+        assert stored["status"][part] == {**before[part], **RDMA}, part
+    # Changed and removed again: each a change of those resources alone.
+    agents.bound.patch_merge(path, {"status": {"capacity": {"rdma-cni.io/vf": "2"}}})
+    removed = {k: None for k in RDMA}
+    agents.bound.patch_merge(path, {"status": {"capacity": removed, "allocatable": removed}})
+    assert agents.cp.get("node", agents.node_a)["status"]["capacity"] == before["capacity"]
+
+
+@pytest.mark.parametrize(
+    "what, body",
+    [
+        (
+            "the Ready condition",
+            {"conditions": NOT_READY},
+        ),
+        ("an address", {"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}]}),
+        ("the kubelet's endpoint", {"daemonEndpoints": {"kubeletEndpoint": {"Port": 1}}}),
+        ("the CPU capacity", {"capacity": {"cpu": "64"}}),
+        ("the CPU allocatable", {"allocatable": {"cpu": "64"}}),
+        ("another extended resource", {"capacity": {"example.com/gpu": "8"}}),
+        ("a capacity removed", {"capacity": {"pods": None}}),
+        ("the RDMA resources and the CPU at once", {"capacity": {**RDMA, "cpu": "64"}}),
+        ("the node's info", {"nodeInfo": {"kubeletVersion": "v9.9.9"}}),
+        ("its images", {"images": [{"names": ["registry.invalid/x:1"], "sizeBytes": 1}]}),
+    ],
+)
+def test_anything_else_in_its_nodes_status_is_denied_with_the_policys_message(
+    agents: Agents, what: str, body: dict[str, Any]
+) -> None:
+    before = agents.cp.get("node", agents.node_a)
+    error = _denied(agents.bound, f"/api/v1/nodes/{agents.node_a}/status", {"status": body})
+    assert WRONG_STATUS in error.message, (what, error.status, error.message)
+    after = agents.cp.get("node", agents.node_a)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], what
+
+
+def test_another_nodes_status_and_an_unbound_token_are_denied(agents: Agents) -> None:
+    body = {"status": {"capacity": RDMA}}
+    error = _denied(agents.bound, f"/api/v1/nodes/{agents.node_b}/status", body)
+    assert WRONG_NODE in error.message, error.message
+    error = _denied(agents.unbound, f"/api/v1/nodes/{agents.node_a}/status", body)
+    assert WRONG_NODE in error.message, error.message
+    for node in (agents.node_a, agents.node_b):
+        assert "rdma-cni.io/vf" not in agents.cp.get("node", node)["status"]["capacity"]
+
+
+def test_a_status_change_through_the_node_itself_is_dropped(agents: Agents) -> None:
     # Through the main resource a status change is dropped by the API server
     # before admission: nothing changes, whatever the policy says.
+    body = {"status": {"conditions": NOT_READY}}
     agents.bound.patch_merge(f"/api/v1/nodes/{agents.node_a}", body)
     ready = [c for c in agents.cp.get("node", agents.node_a)["status"]["conditions"] if c["type"] == "Ready"]
     assert ready[0]["status"] == "True"
+
+
+def test_the_policy_names_every_field_of_the_nodes_status(agents: Agents) -> None:
+    """A field Kubernetes adds to NodeStatus must be named in the policy, or the agent could change it."""
+    openapi = json.loads(agents.cp.kubectl("get", "--raw", "/openapi/v3/api/v1").stdout)
+    fields = set(openapi["components"]["schemas"]["io.k8s.api.core.v1.NodeStatus"]["properties"])
+    policy = next(d for d in documents("rbac.yaml") if d.get("kind") == "ValidatingAdmissionPolicy")
+    text = json.dumps(policy["spec"])  # capacity and allocatable in its variables, the rest in a rule
+    named = set(re.findall(r"oldObject\.status\.(\w+)", text))
+    assert named == fields, (sorted(fields - named), sorted(named - fields))
 
 
 def test_the_agents_rbac_denies_what_the_policy_does_not_see(agents: Agents) -> None:

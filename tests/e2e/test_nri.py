@@ -13,6 +13,7 @@ unit tier's fixtures, ``tests/unit/data/nri/``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,12 @@ def nri_run(e2e_boot_module: BootFn, tmp_path_factory: pytest.TempPathFactory) -
     image = tmp_path_factory.mktemp("nri-image") / "busybox.tar"
     oci_archive(str(image), IMAGE, ["/bin/sleep", "2147483647"])
     pods = [
-        {"namespace": "default", "name": name, "uid": f"uid-{name}", "annotations": {ANNOTATION: "[{}]"}}
+        {
+            "namespace": "default",
+            "name": name,
+            "uid": hashlib.md5(name.encode()).hexdigest(),
+            "annotations": {ANNOTATION: "[{}]"},
+        }
         for name in ("nri-a", "nri-b")
     ]
     files = {

@@ -15,6 +15,7 @@ host-local's lease files.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import re
@@ -72,13 +73,18 @@ SCENARIO_NAMES = [
 ]
 
 
+def pod_uid(name: str) -> str:
+    """The pod's UID, as rc_cni (scenarios/plugin_lib.sh) passes it: 32 hex digits, as a static pod's."""
+    return hashlib.md5(name.encode()).hexdigest()
+
+
 def _pods_json() -> bytes:
     """The stand-in's --pods file."""
     pods = [
         {
             "namespace": "default",
             "name": name,
-            "uid": f"uid-{name}",
+            "uid": pod_uid(name),
             "annotations": {ANNOTATION: json.dumps(request)},
         }
         for name, request in PODS.items()
@@ -399,7 +405,7 @@ def test_s1_two_rate_capped_interfaces(
 
     (record,) = during.records
     assert record["state"] == "ready"
-    assert record["pod"] == {"namespace": "default", "name": "rates", "uid": "uid-rates"}
+    assert record["pod"] == {"namespace": "default", "name": "rates", "uid": pod_uid("rates")}
     assert [(v["pci"], v["pod_name"], v["host_name"], v["max_tx_rate"]) for v in record["vfs"]] == [
         (vfs["net1"], "net1", original_names[vfs["net1"]], 100),
         (vfs["net1-1"], "net1-1", original_names[vfs["net1-1"]], 200),

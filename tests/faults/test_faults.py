@@ -119,6 +119,18 @@ def mutate_conf(rng: random.Random, cluster: Cluster, base: dict[str, Any]) -> d
     return doc
 
 
+# Pods Kubernetes could not have named: ADD refuses each with code 4 (when nothing else is wrong).
+BAD_POD_ARGS = [
+    "K8S_POD_NAMESPACE=Default;K8S_POD_NAME=p",
+    "K8S_POD_NAMESPACE=" + "n" * 64 + ";K8S_POD_NAME=p",
+    "K8S_POD_NAMESPACE=team.a;K8S_POD_NAME=p",
+    "K8S_POD_NAMESPACE=default;K8S_POD_NAME=" + "p" * 254,
+    "K8S_POD_NAMESPACE=default;K8S_POD_NAME=P\x1b[2J",
+    "K8S_POD_NAMESPACE=default",
+    "K8S_POD_NAMESPACE=default;K8S_POD_NAME=p;K8S_POD_UID=uid-p",
+]
+
+
 def mutate_env(rng: random.Random, cluster: Cluster, pod: dict[str, str]) -> dict[str, str]:
     """One or two hostile CNI_* variables."""
     env = dict(pod)
@@ -136,14 +148,20 @@ def mutate_env(rng: random.Random, cluster: Cluster, pod: dict[str, str]) -> dic
         ],
         "CNI_IFNAME": ["", "a" * 16, "eth0/", "lo", "net 1", "%d", "..", "eth0", "n" * 15],
         "CNI_NETNS": ["", "relative", "/nonexistent/ns", "/proc/self/ns/net", "/proc/self/ns/mnt", "/", fifo],
-        "CNI_ARGS": ["garbage", "K8S_POD_NAME=../..;K8S_POD_NAMESPACE=default", "=;;=", "A=" + "b" * 5000],
+        "CNI_ARGS": [
+            "garbage",
+            "K8S_POD_NAME=../..;K8S_POD_NAMESPACE=default",
+            "=;;=",
+            "A=" + "b" * 5000,
+            *BAD_POD_ARGS,
+        ],
         "CNI_PATH": ["", "/nonexistent", "relative", ":::"],
         "CNI_COMMAND": ["", "add", "NOPE", "VERSION", "DEL", "CHECK"],
     }
     for _ in range(rng.randint(1, 2)):
         var = rng.choice(sorted(choices))
         value = rng.choice(choices[var])
-        if value == fifo:
+        if value == fifo and not os.path.exists(fifo):  # both draws may pick it
             os.mkfifo(fifo)
         env[var] = value
     return env
@@ -172,9 +190,13 @@ def test_fuzzed_environments(cluster: Cluster, rng: random.Random) -> None:
         env = mutate_env(rng, cluster, pod)
         bench.stats["inputs"] += 1
         verb = env.get("CNI_COMMAND") or "ADD"
-        label = f"env #{n} {json.dumps({k: v for k, v in env.items() if v != pod.get(k)})[:200]}"
+        changed = {k: v for k, v in env.items() if v != pod.get(k)}
+        label = f"env #{n} {json.dumps(changed)[:200]}"
         env.pop("CNI_COMMAND", None)
-        bench.run(verb if verb in ("ADD", "DEL", "CHECK", "VERSION") else "ADD", env, conf, label)
+        out = bench.run(verb if verb in ("ADD", "DEL", "CHECK", "VERSION") else "ADD", env, conf, label)
+        code = (out.doc or {}).get("code")
+        if set(changed) == {"CNI_ARGS"} and changed["CNI_ARGS"] in BAD_POD_ARGS and code != 4:
+            bench.fail(f"{label}: ADD of a pod Kubernetes could not name got code {code}, not 4: {out.doc}")
         # Accepted or refused, the node must make sense now (a VF "in the pod" the host is, say).
         bench.check(label, [pod], settled=False)
         bench.run("DEL", env, conf, label)  # the runtime DELs with what it has

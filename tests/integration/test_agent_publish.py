@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from rdma_cni.agent import loop, publish, snapshot
+from rdma_cni.agent import capacity, loop, publish, snapshot
+from rdma_cni.kube import client as kubeapi
 from rdma_cni.shared import nodestate
 from tests.integration.conftest import REPO, Cluster, plugin_command
 from tests.support import waiting
@@ -220,6 +221,38 @@ def test_heartbeat_rewrites_an_unchanged_state(cluster: Cluster) -> None:
     with running(agent):
         wait_for(lambda: (s := published(cluster, name)) and s.generation >= 3, 5, "heartbeat writes")
     assert 3 <= agent.publisher.writes <= 6
+
+
+def test_the_nodes_rdma_resources_are_advertised_in_its_status_and_kept_there(cluster: Cluster) -> None:
+    name = node_name()
+    cluster.api.add_node(name)
+    before = cluster.api.get_node(name)["status"]
+    agent = make_agent(cluster, name, period=0.2, heartbeat=0.5)
+
+    def shown() -> dict[str, str] | None:
+        status = cluster.api.get_node(name)["status"]
+        ours = {k: v for k, v in status["capacity"].items() if k.startswith("rdma-cni.io/")}
+        return (
+            ours if ours and ours == {k: v for k, v in status["allocatable"].items() if k in ours} else None
+        )
+
+    with running(agent):
+        state = wait_for(lambda: published(cluster, name), 10, "the first publish")
+        wanted = capacity.resources(state)
+        assert wait_for(shown, 10, "the RDMA resources in the status") == wanted
+        assert int(wanted[nodestate.VF_RESOURCE]) == sum(p.capacity_vfs for p in state.pfs) > 0
+        # The rest of the status is the kubelet's, untouched.
+        status = cluster.api.get_node(name)["status"]
+        assert {k: v for k, v in status["capacity"].items() if k not in wanted} == before["capacity"]
+        assert status["conditions"] == before["conditions"]
+        # The kubelet sets extended resources to 0 when it starts without its checkpoint: the next
+        # heartbeat of the state writes them again.
+        zero = {k: "0" for k in wanted}
+        with kubeapi.ApiClient.from_kubeconfig(os.path.join(cluster.tmp, "kubeconfig")) as client:
+            client.patch_merge(
+                f"/api/v1/nodes/{name}/status", {"status": {"capacity": zero, "allocatable": zero}}
+            )
+        assert wait_for(lambda: shown() == wanted and wanted, 10, "the resources advertised again")
 
 
 def test_unlistable_records_publish_that_nothing_fits_until_fixed(cluster: Cluster) -> None:

@@ -12,7 +12,8 @@ server's semantics for the parts it implements:
 - Nodes: ``GET`` and merge ``PATCH /api/v1/nodes/{name}`` (404, 409 on a stale
   ``metadata.resourceVersion``, 400 for a body that is not JSON, 415 for
   another patch type, 422 for a result that is not a valid Node, including
-  annotations over 256 KiB), LIST and WATCH of ``/api/v1/nodes``.
+  annotations over 256 KiB), LIST and WATCH of ``/api/v1/nodes``; merge
+  ``PATCH /api/v1/nodes/{name}/status``, which changes the status only.
 - Lists carry a ``resourceVersion`` (one global counter, bumped by every
   change, like etcd's revision) and page with ``limit``/``continue``. Asked by
   ``Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1``
@@ -345,6 +346,7 @@ def _peer_cn(cert: dict[str, Any] | None) -> str | None:
 # Stored objects, selectors and patches
 
 _NODE_PATH = re.compile(r"/api/v1/nodes/([^/]+)")
+_NODE_STATUS_PATH = re.compile(r"/api/v1/nodes/([^/]+)/status")
 _NS_PODS_PATH = re.compile(r"/api/v1/namespaces/([^/]+)/pods")
 _BINDING_PATH = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding")
 _EVENTS_PATH = re.compile(r"/api/v1/namespaces/([^/]+)/events")
@@ -1305,6 +1307,9 @@ class ApiServer:
         if path == "/api/v1/nodes":
             self._require(method, "GET")
             self._collection(handler, "nodes", None, params)
+        elif match := _NODE_STATUS_PATH.fullmatch(path):
+            self._require(method, "PATCH")
+            self._patch_node(handler, unquote(match.group(1)), body, status=True)
         elif match := _NODE_PATH.fullmatch(path):
             name = unquote(match.group(1))
             if method == "GET":
@@ -1400,7 +1405,7 @@ class ApiServer:
         except (ValueError, UnicodeDecodeError) as exc:
             raise _ApiFailure(400, "BadRequest", f"error decoding request body: {exc}") from None
 
-    def _patch_node(self, handler: _Handler, name: str, body: bytes) -> None:
+    def _patch_node(self, handler: _Handler, name: str, body: bytes, *, status: bool = False) -> None:
         patch = self._json_body(handler, body, ("application/merge-patch+json",))
         if not isinstance(patch, dict):
             raise _ApiFailure(400, "BadRequest", "json: cannot unmarshal a merge patch that is not an object")
@@ -1420,9 +1425,12 @@ class ApiServer:
                     {"name": name, "kind": "nodes"},
                 )
             doc = _merge_patch(stored.doc, patch)
+            if status:
+                # The status subresource changes the status alone (metadata and spec kept).
+                doc = {**stored.doc, "status": doc.get("status", {})}
             # PATCH of the main resource cannot change status (that is the
             # status subresource's job); the server silently keeps the old one.
-            if "status" in stored.doc:
+            elif "status" in stored.doc:
                 doc["status"] = stored.doc["status"]
             else:
                 doc.pop("status", None)

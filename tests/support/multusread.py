@@ -254,6 +254,9 @@ def hand_cases() -> list[Case]:
         '[{"name": "rdma-a", "bandwidth": {"ingressRate": 1, "X": 1.5}, '
         '"portMappings": [{"hostPort": 8}, null]}]',
         '[{"name": "rdma-a", "cni-args": {"x": ' + "[" * 800 + "]" * 800 + "}}]",
+        # At the reader's bound (512 levels in all): read, and read as Multus reads it.
+        '[{"name": "rdma-a", "cni-args": {"x": ' + "[" * 509 + "]" * 509 + "}}]",
+        '[{"name": "rdma-a", "cni-args": {"x": ' + "[" * 510 + "]" * 510 + "}}]",
         '[{"name": "rdma-a", "bandwidth": {"ingressRate": 1.5}}]',
         '[{"name": "rdma-a", "portMappings": [{"protocol": 6}]}]',
         '[{"name": "rdma-a", "portMappings": {}}]',

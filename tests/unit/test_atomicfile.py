@@ -92,10 +92,12 @@ def test_does_not_follow_a_planted_temporary_symlink(tmp_path: Path) -> None:
 
 
 # Renames that are not file writes: a corrupt record or spooled DEL moved aside, a listening socket
-# put in place, a full logFile moved aside (rotation), an unpacked tree moved aside before it is deleted.
+# put in place (the warm server's, the CNI server's), a full logFile moved aside (rotation), an
+# unpacked tree moved aside before it is deleted.
 NOT_WRITES = {
     ("rdma_cni/node/record.py", "quarantine"),
     ("rdma_cni/warm.py", "listen"),
+    ("rdma_cni/agent/cniserver.py", "_publish"),
     ("rdma_cni/agent/delspool.py", "run_spool"),
     ("rdma_cni/log.py", "rotate_if_large"),
     ("rdma_cni/cacheprune.py", "_remove"),

@@ -22,7 +22,7 @@ from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedFie
 from rdma_cni.install import command as install_command
 from rdma_cni.install import common, kubeconfig, netconf
 from rdma_cni.kube import credentials
-from rdma_cni.shared.nodestate import ANNOTATION
+from rdma_cni.shared.nodestate import ANNOTATION, BANDWIDTH_RESOURCE, VF_RESOURCE
 from rdma_cni.shared.podrequest import parse_request
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -305,6 +305,22 @@ def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
     assert ready and ready[0] in container["readinessProbe"]["exec"]["command"]
 
 
+def test_daemonset_rolls_with_surge_and_gives_the_handover_its_time() -> None:
+    ds = one("daemonset.yaml", "DaemonSet")
+    # The new pod runs beside the old one until Ready: the node's token never dies first.
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    # On SIGTERM the CNI server hands its socket over, then lets the verbs under way finish.
+    grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > cniserver.HANDOVER_SECONDS + cniserver.DRAIN_SECONDS
+    # Readiness is the ready file alone: nothing the old pod still holds (a port, a socket).
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["exec"]["command"][:2] == ["test", "-e"]
+    assert "ports" not in container  # on the host network, a port is a hostPort: surge pods would not fit
+
+
 def test_rbac_gets_pods_and_patches_nodes_only() -> None:
     (role,) = [
         d
@@ -314,6 +330,8 @@ def test_rbac_gets_pods_and_patches_nodes_only() -> None:
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        # The node's RDMA resources in its status (rdma_cni/agent/capacity.py).
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
         # The agent's NodeStatePublishFailed Event (rdma_cni/kube/events.py posts core v1 Events).
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
@@ -366,7 +384,12 @@ def test_metrics_service_reaches_the_port_the_component_serves(
         assert env["HOST_IP"] == "status.hostIP"
     else:
         assert listen[0] == "0.0.0.0"  # the pod's own network namespace: its address and loopback
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    if template["spec"].get("hostNetwork"):
+        # A declared port on the host network is a hostPort, which would keep a surge pod off its node.
+        assert "ports" not in container
+        ports, target = {"metrics": listen[1]}, listen[1]
+    else:
+        ports, target = {p["name"]: p["containerPort"] for p in container["ports"]}, "metrics"
     service = _metrics_service(component)
     assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
     assert service["metadata"]["namespace"] == one(manifest, kind)["metadata"]["namespace"]
@@ -375,7 +398,7 @@ def test_metrics_service_reaches_the_port_the_component_serves(
     assert annotations["prometheus.io/path"] == "/metrics"
     assert int(annotations["prometheus.io/port"]) == ports["metrics"] == listen[1]
     assert service["spec"]["ports"] == [
-        {"name": "metrics", "port": listen[1], "targetPort": "metrics", "protocol": "TCP"}
+        {"name": "metrics", "port": listen[1], "targetPort": target, "protocol": "TCP"}
     ]
 
 
@@ -394,6 +417,10 @@ def test_node_patches_are_confined_by_an_admission_policy() -> None:
     text = " ".join(v["expression"] for v in spec["validations"] + spec["variables"])
     assert "authentication.kubernetes.io/node-name" in text
     assert text.count(f"'{ANNOTATION}'") == 2
+    # In the status, the two resources kube-scheduler counts and nothing else (the cluster tier
+    # checks that every other field of NodeStatus is held unchanged).
+    resources = f"['{BANDWIDTH_RESOURCE}', '{VF_RESOURCE}']"
+    assert resources in text and "request.subResource == 'status'" in text
 
 
 # --------------------------------------------------------------------------

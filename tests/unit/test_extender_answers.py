@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from typing import Any
@@ -47,7 +48,9 @@ def random_state(rng: random.Random, uid: str, age: float = 0.0) -> str:
     return nodestate.encode(so.state(PFS, kept, age=age))
 
 
-def make(max_age: float | None = 120.0) -> tuple[Extender, dict[str, NodeView], Clock]:
+def make(max_age: float | None = 120.0, holds: bool = False) -> tuple[Extender, dict[str, NodeView], Clock]:
+    """An extender on ``views``; without ``holds``, prioritize holds nothing (the tests of how kept
+    answers are re-judged count what changed, and a hold is a change)."""
     decider = Decider(max_state_age=max_age)
     clock = Clock()
     decider.now = clock.now  # type: ignore[method-assign]
@@ -55,7 +58,7 @@ def make(max_age: float | None = 120.0) -> tuple[Extender, dict[str, NodeView], 
     ext = Extender(
         decider=decider,
         demands=Demands(annotation="rdma_interfaces_required"),
-        reservations=Reservations(600),
+        reservations=Reservations(600, holds_max=1024 if holds else 0),
         cache_views=lambda: views,
     )
     ext.ready.set()
@@ -66,10 +69,22 @@ def full_pass(ext: Extender, pod: dict[str, Any], names: list[str]) -> dict[str,
     """The answer without any kept state: every node judged now."""
     demand = ext.demands.of_pod(pod)
     assert demand is not None
+    # As a new filter of the pod does: its own hold (from ask's prioritize) does not count against it.
+    ext.reservations.release(wire.pod_identity(pod)[2])
     views = ext._cache_views()
     passing, failed, unresolvable, scores = ext._decide(demand, names, [views.get(n) for n in names])
     out = wire.filter_result(wire.parse_filter(so.args_names(pod, names)), passing, failed, unresolvable)
-    return {"filter": out, "prioritize": [{"Host": n, "Score": scores[n]} for n in passing]}
+    return {"filter": out, "prioritize": one_top(passing, scores)}
+
+
+def one_top(passing: list[str], scores: dict[str, int]) -> list[dict[str, Any]]:
+    """Prioritize's answer: the best-scored node (first of ``passing`` among equals) alone on top."""
+    if not passing:
+        return []
+    top = min(passing, key=lambda n: (-scores[n], passing.index(n)))
+    best = max(1, scores[top])
+    out = [(n, best if n == top else min(scores[n], best - 1)) for n in passing]
+    return [{"Host": n, "Score": s} for n, s in out if s]
 
 
 def ask(ext: Extender, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
@@ -84,7 +99,7 @@ def ask(ext: Extender, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
 @pytest.mark.parametrize("seed", range(6))
 def test_kept_answers_equal_a_full_pass_after_any_changes(seed: int) -> None:
     rng = random.Random(seed)
-    ext, views, clock = make()
+    ext, views, clock = make(holds=True)  # each pod's prioritize holds its top node for the next pods
     names = [f"n{i:02d}" for i in range(40)]
     for name in names:
         views[name] = ext.decider.view(random_state(rng, name))
@@ -197,7 +212,9 @@ def as_sets(answer: dict[str, Any]) -> tuple[Any, ...]:
         out["FailedNodes"],
         out["FailedAndUnresolvableNodes"],
         out["Error"],
-        {p["Host"]: p["Score"] for p in answer["prioritize"]},
+        # Which of the nodes tied on the best score is put alone on top depends on the order (the
+        # kept answer's, or this request's): the scores as a multiset, with one node on top.
+        sorted(p["Score"] for p in answer["prioritize"]),
     )
 
 
@@ -224,3 +241,76 @@ def test_the_same_nodes_in_any_order_reuse_the_kept_answer() -> None:
     assert ext.answers.full_passes == 2
     ask(ext, so.rdma_pod("r", shape), names[1:] + names[1:2])
     assert ext.answers.full_passes == 4  # ask() filters twice; a list with a repeat is never updated
+
+
+@pytest.mark.parametrize(("seed", "best"), [(0, 1), (1, 1), (2, 3), (3, 5)])
+def test_the_best_nodes_after_any_changes_are_a_full_pass_s_best(seed: int, best: int) -> None:
+    rng = random.Random(seed)
+    ext, views, _ = make(holds=True)
+    ext.settings = dataclasses.replace(ext.settings, best_nodes=best)
+    names = [f"n{i:02d}" for i in range(40)]
+    for name in names:
+        views[name] = ext.decider.view(random_state(rng, name))
+    for step in range(60):
+        name = rng.choice(names)
+        if rng.random() < 0.4:
+            views[name] = ext.decider.view(random_state(rng, f"{name}-{step}"))
+        elif rng.random() < 0.5:
+            ext.reservations.add(f"r{step}", "team-a", f"r{step}", name, (("ens1f0", 1, 2_000),))
+        pod = so.rdma_pod(f"p{step}", rng.choice(SHAPES))
+        got = ext.filter(so.args_names(pod, names))
+        # The pod's own hold (the one node passed) does not count for the full pass, as for its retry.
+        expected = full_pass(ext, pod, names)
+        scores = {p["Host"]: p["Score"] for p in expected["prioritize"]}
+        passing = expected["filter"]["NodeNames"]
+        demand = ext.demands.of_pod(pod)
+        assert demand is not None
+        judged = ext._decide(demand, passing, [views[n] for n in passing])[3] if passing else {}
+        ranked = sorted(passing, key=lambda n: (-judged[n], names.index(n)))
+        assert got["NodeNames"] == ranked[:best], f"step {step}"
+        if ranked:  # a node passes: the failed maps, which nobody reads then, are left out
+            assert got["FailedNodes"] == got["FailedAndUnresolvableNodes"] == {}
+        else:
+            assert got == expected["filter"], f"step {step}"
+        assert scores.keys() <= set(passing)
+
+
+def test_a_list_of_the_same_nodes_in_another_order_is_looked_up_once() -> None:
+    rng = random.Random(3)
+    views: dict[str, NodeView] = {}
+    generation = [1]
+    decider = Decider()
+    ext = Extender(
+        decider=decider,
+        demands=Demands(annotation="rdma_interfaces_required"),
+        reservations=Reservations(600, holds_max=0),
+        cache_views=lambda: views,
+        cache_generation=lambda: generation[0],
+    )
+    ext.ready.set()
+    names = [f"node-{i:04d}" for i in range(300)]
+    for name in names:
+        views[name] = decider.view(random_state(rng, name))
+    pod = so.rdma_pod("p", [(5_000, 0)])
+    first = ext.filter(so.args_names(pod, names))
+    for _ in range(3):
+        order = names[:]
+        rng.shuffle(order)
+        again = ext.filter(so.args_names(pod, order))
+        assert again == first  # the kept order, read by kube-scheduler as sets
+    assert ext.answers.full_passes == 1 and ext.answers.rejudged == 0
+    # The cache changed: the views are looked up again (in the kept order) and the change is judged.
+    views["node-0007"] = decider.view(
+        nodestate.encode(so.state(PFS, [("x", [("ens1f0", 25_000, 0)]), ("y", [("ens1f1", 25_000, 0)])]))
+    )
+    generation[0] += 1
+    order = names[::-1]
+    out = ext.filter(so.args_names(pod, order))
+    assert "node-0007" in out["FailedNodes"] and ext.answers.full_passes == 1
+    assert out == as_filter(full_pass(ext, pod, names))
+    # A list with a name repeated, or another node, is not the same set.
+    assert "node-0007" not in ext.filter(so.args_names(pod, [*names[1:], "node-0002"]))["NodeNames"]
+
+
+def as_filter(answer: dict[str, Any]) -> dict[str, Any]:
+    return dict(answer["filter"])

@@ -189,13 +189,16 @@ def test_cache_follows_the_watch_through_drops_and_410(harness: Harness, api: Ap
 
 def test_bind_reserves_then_the_publication_ends_it(harness: Harness, api: ApiServer) -> None:
     harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
-    service, sched = harness.start()
+    service, sched = harness.start(best_nodes=1)  # as conf/ runs it
     a = harness.add_pod("a", [(15_000, 0)])
     b = harness.add_pod("b", [(15_000, 0)])
-    # Both pass filter on the published state (kube-scheduler filters b before a's bind lands).
-    for pod in (a, b):
-        assert sched.post("filter", so.args_names(pod, ["n1"]))["NodeNames"] == ["n1"]
+    # a's filter passes one node, which kube-scheduler takes without prioritize: a holds it until its
+    # bind, so b's filter, sent before that bind lands, already counts a (no collision at bind).
+    assert sched.post("filter", so.args_names(a, ["n1"]))["NodeNames"] == ["n1"]
+    early = sched.post("filter", so.args_names(b, ["n1"]))
+    assert early["NodeNames"] == [] and "n1" in early["FailedNodes"]
     assert sched.bind(a, "n1") == ""
+    assert service.reservations.held(a["metadata"]["uid"]) is None  # the reservation replaced the hold
     assert api.get_pod("team-a", "a")["spec"]["nodeName"] == "n1"  # type: ignore[index]
     res = service.reservations.get(a["metadata"]["uid"])
     assert res is not None and res.node == "n1" and res.use == (("ens1f0", 1, 15_000),)
@@ -403,7 +406,8 @@ def test_bind_edges(harness: Harness, api: ApiServer) -> None:
 
 def test_pods_replaced_or_finished_end_their_reservations(harness: Harness, api: ApiServer) -> None:
     harness.add_node("n1", so.state([("ens1f0", 25_000, 8)]))
-    service, sched = harness.start(pod_check_interval=3600)
+    # The pod reads, for reservations no pod watch covers (see the pod watch's tests below).
+    service, sched = harness.start(pod_check_interval=3600, pod_watch=False)
     pods = [harness.add_pod(name, [(1_000, 0)]) for name in ("replaced", "finished", "alive", "unreadable")]
     for pod in pods:
         assert sched.bind(pod, "n1") == ""
@@ -661,3 +665,76 @@ def test_a_state_stamped_in_the_future_is_stale(harness: Harness, api: ApiServer
     assert "stamped more than 60 s in the future" in out["FailedAndUnresolvableNodes"]["ahead"]
     assert sched.bind(pod, "ahead").startswith("rdma-cni: node state is stamped more than 60 s in the future")
     assert unbound(api, "a")
+
+
+# -- the pod watch: a reservation ends with its pod, at once (no pod reads)
+
+
+def test_a_deleted_pod_ends_its_reservation_and_hold_at_once(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
+    harness.add_node("n2", so.state([("ens1f0", 25_000, 4)]))
+    # Pod reads every hour: only the watch can end these in time.
+    service, sched = harness.start(pod_check_interval=3600, best_nodes=1)
+    wait_for("the pod watch", lambda: all(w.synced.is_set() for w in service.pod_watches))
+    bound = harness.add_pod("bound", [(20_000, 0)])
+    held = harness.add_pod("held", [(1_000, 0)])
+    assert sched.bind(bound, "n1") == ""
+    assert sched.post("filter", so.args_names(held, ["n2"]))["NodeNames"] == ["n2"]
+    assert service.reservations.get(bound["metadata"]["uid"]) is not None
+    assert service.reservations.held(held["metadata"]["uid"]) is not None
+    started = time.monotonic()
+    api.remove_pod("team-a", "bound")
+    api.remove_pod("team-a", "held")
+    wait_for("the reservation to end", lambda: service.reservations.get(bound["metadata"]["uid"]) is None, 3)
+    wait_for("the hold to end", lambda: service.reservations.held(held["metadata"]["uid"]) is None, 3)
+    assert time.monotonic() - started < 3  # the 10 s pod reads of before are not what ended them
+    # Its capacity is free again for the next pod.
+    other = harness.add_pod("other", [(20_000, 0)])
+    assert sched.post("filter", so.args_names(other, ["n1"]))["NodeNames"] == ["n1"]
+
+
+def test_a_finished_pod_ends_its_reservation_and_others_stay(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
+    service, sched = harness.start(pod_check_interval=3600)
+    wait_for("the pod watch", lambda: all(w.synced.is_set() for w in service.pod_watches))
+    done = harness.add_pod("done", [(1_000, 0)])
+    alive = harness.add_pod("alive", [(1_000, 0)])
+    for pod in (done, alive):
+        assert sched.bind(pod, "n1") == ""
+    api.add_pod(
+        "team-a",
+        "done",
+        {ANNOTATION: "[{}]"},
+        uid=done["metadata"]["uid"],
+        node_name="n1",
+        scheduler_name=SCHED,
+        phase="Failed",
+    )
+    wait_for("the reservation to end", lambda: service.reservations.get(done["metadata"]["uid"]) is None, 3)
+    # A pod of another scheduler name is outside the watch: its changes are not even seen.
+    api.add_pod("team-a", "web", None, node_name="n1", phase="Succeeded")
+    time.sleep(0.3)
+    assert [r.name for r in service.reservations.all()] == ["alive"]
+
+
+def test_the_pod_watch_relists_after_compaction_and_ends_what_went_meanwhile(
+    harness: Harness, api: ApiServer
+) -> None:
+    harness.add_node("n1", so.state([("ens1f0", 25_000, 4)]))
+    service, sched = harness.start(pod_check_interval=3600)
+    (watch,) = service.pod_watches
+    wait_for("the pod watch", watch.synced.is_set)
+    pod = harness.add_pod("a", [(1_000, 0)])
+    assert sched.bind(pod, "n1") == ""
+    relists = watch.relists
+    # The pod goes while the watch is away, and the history it would resume from is compacted.
+    watch.stop()
+    api.drop_watches()
+    wait_for("the watch to end", lambda: watch._thread is not None and not watch._thread.is_alive())
+    api.remove_pod("team-a", "a")
+    api.compact()
+    assert service.reservations.get(pod["metadata"]["uid"]) is not None
+    watch._stop.clear()
+    watch.start()
+    wait_for("a relist", lambda: watch.relists > relists)
+    wait_for("the reservation to end", lambda: service.reservations.get(pod["metadata"]["uid"]) is None, 3)

@@ -9,6 +9,8 @@ doubt and unreadable text refuse the pod, and the bound on attachments.
 from __future__ import annotations
 
 import json
+import time
+import tracemalloc
 
 import pytest
 
@@ -27,6 +29,12 @@ from tests.support import sched_objects as so
 
 NETS = "k8s.v1.cni.cncf.io/networks"
 DEFAULT = "v1.multus-cni.io/default-network"
+
+
+def _nested(depth: int, key: str = "cni-args") -> str:
+    """A networks annotation selecting rdma-a whose ``cni-args`` make it nest ``depth`` levels in all."""
+    inner = depth - 3  # the list, the element and the cni-args object
+    return f'[{{"name": "rdma-a", "{key}": {{"x": ' + "[" * inner + "]" * inner + "}}]"
 
 
 def demands(*networks: str) -> Demands:
@@ -55,8 +63,8 @@ def count(annotations: dict[str, str], *networks: str) -> int:
         '[{"name": "rdma-a", "ips": ["10.0.0.1/24", "fd00::1"], "default-route": ["10.0.0.1", "", null]}]',
         '[{"name": "rdma-a", "bandwidth": {"ingressRate": 1, "X": 1.5}, '
         '"portMappings": [{"hostPort": 8}, null]}]',
-        # cni-args nested 800 deep: walked without recursion, as deep as the parser goes.
-        '[{"name": "rdma-a", "cni-args": {"x": ' + "[" * 800 + "]" * 800 + "}}]",
+        # cni-args nested to the bound, 512 levels in all: walked without recursion.
+        '[{"name": "rdma-a", "cni-args": {"x": ' + "[" * 509 + "]" * 509 + "}}]",
     ],
 )
 def test_forms_multus_reads_are_counted(value: str) -> None:
@@ -117,7 +125,7 @@ def test_the_reader_says_multus_fails() -> None:
 @pytest.mark.parametrize(
     ("value", "phrase"),
     [
-        ('[{"name": "rdma-a", "x": ' + "[" * 3000 + "]" * 3000 + "}]", "nested deeper"),
+        ('[{"name": "rdma-a", "x": ' + "[" * 3000 + "]" * 3000 + "}]", "nested 3002 levels deep"),
         ("rdma-a" + " " * (256 * 1024), "over the API server's 262144"),
         (",".join(["a"] * 1025), "selects 1025 networks; the extender reads at most 1024"),
         (json.dumps([{"name": "a"}] * 1025), "selects 1025 networks; the extender reads at most 1024"),
@@ -178,7 +186,8 @@ def test_text_no_api_server_sends_refuses() -> None:
     [
         (",".join(["rdma-a"] * 3000), "selects 3000 networks; the extender reads at most 1024"),
         (",".join(["rdma-a"] * 33), "selects rdma-cni networks 33 times"),
-        ('[{"name": "rdma-a", "x": ' + "[" * 3000 + "]" * 3000 + "}]", "nested deeper"),
+        ('[{"name": "rdma-a", "x": ' + "[" * 3000 + "]" * 3000 + "}]", "nested 3002 levels deep"),
+        (_nested(100_000), "nested 100000 levels deep; the extender reads at most 512"),
     ],
 )
 def test_the_filter_answers_a_refusal_once_at_5000_nodes(value: str, phrase: str) -> None:
@@ -189,3 +198,47 @@ def test_the_filter_answers_a_refusal_once_at_5000_nodes(value: str, phrase: str
     out = json.loads(body)
     assert out["Error"].startswith("rdma-cni: pod team-a/p") and phrase in out["Error"]
     assert out["FailedAndUnresolvableNodes"] == {} and len(body) < 2048
+
+
+@pytest.mark.parametrize("depth", [10, 512, 513, 1_000, 100_000])
+def test_nesting_is_read_to_the_bound_and_refused_past_it(depth: int) -> None:
+    """Any depth up to the annotation size: counted up to 512 levels, a typed refusal past it.
+
+    Never a RecursionError, whatever the caller's stack, and bounded in time and memory.
+    """
+    value = _nested(depth)
+    tracemalloc.start()
+    began = time.perf_counter()
+    try:
+        if depth <= 512:
+            assert count({NETS: value}) == 1
+            (sel,) = read_networks(value, "team-a").selections
+            assert sel.cni_args is not None and "x" in sel.cni_args
+        else:
+            with pytest.raises(UnreadableNetworks) as err:
+                demands("rdma-a").of_pod(so.pod("p", {NETS: value}))
+            assert err.value.code == 101 and err.value.msg.startswith(f"pod team-a/p annotation {NETS}")
+            assert f"is nested {depth} levels deep; the extender reads at most 512" in err.value.msg
+        elapsed = time.perf_counter() - began
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 2.0  # ~30 ms at 100,000 levels when quiet; generous for a loaded machine
+    assert peak < 20 * len(value) + (1 << 20), peak
+
+
+def test_the_bound_holds_on_a_deep_stack() -> None:
+    """Text at the bound is read the same with 400 frames already on the stack (an HTTP thread's)."""
+
+    def at(depth: int) -> int:
+        if depth:
+            return at(depth - 1)
+        return count({NETS: _nested(512)})
+
+    assert at(400) == 1
+
+
+def test_brackets_inside_strings_do_not_count() -> None:
+    args = {"x": "[{" * 5000 + "\\", "y": '\\"' + "[" * 600}  # escaped backslashes and quotes too
+    (sel,) = read_networks(json.dumps([{"name": "rdma-a", "cni-args": args}]), "team-a").selections
+    assert sel.cni_args == args

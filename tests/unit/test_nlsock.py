@@ -26,6 +26,7 @@ from rdma_cni.kernel.nlsock import (
     NLM_F_REQUEST,
     NLMSG_DONE,
     NLMSG_ERROR,
+    NLMSG_NOOP,
     NLMSG_OVERRUN,
     NetlinkError,
     NlSocket,
@@ -248,6 +249,17 @@ def test_replies_to_other_sequence_numbers_are_skipped() -> None:
     # Leftovers of request 1 (a dump record and an error) arrive before request 3's ACK.
     sock = nl(LO_RECORD, ENODEV_ERROR, ACK)
     assert sock.exchange("", request(RTM_NEWLINK, ACKED, 3), 3) == []
+
+
+def test_noop_and_leftovers_are_skipped_alike_by_a_request_and_a_stream() -> None:
+    # Type edit: a NOOP carrying the dump's own sequence number; and a leftover of request 7.
+    noop = with_header(LO_RECORD, mtype=NLMSG_NOOP)
+    leftover = with_header(LO_RECORD, seq=7)
+    script = (noop, leftover, LO_RECORD, DUMP_DONE)
+    (record, done) = nl(*script).exchange("", request(RTM_GETLINK, DUMP, 1), 1)
+    assert (record.type, done.type) == (RTM_NEWLINK, NLMSG_DONE)
+    streamed = list(nl(*script).stream("", request(RTM_GETLINK, DUMP, 1), 1))
+    assert [frame.type for frame in streamed] == [RTM_NEWLINK, NLMSG_DONE]
 
 
 def test_an_unacked_request_ends_at_its_single_reply() -> None:

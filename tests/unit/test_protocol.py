@@ -26,6 +26,7 @@ from rdma_cni.cni.errors import (
     DecodeFailure,
     IncompatibleVersion,
     InternalError,
+    InvalidConfig,
     InvalidEnvironment,
 )
 from rdma_cni.cni.protocol import (
@@ -94,7 +95,7 @@ SPEC_REQUIRED = {
 
 K8S_ARGS = (
     "IgnoreUnknown=true;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=trainer-0;"
-    "K8S_POD_INFRA_CONTAINER_ID=0123abcd;K8S_POD_UID=5f0c-11ee"
+    "K8S_POD_INFRA_CONTAINER_ID=0123abcd;K8S_POD_UID=5f0c11ee-8a0b-4c6e-9d3f-0123456789ab"
 )
 
 HOSTILE_IFNAMES = (
@@ -306,14 +307,51 @@ def test_decode_stdin_object() -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    [b"", b"   ", b"not json", b"{", b'{"a": }', b"\xff\xfe{}", b"{'single': 'quotes'}", b"[" * 100_000],
-    ids=["empty", "blank", "text", "truncated", "bad-value", "not-utf8", "python-dict", "deep-nesting"],
+    [b"", b"   ", b"not json", b"{", b'{"a": }', b"\xff\xfe{}", b"{'single': 'quotes'}"],
+    ids=["empty", "blank", "text", "truncated", "bad-value", "not-utf8", "python-dict"],
 )
 def test_decode_stdin_not_json_is_code_6(raw: bytes) -> None:
     with pytest.raises(DecodeFailure) as info:
         decode_stdin(raw)
     assert info.value.code == 6
-    assert "not JSON" in info.value.msg
+    assert "not JSON" in info.value.msg or "not UTF-8" in info.value.msg
+
+
+def _deep_args(depth: int) -> bytes:
+    """A config whose args.cni (a pod's Multus cni-args) nests ``depth`` levels in all."""
+    inner = depth - 3  # the config, args and cni objects are the first three levels
+    deep = "[" * inner + "]" * inner
+    return (
+        '{"cniVersion": "1.1.0", "name": "n", "type": "rdma-cni", "args": {"cni": {"x": ' + deep + "}}}"
+    ).encode()
+
+
+@pytest.mark.parametrize("depth", [10, 512])
+def test_decode_stdin_reads_nesting_up_to_the_bound(depth: int) -> None:
+    doc = decode_stdin(_deep_args(depth))
+    level, inner = 3, doc["args"]["cni"]["x"]
+    while inner:
+        level, inner = level + 1, inner[0]
+    assert level + 1 == depth
+
+
+@pytest.mark.parametrize("depth", [513, 1_000, 100_000])
+def test_decode_stdin_refuses_deeper_nesting_as_code_7(depth: int) -> None:
+    with pytest.raises(InvalidConfig) as info:
+        decode_stdin(_deep_args(depth))
+    assert info.value.code == 7
+    assert f"nested {depth} levels deep, more than the 512" in info.value.msg and "args.cni" in info.value.msg
+    with pytest.raises(InvalidConfig):
+        decode_stdin(b"[" * depth)  # not JSON either: the depth is measured first, at the same cost
+
+
+@pytest.mark.parametrize("depth", [10, 1_000, 100_000])
+def test_deep_cni_args_through_the_verb_is_a_clean_error(node: Node, depth: int) -> None:
+    """ADD of a pod whose cni-args nest deep: a typed error, never a traceback or code 199."""
+    code, doc = invoke(full_env("ADD", node, CNI_ARGS=""), _deep_args(depth))
+    assert code != 0 and doc is not None
+    assert doc["code"] == (7 if depth > 512 else 3), doc  # 3: past the config, to the missing netns
+    assert "Traceback" not in doc["details"] and "RecursionError" not in doc["details"]
 
 
 @pytest.mark.parametrize("raw", [b"[]", b"[{}]", b"1", b'"x"', b"null", b"true"])
@@ -349,7 +387,7 @@ def test_parse_cni_args_kubernetes() -> None:
         "K8S_POD_NAMESPACE": "team-a",
         "K8S_POD_NAME": "trainer-0",
         "K8S_POD_INFRA_CONTAINER_ID": "0123abcd",
-        "K8S_POD_UID": "5f0c-11ee",
+        "K8S_POD_UID": "5f0c11ee-8a0b-4c6e-9d3f-0123456789ab",
     }
 
 
@@ -377,6 +415,97 @@ def test_parse_cni_args_malformed(raw: str) -> None:
     assert "CNI_ARGS" in info.value.msg
 
 
+# The pod CNI_ARGS names: Kubernetes' own rules, each at its boundary.
+_UUID = "5f0c11ee-8a0b-4c6e-9d3f-0123456789ab"
+_LABEL63 = "a" + "b" * 61 + "c"
+_SUBDOMAIN253 = ".".join(["a" * 63] * 3 + ["b" * 61])
+
+
+def _pod_args(namespace: str = "team-a", name: str = "trainer-0", uid: str = _UUID) -> str:
+    return f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_UID={uid}"
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "uid"),
+    [
+        (_LABEL63, "p", _UUID),  # a namespace of 63 characters, the most a label has
+        ("a", "p", _UUID),
+        ("0-9", "p", _UUID),  # digits may begin and end a label
+        ("team-a", _SUBDOMAIN253, _UUID),  # a pod name of 253 characters
+        ("team-a", "trainer.0.x-1", _UUID),  # dots in a pod name (a subdomain)
+        ("team-a", "p", _UUID.upper()),
+        ("team-a", "p", "0123456789abcdef0123456789abcdef"),  # a static pod's UID
+        ("team-a", "p", ""),  # no UID: nothing to check
+    ],
+    ids=repr,
+)
+def test_parse_cni_args_accepts_what_kubernetes_names(namespace: str, name: str, uid: str) -> None:
+    assert len(_SUBDOMAIN253) == 253
+    args = parse_cni_args(_pod_args(namespace, name, uid))
+    env = CniEnv("ADD", args=args)
+    assert env.pod == PodRef(namespace, name, uid)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "uid", "key"),
+    [
+        (_LABEL63 + "d", "p", _UUID, "K8S_POD_NAMESPACE"),  # 64 characters
+        ("Team-a", "p", _UUID, "K8S_POD_NAMESPACE"),  # upper case
+        ("team.a", "p", _UUID, "K8S_POD_NAMESPACE"),  # a dot: a label, not a subdomain
+        ("-team", "p", _UUID, "K8S_POD_NAMESPACE"),
+        ("team-", "p", _UUID, "K8S_POD_NAMESPACE"),
+        ("team_a", "p", _UUID, "K8S_POD_NAMESPACE"),
+        ("..", "p", _UUID, "K8S_POD_NAMESPACE"),
+        ("team-a", _SUBDOMAIN253 + "b", _UUID, "K8S_POD_NAME"),  # 254 characters
+        ("team-a", "Trainer-0", _UUID, "K8S_POD_NAME"),  # upper case
+        ("team-a", "../..", _UUID, "K8S_POD_NAME"),
+        ("team-a", "a..b", _UUID, "K8S_POD_NAME"),  # an empty part between dots
+        ("team-a", ".p", _UUID, "K8S_POD_NAME"),
+        ("team-a", "p-", _UUID, "K8S_POD_NAME"),
+        ("team-a", "p/q", _UUID, "K8S_POD_NAME"),
+        ("team-a", "p\x1b[31m", _UUID, "K8S_POD_NAME"),
+        ("team-a", "", _UUID, "K8S_POD_NAME"),  # a namespace but no pod
+        ("team-a", "p", "u1", "K8S_POD_UID"),
+        ("team-a", "p", _UUID + "0", "K8S_POD_UID"),
+        ("team-a", "p", _UUID.replace("-", "_"), "K8S_POD_UID"),
+        ("team-a", "p", "0123456789abcdef0123456789abcdeg", "K8S_POD_UID"),
+        ("team-a", "p", "{" + _UUID + "}", "K8S_POD_UID"),
+    ],
+    ids=repr,
+)
+def test_parse_cni_args_refuses_names_kubernetes_would_not(
+    namespace: str, name: str, uid: str, key: str
+) -> None:
+    with pytest.raises(InvalidEnvironment) as info:
+        parse_cni_args(_pod_args(namespace, name, uid))
+    assert info.value.code == 4
+    assert key in info.value.msg and "CNI_ARGS" in info.value.msg
+    assert "\x1b" not in info.value.msg  # a tenant's escape sequence never reaches a terminal
+
+
+def test_parse_cni_args_quotes_a_long_name_bounded() -> None:
+    name = "x" * 60_000
+    with pytest.raises(InvalidEnvironment) as info:
+        parse_cni_args(_pod_args(name=name + "_"))
+    assert "(60001 characters)" in info.value.msg and len(info.value.msg) < 400
+    with pytest.raises(InvalidEnvironment) as info:
+        parse_cni_args(_pod_args(namespace="\x1b]2 pwned\x07" + "n" * 5000))
+    assert "\\x1b" in info.value.msg and "\x1b" not in info.value.msg  # escaped, never raw
+    assert len(info.value.msg) < 400
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "IgnoreUnknown=1;K8S_POD_NAME=My_Container",  # podman: its container name, no namespace
+        "K8S_POD_NAMESPACE=;K8S_POD_NAME=Anything_At_All",  # an empty namespace names no pod
+        "K8S_POD_NAME=p",
+    ],
+)
+def test_parse_cni_args_without_a_namespace_names_no_pod(raw: str) -> None:
+    assert CniEnv("ADD", args=parse_cni_args(raw)).pod is None
+
+
 # ---------------------------------------------------------------------------
 # parse_env
 
@@ -389,7 +518,7 @@ def test_parse_env_full() -> None:
     assert env.ifname == "net1"
     assert env.path == ("/opt/cni/bin", "/usr/lib/cni")
     assert env.require_path() == env.path
-    assert env.pod == PodRef("team-a", "trainer-0", "5f0c-11ee")
+    assert env.pod == PodRef("team-a", "trainer-0", "5f0c11ee-8a0b-4c6e-9d3f-0123456789ab")
     assert str(env.pod) == "team-a/trainer-0"
     assert env.environ["CNI_ARGS"] == K8S_ARGS
 
@@ -856,10 +985,18 @@ def test_malformed_cni_args_is_code_4_for_add(node: Node, args: str) -> None:
     assert_error(invoke(full_env("ADD", node, CNI_ARGS=args), node.conf()), 4, "CNI_ARGS")
 
 
+_BAD_POD = "IgnoreUnknown=true;K8S_POD_NAMESPACE=Team.A;K8S_POD_NAME=../..;K8S_POD_UID=u1"
+
+
+def test_pod_kubernetes_could_not_name_is_code_4_for_add(node: Node) -> None:
+    assert_error(invoke(full_env("ADD", node, CNI_ARGS=_BAD_POD), node.conf()), 4, "K8S_POD_NAMESPACE")
+
+
+@pytest.mark.parametrize("args", ["IgnoreUnknown=true;junk", _BAD_POD])
 @pytest.mark.parametrize("verb", ["DEL", "CHECK"])
-def test_malformed_cni_args_ignored_by_verbs_that_do_not_read_it(node: Node, verb: str) -> None:
+def test_malformed_cni_args_ignored_by_verbs_that_do_not_read_it(node: Node, verb: str, args: str) -> None:
     """DEL must release whatever CNI_ARGS holds; CHECK has no use for it either."""
-    environ = full_env(verb, node, CNI_ARGS="IgnoreUnknown=true;junk")
+    environ = full_env(verb, node, CNI_ARGS=args)
     if verb == "DEL":
         assert invoke(environ, node.conf()) == (0, None)
     else:

@@ -23,7 +23,8 @@ from rdma_cni.node.podmeta import CRI_ANNOTATIONS, resolve_request, runtime_anno
 pytestmark = pytest.mark.usefixtures("no_real_sysfs")
 
 REQUEST = '[{"min_tx_rate": 1000}, {}]'
-POD_ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=trainer-0;K8S_POD_UID=u1"
+POD_UID = "0b5e1c2a-7d3f-4e8a-9c61-5a4b3c2d1e0f"
+POD_ARGS = "IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=trainer-0;K8S_POD_UID=" + POD_UID
 BAD_MACS: tuple[Any, ...] = (
     "02:00:00:00:00",  # five octets
     "02:00:00:00:00:00:01",
@@ -272,7 +273,7 @@ def test_api_annotation_unless_the_attachment_has_its_own(tmp_path: Path) -> Non
     from tests.support.apiserver import ApiServer
 
     with ApiServer() as api:
-        api.add_pod("team-a", "trainer-0", {"rdma_interfaces_required": REQUEST}, uid="u1")
+        api.add_pod("team-a", "trainer-0", {"rdma_interfaces_required": REQUEST}, uid=POD_UID)
         kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig", mode="token"))
         plain = netconf(tmp_path, kubeconfig=kubeconfig)
         request, source = resolve_request(add_env(), plain)

@@ -53,9 +53,12 @@ class Root:
         self.lock_file.parent.mkdir(parents=True)
         self.lock_file.write_text("")
         (self.lock_file.parent / "nri-state").write_text("registered\n")
+        (self.lock_file.parent / "nri-state.lock").write_text("")
         # The CNI server's directory (shim mode): its spool, and the socket a stopped agent left.
         self.socket = self.lock_file.parent / "agent" / "cni.sock"
         (self.socket.parent / "del-spool").mkdir(parents=True)
+        for lock in ("cni.lock", "cni.next.lock"):  # the servers' own (rdma_cni/agent/cniserver.py)
+            (self.socket.parent / lock).write_text("")
         stale = socket.socket(socket.AF_UNIX)
         stale.bind(str(self.socket))
         stale.close()

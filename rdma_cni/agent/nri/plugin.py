@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError, Message
 
 from rdma_cni.agent.nri import mux, ttrpc
 from rdma_cni.agent.nri import nri_api_pb2 as api
+from rdma_cni.agent.takeover import FileLock, take_over
 from rdma_cni.cni.errors import CniError
 from rdma_cni.kernel import sysfs
 from rdma_cni.node.nristate import REGISTERED
@@ -276,8 +277,12 @@ class NriPlugin:
         name: str = PLUGIN_NAME,
         index: str = PLUGIN_INDEX,
         state_file: str | None = None,
+        lock_file: str | None = None,
     ) -> None:
         self.socket_path = socket_path
+        # One agent per node registers: two would both claim the same devices, and the runtime
+        # fails a container whose devices two plugins adjust. See rdma_cni/agent/takeover.py.
+        self.lock_file = lock_file
         self.state_file = state_file
         self.devices_for = devices_for
         self.memlock = memlock
@@ -431,7 +436,23 @@ class NriPlugin:
                     )
 
     def run(self, stop: threading.Event) -> None:
-        """Connect, serve, reconnect, until ``stop``; a missing socket is logged once."""
+        """Connect, serve, reconnect, until ``stop``; a missing socket is logged once.
+
+        With a ``lock_file``, only once this agent holds it: the other agent's plugin lets go on stop.
+        """
+        lock = FileLock(self.lock_file) if self.lock_file else None
+        try:
+            if lock is not None:
+                taken = take_over("nri", lock.try_acquire, stop, poll=0.05, max_poll=0.2)
+                if not taken and stop.is_set():
+                    return
+                # Not taken and not stopped: the lock file cannot be opened (logged); register all the same.
+            self._serve(stop)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _serve(self, stop: threading.Event) -> None:
         while not stop.is_set():
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import signal
@@ -93,7 +94,9 @@ class Cri:
 
     @staticmethod
     def sandbox_config(name: str, log_dir: str, host_network: bool) -> bytes:
-        meta = pb.f_string(1, name) + pb.f_string(2, f"uid-{name}") + pb.f_string(3, "default")
+        # A UID as Kubernetes makes one (the plugin refuses others): 32 hex digits, as a static pod's.
+        uid = hashlib.md5(name.encode()).hexdigest()
+        meta = pb.f_string(1, name) + pb.f_string(2, uid) + pb.f_string(3, "default")
         labels = [("io.kubernetes.pod.name", name), ("io.kubernetes.pod.namespace", "default")]
         out = (
             pb.f_bytes(1, meta)

@@ -120,11 +120,13 @@ EOF
 # a refused ADD is a fact to assert on, not a scenario error. The timeout is well
 # above libcni's default because five concurrent plugin starts under TCG take ~45 s.
 rc_cni() {
-    local verb=$1 network=$2 pod=$3 dir=$4 label=$5 rc=0
+    local verb=$1 network=$2 pod=$3 dir=$4 label=$5 rc=0 uid
+    # A UID as Kubernetes makes one (the plugin refuses others): 32 hex digits, as a static pod's.
+    uid=$(printf '%s' "$pod" | md5sum | cut -c1-32)
     mkdir -p "$dir"
     cnirun "$verb" -conflist "$RC_CONF/$network.conflist" -netns "/run/netns/$pod" \
         -id "ctr-$pod" -ifname net1 -bin-dir "$RC_BIN" -timeout 5m \
-        -args "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=$pod;K8S_POD_UID=uid-$pod" \
+        -args "IgnoreUnknown=true;K8S_POD_NAMESPACE=default;K8S_POD_NAME=$pod;K8S_POD_UID=$uid" \
         >"$dir/$label.json" 2>"$dir/$label.err" || rc=$?
     echo "$rc" >"$dir/$label.rc"
     e2e_log "cnirun $verb $network $pod -> $rc"

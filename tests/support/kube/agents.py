@@ -70,26 +70,83 @@ def start_agent(
     cp: ControlPlane, directory: str, name: str, pfs: list[SimPf], prefix: str, heartbeat: float
 ) -> Agent:
     """Create the Node, a DaemonSet pod on it and its bound token; start the simulated node and agent."""
-    assert cp.pki is not None
+    node = prepare_node(cp, directory, name, pfs, prefix)
+    try:
+        process = launch_agent(cp, node, f"rdma-cni-{name}", heartbeat)
+    except BaseException:
+        node.node.down()
+        cp.kubectl("delete", "node", name, "--wait=false", check=False)
+        raise
+    return Agent(node.node, name, process, directory)
+
+
+@dataclass
+class NodeHost:
+    """A simulated node and its Node: the host paths every agent pod on it shares."""
+
+    node: SimNode
+    name: str
+    directory: str
+
+    @property
+    def socket(self) -> str:
+        """The CNI server's socket (the shim's)."""
+        return os.path.join(self.directory, "agent", "cni.sock")
+
+    @property
+    def kubeconfig(self) -> str:
+        """The kubeconfig the agents write for the plugin."""
+        return os.path.join(self.directory, "net.d", "rdma-cni.kubeconfig")
+
+    @property
+    def network_config(self) -> str:
+        """The network configuration the agents are given (the plugin's stateDir, lockFile, IPAM)."""
+        return os.path.join(self.directory, "rdma-net.conflist")
+
+    def pod_dir(self, pod: str) -> str:
+        """What is the agent pod's own (its service-account mount, its /tmp with the ready file)."""
+        return os.path.join(self.directory, "pods", pod)
+
+
+def prepare_node(cp: ControlPlane, directory: str, name: str, pfs: list[SimPf], prefix: str) -> NodeHost:
+    """Create the Node and bring the simulated node up; no agent yet."""
     os.makedirs(directory, exist_ok=True)
     create_node(cp, name)
-    pod = f"rdma-cni-{name}"
-    create(cp, pod_doc(NAMESPACE, pod, node=name, account=ACCOUNT))
+    # The CNI server's socket directory must be the agent's own, 0700.
+    os.makedirs(os.path.join(directory, "agent"), mode=0o700, exist_ok=True)
+    _network_config(directory, name)
+    node = SimNode(os.path.join(directory, "node"), pfs, prefix=prefix)
+    node.up()
+    return NodeHost(node, name, directory)
+
+
+def agent_pod(cp: ControlPlane, host: NodeHost, pod: str) -> str:
+    """Create a DaemonSet pod object on the node and its service-account mount (a token bound to it)."""
+    assert cp.pki is not None
+    create(cp, pod_doc(NAMESPACE, pod, node=host.name, account=ACCOUNT))
     token = cp.token(
         NAMESPACE, ACCOUNT, "--bound-object-kind=Pod", f"--bound-object-name={pod}", "--duration=2h"
     )
-    sa_dir = os.path.join(directory, "serviceaccount")
+    sa_dir = os.path.join(host.pod_dir(pod), "serviceaccount")
     os.makedirs(sa_dir, exist_ok=True)
     with open(cp.pki.ca) as f:
         ca = f.read()
     for file, text in (("token", token), ("namespace", NAMESPACE), ("ca.crt", ca)):
         with open(os.path.join(sa_dir, file), "w") as f:
             f.write(text)
-    # The CNI server's socket directory must be the agent's own, 0700.
-    sock_dir = os.path.join(directory, "agent")
-    os.makedirs(sock_dir, mode=0o700, exist_ok=True)
-    node = SimNode(os.path.join(directory, "node"), pfs, prefix=prefix)
-    node.up()
+    return token
+
+
+def launch_agent(
+    cp: ControlPlane, host: NodeHost, pod: str, heartbeat: float, *, metrics_port: int | None = None
+) -> Component:
+    """Create agent pod ``pod`` on the node and start its agent; returns once it is Ready (its ready file).
+
+    With ``metrics_port``, ``--metrics-listen`` is kept: loopback, that port (shared by the node's agents).
+    """
+    agent_pod(cp, host, pod)
+    directory = host.directory
+    ready = os.path.join(host.pod_dir(pod), "ready")
     args = [a for a in daemonset_args() if not a.startswith(_REPLACED)]
     source = os.path.join(directory, "rdma-cni-source")
     with open(source, "w") as f:
@@ -101,31 +158,26 @@ def start_agent(
         f"--source={source}",
         # --mode=shim: the shim file installed and the CNI server's socket.
         f"--shim-source={source}",
-        f"--cni-socket={os.path.join(sock_dir, 'cni.sock')}",
+        f"--cni-socket={host.socket}",
         f"--cni-bin-dir={os.path.join(directory, 'bin')}",
         f"--cni-conf-dir={os.path.join(directory, 'net.d')}",
-        f"--kubeconfig-path={os.path.join(directory, 'net.d', 'rdma-cni.kubeconfig')}",
-        f"--serviceaccount-dir={sa_dir}",
-        f"--network-config={_network_config(directory, name)}",
-        f"--ready-file={os.path.join(directory, 'ready')}",
+        f"--kubeconfig-path={host.kubeconfig}",
+        f"--serviceaccount-dir={os.path.join(host.pod_dir(pod), 'serviceaccount')}",
+        f"--network-config={host.network_config}",
+        f"--ready-file={ready}",
         "--nri-socket=",
         "--interval=1",
         "--node-state-period=1",
         f"--node-state-heartbeat={heartbeat}",
     ]
+    if metrics_port is not None:
+        argv.append(f"--metrics-listen=127.0.0.1:{metrics_port}")
     env = dict(os.environ)
-    env.update(node.env())
-    env.update(NODE_NAME=name, KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(cp.api_port))
-    ready = os.path.join(directory, "ready")
-    try:
-        process = start_component(
-            f"agent-{name}", argv, cp.path("logs"), lambda: os.path.exists(ready), env=env
-        )
-    except BaseException:
-        node.down()
-        cp.kubectl("delete", "node", name, "--wait=false", check=False)
-        raise
-    return Agent(node, name, process, directory)
+    env.update(host.node.env())
+    env.update(
+        NODE_NAME=host.name, KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT=str(cp.api_port)
+    )
+    return start_component(f"agent-{pod}", argv, cp.path("logs"), lambda: os.path.exists(ready), env=env)
 
 
 def stop_agent(cp: ControlPlane, agent: Agent) -> None:

@@ -124,6 +124,13 @@ class ControlPlane:
     pki: Pki | None = None
     api_port: int = 0
     etcd_port: int = 0
+    # A dedicated control plane's differences (the wire tests: compaction,
+    # the watch cache, a kube-scheduler of their own): appended to the
+    # component's command line, after the tier's own flags.
+    etcd_args: list[str] = field(default_factory=list)
+    apiserver_args: list[str] = field(default_factory=list)
+    # False: no default kube-scheduler (a test runs the cluster's own, configured from conf/).
+    default_scheduler: bool = True
 
     @property
     def server(self) -> str:
@@ -150,7 +157,8 @@ class ControlPlane:
         self._start_apiserver()
         write_kubeconfig(self.admin_kubeconfig, self.server, self.pki.ca, client=self.pki.admin)
         self._start_controller_manager()
-        self._start_scheduler()
+        if self.default_scheduler:
+            self._start_scheduler()
 
     def _start_etcd(self) -> None:
         self.etcd_port, peer = free_port(), free_port()
@@ -167,6 +175,7 @@ class ControlPlane:
             # A test cluster thrown away after the run: durability buys nothing.
             "--unsafe-no-fsync",
             "--log-level=warn",
+            *self.etcd_args,
         ]
 
         def ready() -> bool:
@@ -199,6 +208,7 @@ class ControlPlane:
             "--allow-privileged=true",
             f"--cert-dir={self.path('apiserver-certs')}",
             "--v=1",
+            *self.apiserver_args,
         ]
 
     def _start_apiserver(self) -> None:
