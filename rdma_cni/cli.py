@@ -47,6 +47,8 @@ Operator subcommands:
                                                   kube-scheduler extender (see docs/scheduling.md)
   rdma-cni cni-server [--socket PATH] [--plugin PATH]
                                                   run the verbs the host's shim hands over (docs/deploy.md)
+  rdma-cni release-previous-boot [--state-dir DIR] [--lock-file FILE]
+                                                  release the records an earlier boot left (docs/deploy.md)
   rdma-cni --version
 
 The launcher also starts `rdma-cni warm-server` by itself (see docs/architecture.md).
@@ -172,6 +174,8 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         from rdma_cni.agent.cniserver import main as run_server
 
         return run_server(rest)
+    elif name == "release-previous-boot":
+        return _release_previous_boot(rest, out)
     elif name == "warm-server":
         from rdma_cni.warm import main as run_warm
 
@@ -180,3 +184,35 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         sys.stderr.write(f"rdma-cni: unknown subcommand {name!r}\n\n{USAGE}")
         return 2
     return run_subcommand(rest, out)
+
+
+def _release_previous_boot(argv: list[str], out: TextIO) -> int:
+    """``rdma-cni release-previous-boot``: what the agent's CNI server runs when it starts.
+
+    Prints what it did as JSON; exit 0, or 1 when a release failed or the state cannot be reached.
+    """
+    import argparse
+
+    from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR
+
+    p = argparse.ArgumentParser(
+        prog="rdma-cni release-previous-boot",
+        description="Release the allocation records an earlier boot left (their VFs, names, IPAM).",
+    )
+    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="default: %(default)s")
+    p.add_argument("--lock-file", default=DEFAULT_LOCK_FILE, help="default: %(default)s")
+    p.add_argument("--lock-timeout", type=float, default=60.0, help="seconds; default: %(default)s")
+    args = p.parse_args(argv)
+    for handler in logging.getLogger("rdma_cni").handlers:
+        handler.setLevel(logging.INFO)  # what was released reaches the agent's log
+    from rdma_cni.commands.gc import release_previous_boot
+    from rdma_cni.startup import defer_unused
+
+    defer_unused()
+    try:
+        sweep = release_previous_boot(args.state_dir, args.lock_file, args.lock_timeout)
+    except CniError as exc:
+        _write(out, {"error": exc.msg, "code": exc.code})
+        return 1
+    _write(out, {"checked": True} if sweep is None else sweep.to_dict())
+    return 1 if sweep is not None and sweep.failed else 0

@@ -33,6 +33,13 @@ records, rollback, the IPAM guard, warm start) is the plugin's own, unchanged.
   answers what is left in its backlog and closes; calls under way are given
   :data:`DRAIN_SECONDS` to finish. With no successor it closes at once (the
   shim spools DELs and answers ADDs "try again later" until a server is back).
+- **Records of an earlier boot** (which no runtime would DEL or GC, the spool
+  being lost with ``/run``) are released at the first try to start, before
+  the socket is served (and while an old server still serves, during a
+  surge): ``rdma-cni release-previous-boot`` run as the plugin, for the state
+  directory the server is told (the plugin's default); every verb the
+  plugin runs also does it first if no one has yet this boot
+  (:mod:`rdma_cni.node.boot`).
 """
 
 from __future__ import annotations
@@ -63,6 +70,9 @@ VIA_ENV = "RDMA_CNI_NETNS_VIA"  # rdma_cni.kernel.netns.NETNS_VIA_ENV (the agent
 VERB_TIMEOUT = 270.0
 MAX_OUTPUT = 4 << 20
 DEFAULT_MAX_CONNECTIONS = 32
+# The plugin's defaults (rdma_cni.cni.config; the agent does not import the plugin's config).
+DEFAULT_STATE_DIR = "/var/lib/cni/rdma-cni"
+DEFAULT_LOCK_FILE = "/run/rdma-cni/rdma-cni.lock"
 # With a successor waiting, a stopping server accepts until the successor owns the path, this long at most.
 HANDOVER_SECONDS = 5.0
 # Calls under way when the server stops get this long to finish (below the DaemonSet's grace period).
@@ -133,10 +143,17 @@ class CniServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         verb_timeout: float = VERB_TIMEOUT,
         environ: Mapping[str, str] | None = None,
+        state: tuple[str, str] | None = (DEFAULT_STATE_DIR, DEFAULT_LOCK_FILE),
         handover_seconds: float = HANDOVER_SECONDS,
         drain_seconds: float = DRAIN_SECONDS,
     ) -> None:
-        """Nothing is opened until :meth:`start`."""
+        """Nothing is opened until :meth:`start`.
+
+        ``state``: the ``stateDir`` and ``lockFile`` whose records of an earlier boot are
+        released at start (None: not done here, only by the verbs).
+        """
+        self.state = state
+        self._boot_checked = False
         self.socket_path = os.path.abspath(socket_path)
         self.plugin = list(plugin or default_plugin())
         self.verb_timeout = verb_timeout
@@ -187,6 +204,11 @@ class CniServer:
         _private_dir(directory)
         if len(self.socket_path.encode()) + len(".next") > 107:
             raise ServerError(f"the socket path {self.socket_path} is longer than a unix socket allows")
+        if not self._boot_checked:
+            # Once, at the first try: before this server serves (an ADD then places with what an
+            # earlier boot held free), and off a surge handover's path (the old server still serves).
+            self._boot_checked = True
+            self.release_previous_boot()
         try:
             if not self._lock.try_acquire():
                 with contextlib.suppress(OSError):
@@ -324,6 +346,33 @@ class CniServer:
         if done or left:
             log.info("spooled DELs: %d run, %d left for the next pass", done, left)
 
+    def release_previous_boot(self) -> None:
+        """Run ``rdma-cni release-previous-boot`` for ``state`` through the plugin; logged, never fatal."""
+        if self.state is None:
+            return
+        state_dir, lock_file = self.state
+        argv = [*self.plugin, "release-previous-boot", "--state-dir", state_dir, "--lock-file", lock_file]
+        try:
+            proc = subprocess.run(
+                argv,
+                env=self.base_env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=self.verb_timeout,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.error("records of earlier boots in %s not released: %s", state_dir, exc)
+            return
+        answer = proc.stdout.decode(errors="replace").strip()[-4096:]
+        if proc.returncode == 0:
+            log.info("records of earlier boots in %s: %s", state_dir, answer)
+        else:
+            err = proc.stderr.decode(errors="replace").strip()[-4096:]
+            log.error(
+                "records of earlier boots in %s: exit %d: %s %s", state_dir, proc.returncode, answer, err
+            )
+
     def _busy(self, conn: socket.socket) -> None:
         with conn:
             try:
@@ -443,6 +492,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="default: %(default)s"
     )
+    p.add_argument(
+        "--state-dir",
+        default=DEFAULT_STATE_DIR,
+        help="the stateDir whose records of an earlier boot are released at start; default: %(default)s",
+    )
+    p.add_argument("--lock-file", default=DEFAULT_LOCK_FILE, help="its lockFile; default: %(default)s")
     return p
 
 
@@ -454,7 +509,10 @@ def main(argv: list[str]) -> int:
         return 2
     _log_progress()
     server = CniServer(
-        args.socket, [args.plugin] if args.plugin else None, max_connections=args.max_connections
+        args.socket,
+        [args.plugin] if args.plugin else None,
+        max_connections=args.max_connections,
+        state=(args.state_dir, args.lock_file),
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

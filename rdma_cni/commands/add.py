@@ -30,14 +30,14 @@ from rdma_cni.kernel.identity import VfFinder
 from rdma_cni.kernel.netlink import Rtnl, neutral_vf_settings
 from rdma_cni.kernel.netns import Netns
 from rdma_cni.kernel.vfcontrol import VfControl, describe, vf_control
-from rdma_cni.node import attach
+from rdma_cni.node import attach, boot
 from rdma_cni.node.attach import Progress
 from rdma_cni.node.inventory import Node, Vf, scan
 from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.ipam_pending import PendingStore, retry
 from rdma_cni.node.isolation import RdmaIsolation
 from rdma_cni.node.podmeta import pod_side_names, resolve_request
-from rdma_cni.node.record import Attachment, PodInfo, RecordStore, VfRecord, node_lock
+from rdma_cni.node.record import Attachment, PodInfo, RecordStore, VfRecord, ipam_release_conf, node_lock
 from rdma_cni.shared import placement
 from rdma_cni.shared.podrequest import InterfaceRequest
 
@@ -93,6 +93,10 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
                 different_pfs=request.different_pfs,
             )
             att = plan(env, conf, finder, chosen, names, list(request.interfaces), isolation, mac)
+            # What releases it without this network's configuration: after a reboot (rdma_cni.node.boot).
+            att.boot_id = boot.boot_id()
+            if conf.ipam is not None:
+                att.ipam_conf, att.cni_path = ipam_release_conf(doc), list(env.path)
             store.write(att)
             progress = Progress()
             try:

@@ -40,6 +40,7 @@ DEFAULT_LOCK_FILE = "/run/rdma-cni/rdma-cni.lock"
 DEFAULT_CACHE_DIR = "/var/cache/rdma-cni"
 DEFAULT_LOG_FILE = "/var/log/rdma-cni.log"
 NRI_STATE = "nri-state"  # rdma_cni.node.nristate.STATE_FILE
+BOOT_CHECKED = "boot-checked"  # rdma_cni.node.boot.MARKER: the boot whose records were last checked
 SERVER_LOCKS = ("cni.lock", "cni.next.lock")  # beside the CNI server's socket (rdma_cni.agent.cniserver)
 STATE_SUBDIRS = ("attachments", "quarantine", "ipam-pending")  # rdma_cni.node.statedir.SUBDIRS
 NODE_STATE_ANNOTATION = "rdma-cni.io/node-state"  # rdma_cni.shared.nodestate.ANNOTATION
@@ -258,6 +259,7 @@ def run(
                 report,
                 "not empty: set-aside records or IPAM releases still pending (docs/operations.md)",
             )
+        _remove_file(os.path.join(args.state_dir, BOOT_CHECKED), report)
         _remove_empty_dir(args.state_dir, report, "not empty")
     report.left.append((DEFAULT_LOG_FILE, "the plugin's logFile, if set: logs are the operator's to delete"))
     report.left.append(

@@ -39,18 +39,24 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from rdma_cni.cni.errors import IOFailure, TryAgainLater
-from rdma_cni.node import statedir
+from rdma_cni.node import boot, statedir
 from rdma_cni.shared import atomicfile
 
 log = logging.getLogger("rdma_cni.record")
 
-SCHEMA = 1
+SCHEMA = 2
 # A version reads the next version's records too, so a rollback releases what the newer version
 # allocated: the next schema (SCHEMA + 1) may only add keys, each one a reader of this schema may
 # ignore when it releases the attachment (DEL, GC) and, when absent, defaulted by the newer reader.
 # A change an older reader must not ignore skips a number, making its records unreadable here.
 # Records are only ever rewritten by the ADD that created them, so no reader drops a key it ignored.
 NEXT_SCHEMA = SCHEMA + 1
+# The version before wrote schema 1: read strictly, the keys schema 2 added taking their defaults.
+# (Schema 2 added boot_id, ipam_conf and cni_path, which schema 1's readers ignore as the rule says.)
+PREVIOUS_SCHEMA = SCHEMA - 1
+# What a record's ipam_conf may hold: the operator's network configuration, never what a pod or
+# the runtime added for one call (cni-args, runtimeConfig, a chained prevResult).
+_NOT_IPAM_CONF = ("args", "runtimeConfig", "prevResult")
 _SUFFIX = ".json"
 
 
@@ -103,6 +109,15 @@ class Attachment:
     vfs: list[VfRecord] = field(default_factory=list)
     result: dict[str, Any] | None = None
     schema: int = SCHEMA
+    # The kernel's boot id when ADD wrote it ("" in schema 1 records): a record of another boot
+    # holds nothing (rdma_cni.node.boot), and is released by the first verb of the next one.
+    boot_id: str = ""
+    # What IPAM DEL needs when no verb of this network hands its configuration over (a previous
+    # boot's record released at the agent's start): the network configuration less what a pod or
+    # the runtime added for one call (see ipam_release_conf), and CNI_PATH. None/[]: no IPAM, or
+    # a schema 1 record.
+    ipam_conf: dict[str, Any] | None = None
+    cni_path: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -133,9 +148,14 @@ def parse_attachment(text: str) -> Attachment:
     version's, read after a rollback) without the keys it added.
     """
     data = json.loads(text)
-    schema = data.get("schema", SCHEMA) if isinstance(data, dict) else None
-    if schema not in (SCHEMA, NEXT_SCHEMA):
-        raise ValueError(f"record schema {schema!r} is not {SCHEMA} (or {NEXT_SCHEMA}, read back)")
+    # The first schema-1 writers wrote no schema key.
+    schema = data.get("schema", PREVIOUS_SCHEMA) if isinstance(data, dict) else None
+    if type(schema) is not int or schema not in (PREVIOUS_SCHEMA, SCHEMA, NEXT_SCHEMA):
+        raise ValueError(
+            f"record schema {schema!r} is not {SCHEMA} (or {PREVIOUS_SCHEMA} and {NEXT_SCHEMA}, read back)"
+        )
+    if schema == PREVIOUS_SCHEMA and set(data) & _ADDED_IN_SCHEMA_2:
+        raise ValueError(f"unknown keys {sorted(set(data) & _ADDED_IN_SCHEMA_2)} in a schema 1 record")
     newer = schema == NEXT_SCHEMA
     att = _build(Attachment, data, "attachment", newer=newer)
     if att.state not in ("adding", "ready"):
@@ -147,7 +167,24 @@ def parse_attachment(text: str) -> Attachment:
             raise TypeError("vf entries need pf (str), vf (int) and pci (str)")
         if type(v.pod_index) is not int or not 0 <= v.pod_index < 1 << 31:
             raise TypeError(f"vf {v.pci}: pod_index must be an ifindex (an integer from 0 to 2^31-1)")
+    if att.boot_id and not boot.is_boot_id(att.boot_id):
+        raise ValueError("boot_id must be a boot id (a lower-case UUID) or empty")
+    if att.ipam_conf is not None and not isinstance(att.ipam_conf, dict):
+        raise TypeError("ipam_conf must be an object or null")
+    if not isinstance(att.cni_path, list) or not all(isinstance(p, str) for p in att.cni_path):
+        raise TypeError("cni_path must be a list of directories")
+    if not isinstance(att.created_at, int | float) or isinstance(att.created_at, bool):
+        raise TypeError("created_at must be a number")
+    att.schema = schema
     return att
+
+
+_ADDED_IN_SCHEMA_2 = frozenset({"boot_id", "ipam_conf", "cni_path"})
+
+
+def ipam_release_conf(doc: dict[str, Any]) -> dict[str, Any]:
+    """What of a network configuration a record keeps for IPAM DEL (see ``Attachment.ipam_conf``)."""
+    return {k: v for k, v in doc.items() if k not in _NOT_IPAM_CONF}
 
 
 class RecordStore:
@@ -163,12 +200,19 @@ class RecordStore:
         self.dir = os.path.join(state_dir, "attachments")
 
     def ensure(self) -> None:
-        """Create the directory (0700, and stateDir 0700) if needed; code 5 if impossible."""
+        """Create the directory (0700, and stateDir 0700) if needed; code 5 if impossible.
+
+        A directory made now holds nothing an earlier boot wrote: this boot is noted as checked
+        (:mod:`rdma_cni.node.boot`), so the next verb makes no pass over it under the lock.
+        """
+        if os.path.isdir(self.dir):
+            return
         try:
             statedir.make_dirs(os.path.dirname(self.dir))
             statedir.make_dirs(self.dir)
         except OSError as exc:
             raise IOFailure(f"cannot create state directory {self.dir}: {exc.strerror}") from exc
+        boot.mark_checked(os.path.dirname(self.dir), boot.current(time.time()))
 
     def path(self, container_id: str, ifname: str) -> str:
         # Both parts were validated by the protocol layer; this is the only

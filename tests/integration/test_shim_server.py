@@ -29,7 +29,8 @@ class ServerProcess(CniServerProcess):
     def __init__(self, socket_path: str, cluster: Cluster) -> None:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **cluster.node.env()}
         log_path = os.path.join(cluster.tmp, "cni-server.log")
-        super().__init__(plugin_command(), socket_path, env, log_path)
+        state = (cluster.state_dir, cluster.conf()["lockFile"])
+        super().__init__(plugin_command(), socket_path, env, log_path, state=state)
 
 
 @pytest.fixture(scope="module")

@@ -75,7 +75,12 @@ class Tier:
         assert self.server is None
         env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), **self.node.env()}
         self.server = CniServerProcess(
-            [BINARY], self.socket, env, os.path.join(self.root, "cni-server.log"), plugin=self.plugin.plugin
+            [BINARY],
+            self.socket,
+            env,
+            os.path.join(self.root, "cni-server.log"),
+            plugin=self.plugin.plugin,
+            state=(self.state_dir, self.plugin_entry()["lockFile"]),
         )
         self.server_pids += (self.server.pid,)
         return self.server

@@ -26,6 +26,9 @@ PODMAN_IMAGE = "localhost/rdma-cni-busybox:tier"
 WRAPPER = """#!/bin/sh
 # rdma-cni as the runtime tier runs it: records what it was passed (by the runtime, or by the
 # CNI server the shim handed the verb to), then runs the built plugin on the simulated node.
+if [ $# -gt 0 ]; then  # a subcommand, not a verb (the CNI server's release-previous-boot at its start)
+    {node_env} exec "{binary}" "$@"
+fi
 n=$$
 cat > "{log_dir}/stdin.$n"
 printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' "$n" "$CNI_COMMAND" "$CNI_CONTAINERID" "$CNI_NETNS" \\

@@ -43,6 +43,8 @@ def install_shim(binary: str, bin_dir: str, work_dir: str) -> str:
 class CniServerProcess:
     """``rdma-cni cni-server --socket PATH`` with ``env`` (the node's), its stderr kept in ``log_path``.
 
+    ``state``: the test's ``stateDir`` and ``lockFile``, never the machine's own (the server's default).
+
     Started at construction; ready once it printed ``{"listening": PATH}``.
     """
 
@@ -53,10 +55,14 @@ class CniServerProcess:
         env: Mapping[str, str],
         log_path: str,
         plugin: str | None = None,
+        state: tuple[str, str] | None = None,
     ) -> None:
         self.socket_path = socket_path
         self.log_path = log_path
         argv = [*command, "cni-server", "--socket", socket_path, *(["--plugin", plugin] if plugin else [])]
+        if state is not None:
+            # The stateDir (and lockFile) whose records of an earlier boot the server releases at start.
+            argv += ["--state-dir", state[0], "--lock-file", state[1]]
         with open(log_path, "ab") as log:
             # A file, not a pipe: nobody drains the server's stderr while it serves.
             self.proc = subprocess.Popen(argv, env=dict(env), stdout=subprocess.PIPE, stderr=log)

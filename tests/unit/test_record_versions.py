@@ -27,6 +27,11 @@ SCHEMA_1_VF = {
     "pf_original", "pf_applied", "mac", "mtu", "ipam", "rdma_device", "rdma_action", "pod_index",
 }  # fmt: skip
 SCHEMA_1_POD = {"namespace", "name", "uid"}
+# Schema 2 added these, each one a schema-1 reader ignores when it releases (the boot a record was
+# written in, and what releases its IPAM without the network's configuration: rdma_cni.node.boot).
+SCHEMA_2_ADDED = {"boot_id", "ipam_conf", "cni_path"}
+SCHEMA_2_ATTACHMENT = SCHEMA_1_ATTACHMENT | SCHEMA_2_ADDED
+BOOT_ID = "0f5c8a2e-4b1d-4c3e-9a7f-1e2d3c4b5a69"
 
 
 def attachment() -> Attachment:
@@ -45,7 +50,7 @@ def attachment() -> Attachment:
 
 
 def next_schema(att: Attachment) -> dict[str, Any]:
-    """``att`` as the next version writes it: schema 2, with keys at every level this one does not know."""
+    """``att`` as the next version writes it: schema 3, with keys at every level this one does not know."""
     doc = json.loads(att.to_json())
     doc["schema"] = record.NEXT_SCHEMA
     doc["placement_hint"] = {"rail": "rail-0"}
@@ -56,8 +61,8 @@ def next_schema(att: Attachment) -> dict[str, Any]:
 
 def test_this_schema_writes_exactly_the_frozen_keys() -> None:
     doc = json.loads(attachment().to_json())
-    assert record.SCHEMA == 1
-    assert set(doc) == SCHEMA_1_ATTACHMENT
+    assert record.SCHEMA == 2
+    assert set(doc) == SCHEMA_2_ATTACHMENT
     assert set(doc["vfs"][0]) == SCHEMA_1_VF
     assert set(doc["pod"]) == SCHEMA_1_POD
 
@@ -68,7 +73,74 @@ def test_a_record_of_the_previous_release_is_read() -> None:
     vf |= {"host_mac": "02:00:00:00:00:03", "host_mtu": 1500, "pod_name": "net1"}
     doc = {"container_id": "c" * 64, "ifname": "net1", "network": "n", "netns": "/p", "cni_version": "1.0.0"}
     att = parse_attachment(json.dumps({**doc, "vfs": [vf]}))
-    assert att.state == "adding" and att.schema == record.SCHEMA and att.vfs[0].rdma_action == ""
+    assert att.state == "adding" and att.schema == record.PREVIOUS_SCHEMA and att.vfs[0].rdma_action == ""
+    assert (att.boot_id, att.ipam_conf, att.cni_path) == ("", None, [])
+
+
+def test_a_schema_1_record_as_the_version_before_writes_it_is_read_with_the_new_keys_defaulted() -> None:
+    doc = json.loads(attachment().to_json())
+    for key in SCHEMA_2_ADDED:
+        del doc[key]
+    doc["schema"] = 1
+    att = parse_attachment(json.dumps(doc))
+    expected = attachment()
+    expected.schema = 1
+    assert att == expected and att.boot_id == ""
+
+
+def test_a_schema_1_record_with_a_schema_2_key_is_corrupt() -> None:
+    doc = json.loads(attachment().to_json())
+    doc["schema"] = 1
+    doc["boot_id"] = BOOT_ID
+    del doc["ipam_conf"], doc["cni_path"]
+    with pytest.raises(ValueError, match=r"unknown keys \['boot_id'\] in a schema 1 record"):
+        parse_attachment(json.dumps(doc))
+
+
+def test_the_schema_2_keys_round_trip() -> None:
+    att = attachment()
+    att.boot_id = BOOT_ID
+    att.ipam_conf = {"cniVersion": "1.1.0", "name": "rdma-net", "ipam": {"type": "host-local"}}
+    att.cni_path = ["/opt/cni/bin"]
+    assert parse_attachment(att.to_json()) == att
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("boot_id", "not-a-boot-id", "boot_id must be a boot id"),
+        ("boot_id", BOOT_ID.upper(), "boot_id must be a boot id"),
+        ("boot_id", 7, "boot_id must be a boot id"),
+        ("ipam_conf", ["host-local"], "ipam_conf must be an object"),
+        ("cni_path", "/opt/cni/bin", "cni_path must be a list"),
+        ("cni_path", [1], "cni_path must be a list"),
+        ("created_at", "yesterday", "created_at must be a number"),
+        ("created_at", True, "created_at must be a number"),
+    ],
+)
+def test_bad_schema_2_values_are_corrupt(key: str, value: Any, message: str) -> None:
+    doc = json.loads(attachment().to_json())
+    doc[key] = value
+    with pytest.raises((ValueError, TypeError), match=message):
+        parse_attachment(json.dumps(doc))
+
+
+def test_ipam_release_conf_keeps_the_operators_configuration_only() -> None:
+    doc = {
+        "cniVersion": "1.1.0",
+        "name": "rdma-net",
+        "type": "rdma-cni",
+        "ipam": {"type": "host-local"},
+        "args": {"cni": {"written": "by a pod"}},
+        "runtimeConfig": {"ips": ["10.0.0.9/24"]},
+        "prevResult": {"ips": []},
+    }
+    assert record.ipam_release_conf(doc) == {
+        "cniVersion": "1.1.0",
+        "name": "rdma-net",
+        "type": "rdma-cni",
+        "ipam": {"type": "host-local"},
+    }
 
 
 def test_a_record_of_the_next_version_is_read_without_its_additions() -> None:
@@ -86,7 +158,7 @@ def test_unknown_keys_in_this_schema_are_still_corrupt() -> None:
         parse_attachment(json.dumps(doc))
 
 
-@pytest.mark.parametrize("schema", [0, record.SCHEMA + 2, "1", None])
+@pytest.mark.parametrize("schema", [0, record.SCHEMA + 2, "1", "2", None, True, 2.0])
 def test_other_schemas_are_unreadable(schema: Any) -> None:
     doc = json.loads(attachment().to_json())
     doc["schema"] = schema

@@ -49,6 +49,7 @@ class Root:
         # What the plugin leaves as it runs: state directories, the lock, NRI's state, the cache.
         for sub in ("attachments", "quarantine", "ipam-pending"):
             (self.state_dir / sub).mkdir(parents=True)
+        (self.state_dir / "boot-checked").write_text("0f5c8a2e-4b1d-4c3e-9a7f-1e2d3c4b5a69\n")
         self.lock_file.parent.mkdir(parents=True)
         self.lock_file.write_text("")
         (self.lock_file.parent / "nri-state").write_text("registered\n")
@@ -221,12 +222,13 @@ def test_uninstall_does_not_go_with_watch(node: Root) -> None:
 def test_defaults_are_the_plugins() -> None:
     from rdma_cni.agent import delspool
     from rdma_cni.cni import config
-    from rdma_cni.node import nristate, statedir
+    from rdma_cni.node import boot, nristate, statedir
     from rdma_cni.shared import nodestate
 
     assert uninstall.DEFAULT_STATE_DIR == config.DEFAULT_STATE_DIR
     assert uninstall.DEFAULT_LOCK_FILE == config.DEFAULT_LOCK_FILE
     assert uninstall.NRI_STATE == nristate.STATE_FILE
     assert uninstall.STATE_SUBDIRS == statedir.SUBDIRS
+    assert uninstall.BOOT_CHECKED == boot.MARKER
     assert uninstall.NODE_STATE_ANNOTATION == nodestate.ANNOTATION
     assert uninstall.SPOOL_NAME == delspool.SPOOL_NAME
