@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.shared import nodestate
@@ -124,27 +124,48 @@ class NodeCache:
 
     def run(self) -> None:
         """List, then watch; relist on 410 Gone, reconnect with backoff on anything else."""
-        from rdma_cni.kube import client as kubeapi
+        follow(self, "node", self._stop, log)
 
-        delay = self.backoff[0]
-        need_list = True
-        while not self._stop.is_set():
-            try:
-                if need_list:
-                    self.relist()
-                    need_list = False
-                self.watch_once()
-                delay = self.backoff[0]
-            except kubeapi.Gone as exc:
-                # The server's words tell a compacted etcd ("...for the provided watch is
-                # too old") from a watch cache that starts later ("too old resource version").
-                log.info(
-                    "node watch: resourceVersion %s is too old, relisting (%s)", self.resource_version, exc
-                )
-                need_list = True
-            except Exception as exc:  # any failure: keep the views, retry later
-                self.reconnects += 1
-                log.warning("node list/watch failed (%s); retrying in %.1f s", exc, delay)
-                if self._stop.wait(delay):
-                    return
-                delay = min(self.backoff[1], delay * 2)
+
+class _Follower(Protocol):
+    """What :func:`follow` drives: a list + watch of one kind, with its counters."""
+
+    backoff: tuple[float, float]
+    resource_version: str
+    reconnects: int
+
+    def relist(self) -> None: ...
+
+    def watch_once(self) -> None: ...
+
+
+def follow(watcher: _Follower, what: str, stop: threading.Event, logger: logging.Logger) -> None:
+    """List, then watch until stopped: relist on 410 Gone, reconnect with backoff on anything else.
+
+    The loop of both watches of the extender (nodes here, pods in podwatch.py); ``what`` names
+    the kind in ``logger``'s lines.
+    """
+    from rdma_cni.kube import client as kubeapi
+
+    delay = watcher.backoff[0]
+    need_list = True
+    while not stop.is_set():
+        try:
+            if need_list:
+                watcher.relist()
+                need_list = False
+            watcher.watch_once()
+            delay = watcher.backoff[0]
+        except kubeapi.Gone as exc:
+            # The server's words tell a compacted etcd ("...for the provided watch is
+            # too old") from a watch cache that starts later ("too old resource version").
+            logger.info(
+                "%s watch: resourceVersion %s is too old, relisting (%s)", what, watcher.resource_version, exc
+            )
+            need_list = True
+        except Exception as exc:  # any failure: keep what is known, retry from the last version seen
+            watcher.reconnects += 1
+            logger.warning("%s list/watch failed (%s); retrying in %.1f s", what, exc, delay)
+            if stop.wait(delay):
+                return
+            delay = min(watcher.backoff[1], delay * 2)

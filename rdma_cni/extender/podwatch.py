@@ -29,6 +29,7 @@ import logging
 import threading
 from typing import Any
 
+from rdma_cni.extender.cache import follow
 from rdma_cni.extender.reservations import Reservations
 
 __all__ = ["PodWatch"]
@@ -132,23 +133,4 @@ class PodWatch:
 
     def run(self) -> None:
         """List, then watch; relist on 410 Gone, reconnect with backoff on anything else."""
-        from rdma_cni.kube import client as kubeapi
-
-        delay = self.backoff[0]
-        need_list = True
-        while not self._stop.is_set():
-            try:
-                if need_list:
-                    self.relist()
-                    need_list = False
-                self.watch_once()
-                delay = self.backoff[0]
-            except kubeapi.Gone:
-                log.info("pod watch: resourceVersion %s is too old, relisting", self.resource_version)
-                need_list = True
-            except Exception as exc:  # any failure: keep going from the last version seen
-                self.reconnects += 1
-                log.warning("pod list/watch failed (%s); retrying in %.1f s", exc, delay)
-                if self._stop.wait(delay):
-                    return
-                delay = min(self.backoff[1], delay * 2)
+        follow(self, "pod", self._stop, log)
