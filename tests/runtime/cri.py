@@ -65,6 +65,20 @@ class CriClient:
     def version(self, timeout: float = 5) -> Any:
         return self.runtime.Version(self.pb.VersionRequest(version="v1"), timeout=timeout)
 
+    def wait_ready(self, timeout: float = 60) -> Any:
+        """Version once containerd's CRI service answers: it listens before it has initialized,
+        and until then refuses every call with "server is not initialized yet" (kubelet retries)."""
+        import grpc
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.version()
+            except grpc.RpcError as err:
+                if "not initialized" not in str(err.details()) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
+
     def run_pod(self, name: str, namespace: str, uid: str, annotations: dict[str, str], log_dir: str) -> Pod:
         config = self.pb.PodSandboxConfig(
             metadata=self.pb.PodSandboxMetadata(name=name, uid=uid, namespace=namespace, attempt=0),

@@ -68,7 +68,7 @@ def containerd(tier: Tier, api_server: ApiServer, source: str) -> Iterator[tuple
         oci_archive(archive, IMAGE, ["/bin/sleep", "2147483647"])
         runtime.ctr("images", "import", archive)
         client = CriClient(runtime.socket, os.path.join(tier.root, "cri-gen"))
-        assert client.version().runtime_api_version == "v1"
+        assert client.wait_ready().runtime_api_version == "v1"
         yield runtime, client
     finally:
         if client is not None:
@@ -264,6 +264,7 @@ def test_a_reboot_with_the_sandbox_still_known(
     shutil.rmtree(os.path.join(runtime.root, "state"))
     tier.namespace_gone(in_pod, reboot=True)
     runtime.start()
+    client.wait_ready()
 
     # kubelet finds the old sandbox not ready and stops it, before the agent is up: containerd
     # sends DEL with CNI_NETNS empty (the namespace is gone), and the shim spools it.
