@@ -804,6 +804,7 @@ class ApiServer:
         self._events: list[dict[str, Any]] = []
         self._hold_events = threading.Event()
         self._hold_events.set()
+        self.events_held = 0  # Event POSTs waiting on hold_events
         self._wake = threading.Event()
         self._seen: list[SeenRequest] = []
         self._httpd: _HttpsServer | None = None
@@ -1485,7 +1486,13 @@ class ApiServer:
         for where, value in (("involvedObject.name", involved.get("name")), ("reason", event.get("reason"))):
             if not isinstance(value, str) or not value:
                 raise _invalid("Event", name, where, "FieldValueRequired", "Required value")
-        self._hold_events.wait(60)
+        with self._lock:
+            self.events_held += 1
+        try:
+            self._hold_events.wait(60)
+        finally:
+            with self._lock:
+                self.events_held -= 1
         with self._lock:
             doc = _copy(event)
             doc["metadata"] = {**meta, "namespace": namespace}

@@ -148,13 +148,17 @@ def test_a_blocked_event_sink_delays_no_bind(harness: Harness, api: ApiServer) -
     sink = EventSink(client.post, "rdma-cni-extender", capacity=2)
     _, sched = harness.start(events=sink)
     pods = [harness.add_pod(f"p{i}", [(10_000, 0)]) for i in range(6)]
-    api.hold_events()  # the API takes every Event and never answers
+    api.hold_events()  # the API takes every Event and answers none for 60 s
     started = time.monotonic()
-    for pod in pods:
+    assert "no longer fits" in sched.bind(pods[0], "full")
+    # The sender has taken p0's Event and is stuck posting it; then the queue fills.
+    wait_for("p0's Event posted", lambda: api.events_held == 1)
+    for pod in pods[1:]:
         assert "no longer fits" in sched.bind(pod, "full")
     took = time.monotonic() - started
-    # One Event is being posted (held), two wait in the queue, the rest are dropped.
-    assert took < 2.0, took
+    # One Event is being posted (held), two wait in the queue, the rest are dropped. A bind
+    # that waited on the sink would take the 60 s the API holds the post.
+    assert took < 20.0, took
     wait_for("the drops", lambda: sink.dropped == 3)
     api.hold_events(False)
     assert sink.flush()
