@@ -8,8 +8,9 @@ An RDMA pod (declaring ``rdma-cni.io/vf`` and ``rdma-cni.io/bandwidth``, the
 configuration's managedResources, which the nodes' agents advertise in their
 status) is filtered, prioritized and bound through mutual TLS; one whose node
 has not advertised them waits with kube-scheduler's reason and is bound once
-the node's agent advertises them; a client without a certificate, with one of
-another CA, or with one of the right CA but another name gets no answer.
+the node's agent advertises them; conf/pod.yaml without its schedulerName
+reaches the extender by its declaration; a client without a certificate, with
+one of another CA, or with one of the right CA but another name gets no answer.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from rdma_cni.agent import capacity
@@ -32,7 +34,7 @@ from rdma_cni.shared import nodestate
 from tests.cluster.conftest import unique, wait_for_service_account
 from tests.support import sched_objects as so
 from tests.support.apiserver import make_ca, make_cert
-from tests.support.kube.controlplane import ControlPlane
+from tests.support.kube.controlplane import REPO, ControlPlane
 from tests.support.kube.mtlsscheduler import MtlsScheduler, run_docs_steps, start_mtls_scheduler
 from tests.support.kube.objects import client_for_token, create, create_node, pod_doc
 from tests.support.waiting import wait_for
@@ -162,6 +164,30 @@ def test_a_declaring_pod_waits_with_a_reason_until_its_node_advertises_capacity(
     advertise(m, node, state)
     assert wait_for(lambda: node_of(m, pod), 90, f"{pod} bound once {node} advertised") == node
     assert calls(m.rs).get("bind", 0) > before.get("bind", 0)
+
+
+def test_the_sample_pod_without_its_scheduler_name_is_placed_through_the_extender(mtls: Mtls) -> None:
+    """conf/pod.yaml as docs/deploy.md says to run it under this variant (no schedulerName): its
+    declaration routes it to the extender and fits a node that advertises room for it."""
+    m = mtls
+    node = unique("mtls-sample")
+    state = so.state([("ens1f0", 40_000, 4)])
+    watched = _watched(m.rs)
+    create_node(m.cp, node, {nodestate.ANNOTATION: nodestate.encode(state)})
+    advertise(m, node, state)
+    wait_for(lambda: _watched(m.rs) > watched, 60, "the extender's node cache to hold the new node")
+    with open(os.path.join(REPO, "conf", "pod.yaml")) as f:
+        doc = yaml.safe_load(f)
+    del doc["spec"]["schedulerName"]
+    # This module's namespace, a unique name; the declaration and the annotation as shipped.
+    pod = unique("sample")
+    doc["metadata"].update(name=pod, namespace=m.namespace)
+    before = calls(m.rs)
+    create(m.cp, doc)
+    assert wait_for(lambda: node_of(m, pod), 90, f"{pod} bound")
+    after = calls(m.rs)
+    for verb in ("filter", "bind"):
+        assert after.get(verb, 0) > before.get(verb, 0), (verb, before, after)
 
 
 def failed_scheduling(m: Mtls, pod: str) -> list[str]:
