@@ -4,10 +4,13 @@ A control plane of its own, without the tier's default kube-scheduler: the
 cluster's default scheduler here is the one configured from
 conf/kube-scheduler-default.yaml (the profile ``default-scheduler``), set up by
 docs/deploy.md's steps run as written (tests/support/kube/mtlsscheduler.py).
-An RDMA pod (requesting ``rdma-cni.io/interfaces``, the configuration's
-managedResources) is filtered, prioritized and bound through mutual TLS; a
-client without a certificate, with one of another CA, or with one of the right
-CA but another name gets no answer.
+An RDMA pod (declaring ``rdma-cni.io/vf`` and ``rdma-cni.io/bandwidth``, the
+configuration's managedResources, which the nodes' agents advertise in their
+status) is filtered, prioritized and bound through mutual TLS; one whose node
+has not advertised them waits with kube-scheduler's reason and is bound once
+the node's agent advertises them; conf/pod.yaml without its schedulerName
+reaches the extender by its declaration; a client without a certificate, with
+one of another CA, or with one of the right CA but another name gets no answer.
 """
 
 from __future__ import annotations
@@ -23,19 +26,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from rdma_cni.agent import capacity
 from rdma_cni.shared import nodestate
 from tests.cluster.conftest import unique, wait_for_service_account
 from tests.support import sched_objects as so
 from tests.support.apiserver import make_ca, make_cert
-from tests.support.kube.controlplane import ControlPlane
+from tests.support.kube.controlplane import REPO, ControlPlane
 from tests.support.kube.mtlsscheduler import MtlsScheduler, run_docs_steps, start_mtls_scheduler
-from tests.support.kube.objects import create, create_node, pod_doc
+from tests.support.kube.objects import client_for_token, create, create_node, pod_doc
 from tests.support.waiting import wait_for
 
 SERVICE_NAME = "rdma-cni-scheduler-extender.kube-system.svc"
-RESOURCE = "rdma-cni.io/interfaces"
+VFS, BANDWIDTH = nodestate.VF_RESOURCE, nodestate.BANDWIDTH_RESOURCE
 ANNOTATION = "rdma_interfaces_required"
 
 
@@ -79,13 +84,33 @@ def calls(rs: MtlsScheduler) -> dict[str, float]:
     return counts
 
 
-def rdma_pod(m: Mtls, name: str, request: list[dict[str, int]], *, resource: bool = True) -> None:
+def rdma_pod(m: Mtls, name: str, request: list[dict[str, int]], on_node: str | None = None) -> None:
+    """An RDMA pod of the default scheduler that declares its request as conf/pod.yaml does."""
     annotations = {"k8s.v1.cni.cncf.io/networks": "default/rdma-net", ANNOTATION: json.dumps(request)}
-    doc = pod_doc(m.namespace, name, annotations=annotations)
-    if resource:
-        # What makes kube-scheduler ask the extender (managedResources).
-        doc["spec"]["containers"][0]["resources"]["limits"] = {RESOURCE: "1"}
+    doc = pod_doc(m.namespace, name, annotations=annotations, on_node=on_node)
+    # What makes kube-scheduler ask the extender (managedResources), and what it counts itself:
+    # one VF per interface and the sum of min_tx_rate, exactly (the extender refuses other sums).
+    declared = {VFS: str(len(request)), BANDWIDTH: str(sum(i.get("min_tx_rate", 0) for i in request))}
+    resources = doc["spec"]["containers"][0]["resources"]
+    resources["requests"].update(declared)
+    resources["limits"] = dict(declared)  # extended resources: limits equal to requests
     create(m.cp, doc)
+
+
+def advertise(m: Mtls, node: str, state: nodestate.NodeState) -> None:
+    """The node's agent advertises ``state``'s RDMA resources in the Node's status.
+
+    The agent's own code (agent/capacity), with a token bound to a pod on the node as the
+    DaemonSet's is, so through conf/rbac.yaml's RBAC and admission policy (the docs' steps
+    applied it).
+    """
+    pod = unique("rdma-cni-agent")
+    create(m.cp, pod_doc("kube-system", pod, node=node, account="rdma-cni"))
+    token = m.cp.token("kube-system", "rdma-cni", "--bound-object-kind=Pod", f"--bound-object-name={pod}")
+    with client_for_token(m.cp, token, f"agent-{node}") as client:
+        advertiser = capacity.Advertiser(lambda: client, node)
+        assert advertiser.advertise(state), advertiser.last_error
+    m.cp.kubectl("delete", "pod", pod, "-n", "kube-system", "--wait=false")
 
 
 def node_of(m: Mtls, pod: str) -> str | None:
@@ -98,7 +123,9 @@ def test_an_rdma_pod_is_filtered_prioritized_and_bound_through_mutual_tls(mtls: 
     fits = {unique("mtls-big"): ("ens1f0", 100_000, 4), unique("mtls-mid"): ("ens1f0", 25_000, 2)}
     small = unique("mtls-small")
     for name, pf in [*fits.items(), (small, ("ens1f0", 10_000, 2))]:
-        create_node(m.cp, name, {nodestate.ANNOTATION: nodestate.encode(so.state([pf]))})
+        state = so.state([pf])
+        create_node(m.cp, name, {nodestate.ANNOTATION: nodestate.encode(state)})
+        advertise(m, name, state)
     # The extender judges a node only once its watch delivered it.
     wait_for(lambda: _watched(m.rs) >= 3, 60, "the extender's node cache to hold the three nodes")
     before = calls(m.rs)
@@ -111,6 +138,63 @@ def test_an_rdma_pod_is_filtered_prioritized_and_bound_through_mutual_tls(mtls: 
         assert after.get(verb, 0) > before.get(verb, 0), (verb, before, after)
     # Over mutual TLS only: the urlPrefix is https, and the listener has no other way in.
     assert m.rs.config["extenders"][0]["urlPrefix"].startswith("https://")
+
+
+def test_a_declaring_pod_waits_with_a_reason_until_its_node_advertises_capacity(mtls: Mtls) -> None:
+    """Nodes advertise what the pod declares; a node whose agent has not (yet) fits no such pod, and
+    kube-scheduler says so. The agent's write of the Node's status is what lets the pod be bound."""
+    m = mtls
+    node = unique("mtls-late")
+    state = so.state([("ens1f0", 40_000, 4)])
+    watched = _watched(m.rs)
+    create_node(m.cp, node, {nodestate.ANNOTATION: nodestate.encode(state)})
+    wait_for(lambda: _watched(m.rs) > watched, 60, "the extender's node cache to hold the new node")
+    before = calls(m.rs)
+    pod = unique("early")
+    rdma_pod(m, pod, [{"min_tx_rate": 10_000}], on_node=node)
+    reasons = wait_for(
+        lambda: [r for r in failed_scheduling(m, pod) if f"Insufficient {VFS}" in r],
+        90,
+        f"{pod}'s FailedScheduling event",
+    )
+    assert f"Insufficient {BANDWIDTH}" in reasons[0], reasons
+    assert node_of(m, pod) is None
+    # kube-scheduler's own filter refused the node: the extender was not asked.
+    assert calls(m.rs).get("filter", 0) == before.get("filter", 0)
+    advertise(m, node, state)
+    assert wait_for(lambda: node_of(m, pod), 90, f"{pod} bound once {node} advertised") == node
+    assert calls(m.rs).get("bind", 0) > before.get("bind", 0)
+
+
+def test_the_sample_pod_without_its_scheduler_name_is_placed_through_the_extender(mtls: Mtls) -> None:
+    """conf/pod.yaml as docs/deploy.md says to run it under this variant (no schedulerName): its
+    declaration routes it to the extender and fits a node that advertises room for it."""
+    m = mtls
+    node = unique("mtls-sample")
+    state = so.state([("ens1f0", 40_000, 4)])
+    watched = _watched(m.rs)
+    create_node(m.cp, node, {nodestate.ANNOTATION: nodestate.encode(state)})
+    advertise(m, node, state)
+    wait_for(lambda: _watched(m.rs) > watched, 60, "the extender's node cache to hold the new node")
+    with open(os.path.join(REPO, "conf", "pod.yaml")) as f:
+        doc = yaml.safe_load(f)
+    del doc["spec"]["schedulerName"]
+    # This module's namespace, a unique name; the declaration and the annotation as shipped.
+    pod = unique("sample")
+    doc["metadata"].update(name=pod, namespace=m.namespace)
+    before = calls(m.rs)
+    create(m.cp, doc)
+    assert wait_for(lambda: node_of(m, pod), 90, f"{pod} bound")
+    after = calls(m.rs)
+    for verb in ("filter", "bind"):
+        assert after.get(verb, 0) > before.get(verb, 0), (verb, before, after)
+
+
+def failed_scheduling(m: Mtls, pod: str) -> list[str]:
+    events = m.cp.get(
+        "events", "-n", m.namespace, "--field-selector", f"involvedObject.name={pod},reason=FailedScheduling"
+    )
+    return [e.get("message") or e.get("note") or "" for e in events["items"]]
 
 
 def test_a_pod_without_the_resource_is_scheduled_without_the_extender(mtls: Mtls) -> None:

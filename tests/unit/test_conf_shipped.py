@@ -10,6 +10,7 @@ exists; one ClusterRole per component.
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,16 @@ from typing import Any
 import pytest
 import yaml
 
+from rdma_cni.agent import capacity
+from rdma_cni.cni.errors import InvalidPodRequest
+from rdma_cni.extender import declared
+from rdma_cni.extender.demand import Demands
 from rdma_cni.extender.options import parser as extender_parser
+from rdma_cni.extender.options import settings as extender_settings
 from rdma_cni.install import command as install_command
+from rdma_cni.shared import nodestate
 from rdma_cni.shared.podrequest import parse_request
+from tests.support import sched_objects as so
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
@@ -31,6 +39,8 @@ SIDECAR, MTLS, DEFAULT_CONFIG = (
 )
 # The Kubernetes minor version conf/ is proven on (issue 31's cluster tier: v1.37.x).
 KUBERNETES_MINOR = 37
+# The extended resources a node agent advertises for a node whose PFs' capacities are known.
+ADVERTISED = set(capacity.resources(so.state([("ens1f0", 40_000, 4)])))
 
 
 def docs(name: str) -> list[dict[str, Any]]:
@@ -107,17 +117,11 @@ def other_pods() -> dict[str, dict[str, Any]]:
 
 
 def rdma_pod_for(variant: str) -> dict[str, Any]:
-    """conf/pod.yaml as docs/deploy.md says to run it under each variant."""
+    """conf/pod.yaml as docs/deploy.md says to run it under each variant (mutual TLS: no schedulerName;
+    its declared resources are what route it)."""
     pod = one("pod.yaml", "Pod")
     if variant == MTLS:
-        (ext,) = scheduler_configs()[MTLS]["extenders"]
-        resource = ext["managedResources"][0]["name"]
-        spec = {k: v for k, v in pod["spec"].items() if k != "schedulerName"}
-        spec["containers"] = [
-            {**c, "resources": {**c["resources"], "limits": {**c["resources"]["limits"], resource: 1}}}
-            for c in spec["containers"]
-        ]
-        pod = {**pod, "spec": spec}
+        pod = {**pod, "spec": {k: v for k, v in pod["spec"].items() if k != "schedulerName"}}
     return pod
 
 
@@ -174,17 +178,73 @@ def test_a_dead_extender_leaves_other_pods_schedulable() -> None:
         if "default-scheduler" in [p["schedulerName"] for p in config["profiles"]]:
             managed = ext.get("managedResources") or []
             assert managed, f"{variant}: every pod of the cluster would wait for the extender"
-            for resource in managed:  # names: test_conf_scheduler.py validates them
-                # No node advertises it: kube-scheduler's own fit check must not count it.
-                assert resource["ignoredByScheduler"] is True
+
+
+def test_the_managed_resources_are_the_ones_nodes_advertise() -> None:
+    """One name per concept: the mutual-TLS variant routes pods by the resources the node agents
+    advertise (agent/capacity) and pods declare (extender/declared), counted by kube-scheduler.
+    A resource no node advertises would need ignoredByScheduler and would count nothing."""
+    (ext,) = scheduler_configs()[MTLS]["extenders"]
+    managed = {r["name"]: r for r in ext["managedResources"]}
+    assert ext["managedResources"][0]["name"] == nodestate.VF_RESOURCE  # the one its reasons name
+    assert set(managed) == ADVERTISED
+    for name, resource in managed.items():
+        # Nodes advertise it: kube-scheduler's fit check and preemption must count it.
+        assert resource.get("ignoredByScheduler") is False, name
+
+
+def test_every_rdma_cni_io_name_in_conf_and_docs_is_one_the_code_defines() -> None:
+    """A second name for a concept (the mutual-TLS variant once routed by rdma-cni.io/interfaces,
+    which no node advertises) fails here."""
+    known = {nodestate.ANNOTATION, *ADVERTISED}
+    files = [*sorted(CONF.rglob("*.yaml")), *sorted(DOCS.glob("*.md")), ROOT / "README.md"]
+    unknown = {
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in files
+        for name in re.findall(r"rdma-cni\.io/[a-z0-9.-]*[a-z0-9]", path.read_text())
+        if name not in known
+    }
+    assert unknown == set(), sorted(unknown)
 
 
 def test_deploy_md_says_how_rdma_pods_reach_each_variant() -> None:
     text = (DOCS / "deploy.md").read_text()
     (ext,) = scheduler_configs()[MTLS]["extenders"]
-    assert f"{ext['managedResources'][0]['name']}: 1" in text
+    for resource in ext["managedResources"]:
+        assert f"`{resource['name']}`" in text, resource
+    assert "ignoredByScheduler: false" in text
+    assert "drop the `schedulerName` line" in text
     assert "schedulerName: rdma-scheduler" in text
     assert "a dead extender" in text.lower() or "extender is down" in text.lower()
+
+
+def _demands(variant: str) -> Demands:
+    """How that variant's extender, with its Deployment's flags, reads a pod."""
+    command = container(pod_spec(variant), "extender")["command"]
+    s = extender_settings(command[2:])
+    return Demands(annotation=s.annotation, networks=s.networks, default_request=s.default_request)
+
+
+@pytest.mark.parametrize("variant", [SIDECAR, MTLS])
+def test_the_sample_pod_declares_exactly_what_it_asks(variant: str) -> None:
+    """conf/pod.yaml declares its RDMA request as the resources nodes advertise, exactly as the
+    shipped extender reads the request (declared.check), so kube-scheduler counts what it holds."""
+    pod = rdma_pod_for(variant)
+    demand = _demands(variant).of_pod(pod)  # runs declared.check: InvalidPodRequest if it differs
+    assert demand is not None
+    declared.check(pod, demand, "conf/pod.yaml")
+    vfs, bandwidth = nodestate.VF_RESOURCE, nodestate.BANDWIDTH_RESOURCE
+    got = declared.declared(pod, "conf/pod.yaml")
+    assert got == {vfs: len(demand.requests), bandwidth: demand.min_total} == {vfs: 3, bandwidth: 20_000}
+    for c in pod["spec"]["containers"]:  # extended resources: the API server wants limits == requests
+        res = c["resources"]
+        assert {k: res["limits"][k] for k in ADVERTISED} == {k: res["requests"][k] for k in ADVERTISED}
+    # The check is live: a sample that drifted from its annotation by 1 Mbit/s is refused.
+    drifted = copy.deepcopy(pod)
+    for part in ("requests", "limits"):
+        drifted["spec"]["containers"][0]["resources"][part][bandwidth] = "19999"
+    with pytest.raises(InvalidPodRequest, match=re.escape(f"requests 19999 as {bandwidth}")):
+        _demands(variant).of_pod(drifted)
 
 
 # -- 4. defaults right as shipped
