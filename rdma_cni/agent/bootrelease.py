@@ -41,12 +41,11 @@ def network_states(network_configs: Sequence[str]) -> list[StatePaths]:
     A configuration that cannot be read or that the plugin's config model refuses is logged and
     left out: the server's start never fails for it.
     """
-    from rdma_cni.agent.snapshot import default_view, load_view
+    from rdma_cni.agent.snapshot import load_view
     from rdma_cni.cni.errors import CniError
 
     if not network_configs:
-        view = default_view()
-        return [(view.state_dir, view.lock_file)]
+        return [plugin_default()]
     states: list[StatePaths] = []
     for path in network_configs:
         try:
@@ -62,6 +61,14 @@ def network_states(network_configs: Sequence[str]) -> list[StatePaths]:
         pair = (view.state_dir, view.lock_file)
         add_state(states, pair)
     return states
+
+
+def plugin_default() -> StatePaths:
+    """The plugin's default ``stateDir`` and ``lockFile`` (a network that names neither uses them)."""
+    from rdma_cni.agent.snapshot import default_view
+
+    view = default_view()
+    return (view.state_dir, view.lock_file)
 
 
 def add_state(states: list[StatePaths], pair: StatePaths) -> None:

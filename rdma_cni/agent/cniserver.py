@@ -58,7 +58,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from rdma_cni.agent.bootrelease import StatePaths, add_state, network_states, release_all
+from rdma_cni.agent.bootrelease import StatePaths, add_state, network_states, plugin_default, release_all
 from rdma_cni.agent.delspool import run_spool, spool_dir
 from rdma_cni.agent.shimconn import REQUEST_SECONDS, hung_up, peer_allowed, read_request
 from rdma_cni.agent.shimwire import Request, WireError, encode_answer
@@ -493,7 +493,7 @@ def _states(args: argparse.Namespace) -> list[StatePaths]:
     """The state directories ``cni-server`` releases at start: the networks', and ``--state-dir``'s."""
     states = network_states(args.network_config) if args.network_config else []
     if args.state_dir or args.lock_file or not args.network_config:
-        (default_dir, default_lock), *_ = network_states([])  # the plugin's defaults
+        default_dir, default_lock = plugin_default()
         add_state(states, (args.state_dir or default_dir, args.lock_file or default_lock))
     return states
 

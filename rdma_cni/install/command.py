@@ -1,6 +1,7 @@
 """``rdma-cni install`` as a command: its options, one install pass, ``--watch``, and the node agent's thread.
 
-Standard library only until the node agent is switched on (``--node-state``).
+Standard library only until the node agent (``--node-state``) or the CNI server (``--mode shim
+--watch``, which reads the networks' configurations with the plugin's model) is switched on.
 """
 
 from __future__ import annotations
