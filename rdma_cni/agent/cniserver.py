@@ -36,8 +36,9 @@ records, rollback, the IPAM guard, warm start) is the plugin's own, unchanged.
 - **Records of an earlier boot** (which no runtime would DEL or GC, the spool
   being lost with ``/run``) are released at the first try to start, before
   the socket is served (and while an old server still serves, during a
-  surge): ``rdma-cni release-previous-boot`` run as the plugin, for the state
-  directory the server is told (the plugin's default); every verb the
+  surge): ``rdma-cni release-previous-boot`` run as the plugin, for each
+  state directory the server is told (its networks':
+  :mod:`rdma_cni.agent.bootrelease`; none unless told); every verb the
   plugin runs also does it first if no one has yet this boot
   (:mod:`rdma_cni.node.boot`).
 """
@@ -57,6 +58,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from rdma_cni.agent.bootrelease import StatePaths, add_state, network_states, plugin_default, release_all
 from rdma_cni.agent.delspool import run_spool, spool_dir
 from rdma_cni.agent.shimconn import REQUEST_SECONDS, hung_up, peer_allowed, read_request
 from rdma_cni.agent.shimwire import Request, WireError, encode_answer
@@ -70,9 +72,6 @@ VIA_ENV = "RDMA_CNI_NETNS_VIA"  # rdma_cni.kernel.netns.NETNS_VIA_ENV (the agent
 VERB_TIMEOUT = 270.0
 MAX_OUTPUT = 4 << 20
 DEFAULT_MAX_CONNECTIONS = 32
-# The plugin's defaults (rdma_cni.cni.config; the agent does not import the plugin's config).
-DEFAULT_STATE_DIR = "/var/lib/cni/rdma-cni"
-DEFAULT_LOCK_FILE = "/run/rdma-cni/rdma-cni.lock"
 # With a successor waiting, a stopping server accepts until the successor owns the path, this long at most.
 HANDOVER_SECONDS = 5.0
 # Calls under way when the server stops get this long to finish (below the DaemonSet's grace period).
@@ -143,16 +142,17 @@ class CniServer:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         verb_timeout: float = VERB_TIMEOUT,
         environ: Mapping[str, str] | None = None,
-        state: tuple[str, str] | None = (DEFAULT_STATE_DIR, DEFAULT_LOCK_FILE),
+        states: Sequence[StatePaths] = (),
         handover_seconds: float = HANDOVER_SECONDS,
         drain_seconds: float = DRAIN_SECONDS,
     ) -> None:
         """Nothing is opened until :meth:`start`.
 
-        ``state``: the ``stateDir`` and ``lockFile`` whose records of an earlier boot are
-        released at start (None: not done here, only by the verbs).
+        ``states``: the ``stateDir`` and ``lockFile`` of each network whose records of an
+        earlier boot are released at start (:func:`rdma_cni.agent.bootrelease.network_states`);
+        none by default, which leaves it to the verbs: a server names the node's state itself.
         """
-        self.state = state
+        self.states = list(states)
         self._boot_checked = False
         self.socket_path = os.path.abspath(socket_path)
         self.plugin = list(plugin or default_plugin())
@@ -347,31 +347,11 @@ class CniServer:
             log.info("spooled DELs: %d run, %d left for the next pass", done, left)
 
     def release_previous_boot(self) -> None:
-        """Run ``rdma-cni release-previous-boot`` for ``state`` through the plugin; logged, never fatal."""
-        if self.state is None:
-            return
-        state_dir, lock_file = self.state
-        argv = [*self.plugin, "release-previous-boot", "--state-dir", state_dir, "--lock-file", lock_file]
-        try:
-            proc = subprocess.run(
-                argv,
-                env=self.base_env,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=self.verb_timeout,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.error("records of earlier boots in %s not released: %s", state_dir, exc)
-            return
-        answer = proc.stdout.decode(errors="replace").strip()[-4096:]
-        if proc.returncode == 0:
-            log.info("records of earlier boots in %s: %s", state_dir, answer)
-        else:
-            err = proc.stderr.decode(errors="replace").strip()[-4096:]
-            log.error(
-                "records of earlier boots in %s: exit %d: %s %s", state_dir, proc.returncode, answer, err
-            )
+        """Release the records of an earlier boot in each of ``states``, through the plugin; never fatal.
+
+        All of them within one verb timeout: the server serves only after.
+        """
+        release_all(self.plugin, self.base_env, self.states, self.verb_timeout)
 
     def _busy(self, conn: socket.socket) -> None:
         with conn:
@@ -493,12 +473,29 @@ def parser() -> argparse.ArgumentParser:
         "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="default: %(default)s"
     )
     p.add_argument(
-        "--state-dir",
-        default=DEFAULT_STATE_DIR,
-        help="the stateDir whose records of an earlier boot are released at start; default: %(default)s",
+        "--network-config",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="a network configuration (conflist or entry) whose stateDir and lockFile hold records "
+        "to release at start if an earlier boot wrote them; repeat for several networks",
     )
-    p.add_argument("--lock-file", default=DEFAULT_LOCK_FILE, help="its lockFile; default: %(default)s")
+    p.add_argument(
+        "--state-dir",
+        help="one more stateDir whose records of an earlier boot are released at start "
+        "(default, without --network-config: the plugin's)",
+    )
+    p.add_argument("--lock-file", help="its lockFile (default: the plugin's)")
     return p
+
+
+def _states(args: argparse.Namespace) -> list[StatePaths]:
+    """The state directories ``cni-server`` releases at start: the networks', and ``--state-dir``'s."""
+    states = network_states(args.network_config) if args.network_config else []
+    if args.state_dir or args.lock_file or not args.network_config:
+        default_dir, default_lock = plugin_default()
+        add_state(states, (args.state_dir or default_dir, args.lock_file or default_lock))
+    return states
 
 
 def main(argv: list[str]) -> int:
@@ -507,12 +504,16 @@ def main(argv: list[str]) -> int:
     if args.max_connections < 1:
         sys.stderr.write("rdma-cni cni-server: error: --max-connections must be at least 1\n")
         return 2
+    for name, value in (("--state-dir", args.state_dir), ("--lock-file", args.lock_file)):
+        if value is not None and not os.path.isabs(value):
+            sys.stderr.write(f"rdma-cni cni-server: error: {name} must be an absolute path\n")
+            return 2
     _log_progress()
     server = CniServer(
         args.socket,
         [args.plugin] if args.plugin else None,
         max_connections=args.max_connections,
-        state=(args.state_dir, args.lock_file),
+        states=_states(args),
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,6 +1,7 @@
 """``rdma-cni install`` as a command: its options, one install pass, ``--watch``, and the node agent's thread.
 
-Standard library only until the node agent is switched on (``--node-state``).
+Standard library only until the node agent (``--node-state``) or the CNI server (``--mode shim
+--watch``, which reads the networks' configurations with the plugin's model) is switched on.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TextIO
 
 from rdma_cni import __version__, exporter
@@ -200,7 +201,8 @@ def _agent_options(agent: argparse._ArgumentGroup) -> None:
         default=[],
         help="the plugin's network configuration (conflist or entry) whose pfs, capacityMbps, "
         "rdmaIsolation, stateDir and lockFile to use; repeat for several networks "
-        "(default: the plugin's defaults)",
+        "(default: the plugin's defaults); with --mode shim --watch, also the stateDirs whose "
+        "records of an earlier boot the CNI server releases at start",
     )
     agent.add_argument(
         "--api-kubeconfig",
@@ -284,8 +286,10 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--interval must be positive")
     if args.node_state and not args.watch:
         parser.error("--node-state needs --watch")
-    if (args.network_config or args.api_kubeconfig or args.metrics_listen) and not args.node_state:
-        parser.error("--network-config, --api-kubeconfig and --metrics-listen need --node-state")
+    if (args.api_kubeconfig or args.metrics_listen) and not args.node_state:
+        parser.error("--api-kubeconfig and --metrics-listen need --node-state")
+    if args.network_config and not (args.node_state or (args.mode == "shim" and args.watch)):
+        parser.error("--network-config needs --node-state, or --mode shim with --watch")
     if not (args.node_state_period > 0 and args.node_state_heartbeat > 0):
         parser.error("--node-state-period and --node-state-heartbeat must be positive")
     if args.node_state:
@@ -311,8 +315,10 @@ def _run(args: argparse.Namespace, opts: Options, out: TextIO, err: TextIO) -> i
         if args.mode == "shim" and args.watch:
             # Serving before the shim is in place: no call finds a shim without a server (or, in a
             # rollout with surge, the old agent serves until this one takes the socket over).
+            from rdma_cni.agent.bootrelease import network_states
+
             try:
-                server = _start_cni_server(args.cni_socket, stop, out)
+                server = _start_cni_server(args.cni_socket, network_states(args.network_config), stop, out)
             except InstallError as exc:
                 err.write(f"rdma-cni install: error: {exc}\n")
                 err.flush()
@@ -369,16 +375,20 @@ def _install_and_watch(
     return None
 
 
-def _start_cni_server(socket_path: str, stop: threading.Event, out: TextIO) -> threading.Thread:
+def _start_cni_server(
+    socket_path: str, states: Sequence[tuple[str, str]], stop: threading.Event, out: TextIO
+) -> threading.Thread:
     """Serve the shim's calls in a thread until ``stop``; InstallError when the socket cannot be served.
 
-    Another agent serving the socket (the old one of a rollout with surge) is no error: this one
-    takes the socket over in the background the moment that one lets go.
+    ``states``: the ``stateDir`` and ``lockFile`` of the node's networks, whose records of an
+    earlier boot the server releases before it serves. Another agent serving the socket (the old
+    one of a rollout with surge) is no error: this one takes the socket over in the background
+    the moment that one lets go.
     """
     from rdma_cni.agent.cniserver import TAKEOVER_POLL, CniServer, ServerError
     from rdma_cni.agent.takeover import HELD, take_over
 
-    server = CniServer(socket_path)
+    server = CniServer(socket_path, states=states)
     try:
         serving = server.try_start()
     except ServerError as exc:

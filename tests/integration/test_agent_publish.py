@@ -411,7 +411,7 @@ def _ca_of(cluster: Cluster) -> str:
     ("args", "env", "message"),
     [
         (["--node-state"], {"NODE_NAME": "n"}, "--node-state needs --watch"),
-        (["--watch", "--network-config=x"], {}, "need --node-state"),
+        (["--watch", "--network-config=x"], {}, "--network-config needs --node-state, or --mode shim"),
         (["--watch", "--metrics-listen=127.0.0.1:0"], {}, "--metrics-listen need --node-state"),
         (
             ["--watch", "--node-state", "--metrics-listen=nowhere"],

@@ -22,6 +22,7 @@ from rdma_cni.agent import snapshot
 from rdma_cni.agent.cniserver import CniServer
 from rdma_cni.node import boot
 from tests.integration.conftest import (
+    REPO,
     Cluster,
     assert_node_pristine,
     expected_vf_names,
@@ -30,6 +31,7 @@ from tests.integration.conftest import (
     plugin_command,
 )
 from tests.integration.test_agent_snapshot import view_of
+from tests.support.cniserver import host_state_untouched
 from tests.support.simnode import SimNode, ip
 
 EARLIER_BOOT = str(uuid.uuid4())
@@ -138,10 +140,56 @@ def test_the_cni_servers_start_releases_an_earlier_boots_record(cluster: Cluster
         os.path.join(cluster.tmp, "agent", "cni.sock"),
         plugin_command(),
         environ=environ,
-        state=(cluster.state_dir, conf["lockFile"]),
+        states=[(cluster.state_dir, conf["lockFile"])],
     )
     server.start()
     server.close()
+    assert_released_for_this_boot(cluster)
+
+
+def test_the_agents_cni_server_releases_the_earlier_boot_of_each_network_it_is_told(cluster: Cluster) -> None:
+    """As the DaemonSet runs it (``install --mode shim --watch``), for a network whose stateDir is not
+    the plugin's default, named by ``--network-config``; a configuration the plugin refuses (a
+    relative stateDir) is logged and skipped, and the other network's record is still released."""
+    conf = cluster.conf()
+    added_pod_of_an_earlier_boot(cluster, conf)
+    good = os.path.join(cluster.tmp, "rdma-net.conflist")
+    entry = {k: v for k, v in conf.items() if k not in ("cniVersion", "name")}
+    with open(good, "w") as f:
+        json.dump({"cniVersion": conf["cniVersion"], "name": conf["name"], "plugins": [entry]}, f)
+    bad = os.path.join(cluster.tmp, "bad-net.conf")
+    with open(bad, "w") as f:
+        json.dump(cluster.conf(name="bad-net", stateDir="var/lib/cni/rdma-cni"), f)
+    sa = os.path.join(cluster.tmp, "sa")
+    os.makedirs(sa)
+    with open(os.path.join(sa, "token"), "w") as f:
+        f.write("t")
+    with open(os.path.join(sa, "ca.crt"), "w") as f:
+        f.write("-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")
+    source = os.path.join(cluster.tmp, "shim-source")
+    with open(source, "w") as f:
+        f.write("#!/bin/sh\n")
+    argv = [
+        *plugin_command(),
+        *("install", "--mode=shim", "--watch", "--max-iterations=1", "--interval=0.1"),
+        *(f"--source={source}", f"--shim-source={source}", f"--serviceaccount-dir={sa}"),
+        f"--cni-bin-dir={os.path.join(cluster.tmp, 'bin')}",
+        f"--kubeconfig-path={os.path.join(cluster.tmp, 'installed.kubeconfig')}",
+        f"--cni-socket={os.path.join(cluster.tmp, 'agent', 'cni.sock')}",
+        *(f"--network-config={bad}", f"--network-config={good}"),
+    ]
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": REPO,
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": "6443",
+        **cluster.node.env(),
+    }
+    with host_state_untouched():
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert f"records of earlier boots of {bad} not released at start" in proc.stderr
+    assert "must be an absolute path" in proc.stderr
     assert_released_for_this_boot(cluster)
 
 
@@ -312,7 +360,7 @@ def test_an_ipam_plugin_no_longer_on_the_recorded_cni_path_leaves_the_lease_pend
         os.path.join(cluster.tmp, "agent", "cni.sock"),
         plugin_command(),
         environ=environ,
-        state=(cluster.state_dir, conf["lockFile"]),
+        states=[(cluster.state_dir, conf["lockFile"])],
     )
     server.start()
     server.close()

@@ -127,7 +127,11 @@ def test_a_verb_starts_as_a_runtime_starts_the_plugin(shim: str, socket_path: st
     # children (the plugin, and the IPAM plugins it runs) must not inherit that.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_LIBRARY_PATH_ORIG": "/opt/own/lib"}
     proc = subprocess.Popen(
-        [*plugin_command(), "cni-server", "--socket", socket_path, "--plugin", "/usr/bin/env"],
+        [
+            *(*plugin_command(), "cni-server", "--socket", socket_path, "--plugin", "/usr/bin/env"),
+            # The test's own (this plugin releases nothing anyway): never the machine's.
+            *("--state-dir", cluster.state_dir, "--lock-file", os.path.join(cluster.tmp, "lock")),
+        ],
         env=env,
         stdout=subprocess.PIPE,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import queue
 import select
@@ -28,6 +29,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from tests.support.apiserver import ApiServer  # noqa: E402
+from tests.support.cniserver import host_state_untouched  # noqa: E402
 
 FAKE_CA = b"-----BEGIN CERTIFICATE-----\nMIIBfakefakefake\n-----END CERTIFICATE-----\n"
 ENV = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
@@ -570,14 +572,32 @@ def test_mode_shim_without_a_shim_is_an_install_error(node: Node) -> None:
     assert "rdma-cni-shim does not exist" in err
 
 
-def test_mode_shim_with_watch_serves_the_socket_first(node: Node, tmp_path: Path) -> None:
+def network_conf(path: Path, state_dir: object, lock_file: object) -> Path:
+    """A conflist of one rdma-cni network with its own stateDir and lockFile."""
+    entry = {"type": "rdma-cni", "stateDir": str(state_dir), "lockFile": str(lock_file)}
+    path.write_text(json.dumps({"cniVersion": "1.1.0", "name": path.stem, "plugins": [entry]}))
+    return path
+
+
+def shim_watch_args(node: Node, tmp_path: Path, *networks: Path) -> list[str]:
+    """``--mode shim --watch`` for two ticks, serving a socket of the test's own, for ``networks``."""
     shim = node.src_dir / "shim-elsewhere"
     shim.write_text("#!/bin/sh\n")
     socket_path = tmp_path / "agent" / "cni.sock"
     argv = node.args(node.script("fat"), "--mode", "shim", "--shim-source", str(shim))
     argv += ["--cni-socket", str(socket_path), "--watch", "--interval", "0.05", "--max-iterations", "2"]
-    code, out, _ = run(argv)
+    return argv + [f"--network-config={path}" for path in networks]
+
+
+def test_mode_shim_with_watch_serves_the_socket_first(node: Node, tmp_path: Path) -> None:
+    socket_path = tmp_path / "agent" / "cni.sock"
+    # The test's own network: the server releases its stateDir at start, never the machine's.
+    net = network_conf(tmp_path / "net-a.conflist", tmp_path / "state", tmp_path / "run" / "lock")
+    argv = shim_watch_args(node, tmp_path, net)
+    with host_state_untouched() as asked:
+        code, out, _ = run(argv)
     assert code == 0
+    assert asked == [(str(tmp_path / "state"), str(tmp_path / "run" / "lock"))]
     assert f"serving CNI verbs for the shim on {socket_path}" in out
     assert not socket_path.exists()  # stopped with the installer
     # A socket directory others can enter is refused before anything is installed.
@@ -586,6 +606,62 @@ def test_mode_shim_with_watch_serves_the_socket_first(node: Node, tmp_path: Path
     code, _, err = run(argv)
     assert code == 1 and "CNI server" in err and "mode 0700" in err
     assert not node.target.exists()
+
+
+class Logged(logging.Handler):
+    """What the rdma_cni loggers say (the entry point's handler may stop propagation to caplog)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> Logged:
+        logger = logging.getLogger("rdma_cni")
+        self.old_level = logger.level
+        logger.addHandler(self)
+        logger.setLevel(logging.DEBUG)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        logger = logging.getLogger("rdma_cni")
+        logger.removeHandler(self)
+        logger.setLevel(self.old_level)
+
+
+def test_mode_shim_with_watch_releases_every_networks_earlier_boot(node: Node, tmp_path: Path) -> None:
+    """Each --network-config's stateDir, not only the plugin's default; a refused one logged and skipped."""
+    from rdma_cni.node import boot
+
+    nets, states = [], []
+    for name in ("net-a", "net-b"):
+        state = tmp_path / name / "state"
+        (state / "attachments").mkdir(parents=True, mode=0o700)
+        (state / boot.MARKER).write_text(
+            "0f5c8a2e-4b1d-4c3e-9a7f-1e2d3c4b5a69\n"
+        )  # checked in an earlier boot
+        states.append((str(state), str(tmp_path / name / "lock")))
+        nets.append(network_conf(tmp_path / f"{name}.conflist", *states[-1]))
+    bad = network_conf(tmp_path / "net-bad.conflist", "relative/state", tmp_path / "lock")
+    argv = shim_watch_args(node, tmp_path, nets[0], bad, nets[1])
+    with host_state_untouched() as asked, Logged() as logged:
+        code, _, err = run(argv)
+    assert code == 0, err
+    assert asked == states
+    for state, _lock in states:
+        assert boot.checked(state, boot.boot_id())  # the pass ran: nothing of the earlier boot left
+    text = "\n".join(logged.lines)
+    assert f"records of earlier boots of {bad} not released at start" in text
+    assert "stateDir" in text and "must be an absolute path" in text
+
+
+def test_network_config_without_the_agent_or_the_cni_server_is_refused(node: Node, tmp_path: Path) -> None:
+    net = network_conf(tmp_path / "net-a.conflist", tmp_path / "state", tmp_path / "lock")
+    with pytest.raises(SystemExit) as exc:
+        run(node.args(node.script("fat"), "--mode", "shim", f"--network-config={net}"))
+    assert exc.value.code == 2
 
 
 def test_cni_server_command_line(tmp_path: Path) -> None:

@@ -8,14 +8,17 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rdma_cni.agent import bootrelease, cniserver
 from rdma_cni.agent.cniserver import CniServer
 from rdma_cni.cli import run_cni
+from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR
 from rdma_cni.cni.errors import TryAgainLater
 from rdma_cni.commands import gc
 from rdma_cni.node import boot
@@ -65,39 +68,116 @@ def start_and_close(tmp_path: Path, plugin: list[str], **kwargs: Any) -> None:
 def test_the_server_runs_the_subcommand_for_its_state_directory(tmp_path: Path, logged: Collect) -> None:
     argv = tmp_path / "argv"
     plugin = script(tmp_path / "plugin", f'echo "$@" > {argv}; echo \'{{"checked": true}}\'')
-    start_and_close(tmp_path, [plugin], state=("/s/state", "/s/lock"))
+    start_and_close(tmp_path, [plugin], states=[("/s/state", "/s/lock")])
     assert argv.read_text().split() == [
         "release-previous-boot",
-        "--state-dir",
-        "/s/state",
-        "--lock-file",
-        "/s/lock",
+        "--state-dir=/s/state",
+        "--lock-file=/s/lock",
     ]
     assert 'records of earlier boots in /s/state: {"checked": true}' in logged.text
 
 
 def test_without_a_state_directory_the_server_runs_nothing(tmp_path: Path) -> None:
     ran = tmp_path / "ran"
-    start_and_close(tmp_path, [script(tmp_path / "plugin", f"touch {ran}")], state=None)
+    start_and_close(tmp_path, [script(tmp_path / "plugin", f"touch {ran}")])
     assert not ran.exists()
 
 
 def test_a_release_that_fails_is_logged_and_the_server_serves(tmp_path: Path, logged: Collect) -> None:
     plugin = script(tmp_path / "plugin", 'echo \'{"failed": ["c/net1"]}\'; echo "kernel said no" >&2; exit 1')
-    start_and_close(tmp_path, [plugin], state=(str(tmp_path / "state"), str(tmp_path / "lock")))
+    start_and_close(tmp_path, [plugin], states=[(str(tmp_path / "state"), str(tmp_path / "lock"))])
     assert 'exit 1: {"failed": ["c/net1"]} kernel said no' in logged.text
 
 
 def test_a_plugin_that_cannot_run_is_logged_and_the_server_serves(tmp_path: Path, logged: Collect) -> None:
-    start_and_close(tmp_path, [str(tmp_path / "missing")], state=(str(tmp_path / "s"), str(tmp_path / "l")))
+    start_and_close(
+        tmp_path, [str(tmp_path / "missing")], states=[(str(tmp_path / "s"), str(tmp_path / "l"))]
+    )
     assert f"records of earlier boots in {tmp_path / 's'} not released" in logged.text
 
 
 def test_a_release_that_hangs_is_cut_off_and_the_server_serves(tmp_path: Path, logged: Collect) -> None:
     plugin = script(tmp_path / "plugin", "sleep 30")
-    state = (str(tmp_path / "s"), str(tmp_path / "l"))
-    start_and_close(tmp_path, [plugin], state=state, verb_timeout=0.5)
+    states = [(str(tmp_path / "s"), str(tmp_path / "l"))]
+    start_and_close(tmp_path, [plugin], states=states, verb_timeout=0.5)
     assert "not released" in logged.text and "timed out" in logged.text
+
+
+def network(path: Path, **entry: Any) -> str:
+    """A conflist of one rdma-cni network; ``entry`` its plugin entry's settings."""
+    path.write_text(
+        json.dumps({"cniVersion": "1.1.0", "name": "n", "plugins": [{"type": "rdma-cni", **entry}]})
+    )
+    return str(path)
+
+
+def test_each_networks_state_directory_once_and_a_refused_one_skipped(
+    tmp_path: Path, logged: Collect
+) -> None:
+    a = network(tmp_path / "a.conflist", stateDir="/a/state", lockFile="/a/lock")
+    same = network(tmp_path / "same.conflist", stateDir="/a/./state/", lockFile="/a/lock")
+    b = network(tmp_path / "b.conflist", stateDir="/b/state", lockFile="/b/lock")
+    relative = network(tmp_path / "relative.conflist", stateDir="b/state")
+    missing = str(tmp_path / "missing.conflist")
+    assert bootrelease.network_states([a, relative, same, missing, b]) == [
+        ("/a/state", "/a/lock"),
+        ("/b/state", "/b/lock"),
+    ]
+    assert f"records of earlier boots of {relative} not released at start" in logged.text
+    assert "must be an absolute path, got 'b/state'" in logged.text
+    assert f"cannot read network config {missing}" in logged.text
+
+
+def test_without_networks_the_plugins_defaults() -> None:
+    assert bootrelease.network_states([]) == [(DEFAULT_STATE_DIR, DEFAULT_LOCK_FILE)]
+
+
+def test_the_server_runs_the_subcommand_for_each_state_directory(tmp_path: Path) -> None:
+    argv = tmp_path / "argv"
+    plugin = script(tmp_path / "plugin", f'echo "$@" >> {argv}; echo \'{{"checked": true}}\'')
+    start_and_close(tmp_path, [plugin], states=[("/a/state", "/a/lock"), ("/b/state", "/b/lock")])
+    assert argv.read_text().splitlines() == [
+        "release-previous-boot --state-dir=/a/state --lock-file=/a/lock",
+        "release-previous-boot --state-dir=/b/state --lock-file=/b/lock",
+    ]
+
+
+def test_the_networks_share_one_time_budget(tmp_path: Path, logged: Collect) -> None:
+    """The server serves only after: a release that hangs leaves the next network to its own first verb."""
+    plugin = script(tmp_path / "plugin", "sleep 30")
+    states = [(str(tmp_path / "a"), str(tmp_path / "la")), (str(tmp_path / "b"), str(tmp_path / "lb"))]
+    started = time.monotonic()
+    start_and_close(tmp_path, [plugin], states=states, verb_timeout=0.5)
+    assert time.monotonic() - started < 10
+    assert f"records of earlier boots in {tmp_path / 'a'} not released" in logged.text
+    assert f"records of earlier boots in {tmp_path / 'b'} not released: no time left at start" in logged.text
+
+
+@pytest.mark.parametrize(
+    ("argv", "states"),
+    [
+        ([], [(DEFAULT_STATE_DIR, DEFAULT_LOCK_FILE)]),
+        (["--state-dir=/s"], [("/s", DEFAULT_LOCK_FILE)]),
+        (["--network-config=NET"], [("/n/state", "/n/lock")]),
+        (
+            ["--network-config=NET", "--state-dir=/s", "--lock-file=/l"],
+            [("/n/state", "/n/lock"), ("/s", "/l")],
+        ),
+        (["--network-config=NET", "--state-dir=/n/state", "--lock-file=/n/lock"], [("/n/state", "/n/lock")]),
+    ],
+)
+def test_cni_server_releases_its_networks_and_its_state_dir(
+    tmp_path: Path, argv: list[str], states: list[tuple[str, str]]
+) -> None:
+    net = network(tmp_path / "n.conflist", stateDir="/n/state", lockFile="/n/lock")
+    args = cniserver.parser().parse_args([a.replace("NET", net) for a in argv])
+    assert cniserver._states(args) == states
+
+
+@pytest.mark.parametrize("option", ["--state-dir", "--lock-file"])
+def test_cni_server_refuses_a_relative_path(option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cniserver.main([option, "relative/path"]) == 2
+    assert f"{option} must be an absolute path" in capsys.readouterr().err
 
 
 def run_subcommand(*args: str) -> subprocess.CompletedProcess[str]:
