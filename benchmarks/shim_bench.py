@@ -72,7 +72,19 @@ def main() -> int:
     }
     results: dict[str, dict[str, list[float]]] = {m: {"ADD": [], "DEL": []} for m in modes}
     servers = [
-        subprocess.Popen([binary, "cni-server", "--socket", path], env=env, stdout=subprocess.PIPE)
+        subprocess.Popen(
+            # Its release of an earlier boot's records runs on the rig's state, never the machine's.
+            [
+                binary,
+                "cni-server",
+                "--socket",
+                path,
+                *("--state-dir", rig.conf["stateDir"]),
+                *("--lock-file", rig.conf["lockFile"]),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+        )
         for path, env in ((socket_path, server_env), (cold_socket, {**server_env, "RDMA_CNI_WARM": "0"}))
     ]
     try:

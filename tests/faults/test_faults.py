@@ -19,6 +19,7 @@ import pytest
 from tests.faults.bench import Bench
 from tests.faults.knobs import scaled
 from tests.integration.conftest import Cluster
+from tests.support.cniserver import host_state_untouched
 from tests.support.fake_ipam import crashes, hangs, prints, sleeper, sleeps_then_host_local, write_ipam
 from tests.support.simnode import ip
 
@@ -116,6 +117,11 @@ def mutate_conf(rng: random.Random, cluster: Cluster, base: dict[str, Any]) -> d
             )
     if isinstance(doc.get("ipam"), dict):
         doc["ipam"]["dataDir"] = base["ipam"]["dataDir"]  # leases stay where the oracle looks
+    for key in ("stateDir", "lockFile"):
+        # Removed, the plugin's defaults would be the machine's own /var/lib/cni and /run: records the
+        # oracle never sees, left on the host (the defaults themselves are the unit tier's).
+        if key not in doc:
+            doc[key] = base[key]
     return doc
 
 
@@ -173,12 +179,13 @@ def mutate_env(rng: random.Random, cluster: Cluster, pod: dict[str, str]) -> dic
 def test_fuzzed_configurations(cluster: Cluster, rng: random.Random) -> None:
     bench = Bench(cluster, "config fuzzing")
     base = cluster.conf()
-    for n in range(scaled(250)):
-        conf = mutate_conf(rng, cluster, base)
-        bench.stats["inputs"] += 1
-        pod = cluster.pod([{"max_tx_rate": 100}] if rng.random() < 0.5 else None)
-        bench.run("ADD", pod, conf, f"config #{n} {json.dumps(conf)[:300]}")
-        bench.settle([pod], [conf], f"config #{n}")
+    with host_state_untouched():  # no edit sends the plugin to the machine's own stateDir or lock
+        for n in range(scaled(250)):
+            conf = mutate_conf(rng, cluster, base)
+            bench.stats["inputs"] += 1
+            pod = cluster.pod([{"max_tx_rate": 100}] if rng.random() < 0.5 else None)
+            bench.run("ADD", pod, conf, f"config #{n} {json.dumps(conf)[:300]}")
+            bench.settle([pod], [conf], f"config #{n}")
     bench.verdict()
 
 
