@@ -125,8 +125,9 @@ def test_a_pod_whose_only_fitting_node_a_sample_left_out_is_placed_on_it(sampled
         if messages := failed_scheduling(s, f"p{i}"):
             left_out[f"p{i}"] = messages
     assert left_out, f"the spare node was in kube-scheduler's first sample for all {PODS} pods"
+    seen = f"resampled {resampled(s.rs) - start:.0f} times; events: {json.dumps(left_out, indent=1)}"
     for pod, messages in left_out.items():
         for message in messages:
             # Not "0/250 nodes are available: ... preemption: ...": that is a pod told it fits nowhere.
-            assert RESAMPLED in message and f"node '{s.spare}' outside them does" in message, (pod, message)
+            assert RESAMPLED in message and f"node '{s.spare}' outside them does" in message, (pod, seen)
     assert resampled(s.rs) - start >= len(left_out)
