@@ -25,7 +25,9 @@ __all__ = ["REGISTRY", "bind_refused", "decided", "preempted", "request", "serve
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 VERBS = frozenset({"filter", "prioritize", "preempt", "bind"})
-OUTCOMES = frozenset({"fits", "no_fit", "not_rdma", "error", "bound", "refused", "kept", "none_kept"})
+OUTCOMES = frozenset(
+    {"fits", "no_fit", "resample", "not_rdma", "error", "bound", "refused", "kept", "none_kept"}
+)
 # Why bind refused a pod: the reason label of the refusal counter and of the pod's Event.
 REFUSAL_REASONS = frozenset(
     {

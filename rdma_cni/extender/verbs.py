@@ -35,9 +35,11 @@ from rdma_cni.extender.bounded import Bounded
 from rdma_cni.extender.decide import NEVER, Abandoned, Deadline, Decider, NodeView, Verdict
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.preempt import keep_nodes
+from rdma_cni.extender.resample import Resampler
 from rdma_cni.extender.reservations import Reservations
 from rdma_cni.extender.settings import Settings
 from rdma_cni.shared import nodestate, placement
+from rdma_cni.shared.quote import quote
 
 __all__ = ["Extender", "KeptScores", "error_answer"]
 
@@ -102,6 +104,7 @@ class Extender:
         # Per pod uid: what its filter computed, for its prioritize.
         self._scores: Bounded[str, KeptScores] = Bounded(_SCORES_KEPT, _SCORES_BYTES)
         self.answers = Answers(reservations, self._judge, decider.max_state_age)
+        self.resampler = Resampler(self._judge)
         self.binder = Binder(client, decider, demands, reservations, self.view_of, settings.scheduler_names)
         self.ready = threading.Event()
 
@@ -263,6 +266,12 @@ class Extender:
                 # kube-scheduler takes a lone feasible node without asking prioritize: held now. Only
                 # with --best-nodes, which says the answers are kube-scheduler's to act on as given.
                 self._hold(args.pod, demand, passing[0])
+            if passing:
+                self.resampler.forget(uid)
+            else:
+                outside = self.resampler.outside(uid, demand, names, self._cache_views(), deadline)
+                if outside is not None:
+                    return self._resample(names, *outside)
             self._remember(uid, demand, answer.score, passing, len(answer.names))
             metrics.decided("filter", "fits" if passing else "no_fit")
             if log.isEnabledFor(logging.DEBUG):  # first: answer.failed is built per call
@@ -273,6 +282,16 @@ class Extender:
         self._remember(uid, demand, lambda node: scores.get(node, 0), passing, len(scores))
         metrics.decided("filter", "fits" if passing else "no_fit")
         return wire.filter_result(args, passing, failed, unresolvable)
+
+    @staticmethod
+    def _resample(sent: list[str], node: str, attempt: int, attempts: int) -> dict[str, Any]:
+        """The Error that sends kube-scheduler back for other nodes (see :mod:`resample`)."""
+        metrics.decided("filter", "resample")
+        return wire.filter_error(
+            f"rdma-cni: none of the {len(sent)} nodes kube-scheduler sampled fits this pod, but node "
+            f"{quote(node)} outside them does: retried with kube-scheduler's next nodes "
+            f"({attempt} of at most {attempts})"
+        )
 
     def _hold(self, pod: dict[str, Any], demand: Demand, node: str) -> None:
         """Hold what ``pod`` would take on ``node`` (the watched cache's view) until its bind comes."""

@@ -18,6 +18,7 @@ import pytest
 from tests.support.kube.applyconf import apply_conf
 from tests.support.kube.controlplane import ControlPlane
 from tests.support.kube.rdmascheduler import RdmaScheduler, start_rdma_scheduler
+from tests.support.waiting import wait_for
 
 _names = itertools.count()
 
@@ -63,3 +64,30 @@ def wait_for_service_account(cp: ControlPlane, namespace: str, name: str, timeou
         if time.monotonic() > deadline:
             raise AssertionError(f"service account {namespace}/{name} never appeared")
         time.sleep(0.5)
+
+
+def strays_deleted(cp: ControlPlane) -> None:
+    """Delete the rdma-scheduler pods left Pending by earlier modules, before this module's nodes exist.
+
+    conf/pod.yaml's sample pod (applied with conf/, and again by
+    test_conf_applies) asks for 3 VFs and 20000 Mbit/s and may still be
+    Pending when this module starts: kube-scheduler then binds it to the
+    first node here with room, taking what a test counted on (the fill
+    test's big node, or the preemption test's fresh node, whose first low
+    pod then never fits), and each of its attempts moves where
+    kube-scheduler starts its next search of the nodes (test_sampling counts
+    on that). Bound pods stay: they hold nothing on this module's nodes.
+    """
+    stray = pending_rdma_pods(cp)
+    for namespace, name in stray:
+        cp.kubectl("delete", "pod", name, "-n", namespace, "--grace-period=0", "--force", check=False)
+    wait_for(lambda: not stray & pending_rdma_pods(cp), 60, f"{sorted(stray)} deleted")
+
+
+def pending_rdma_pods(cp: ControlPlane) -> set[tuple[str, str]]:
+    """(namespace, name) of every unbound rdma-scheduler pod, in any namespace."""
+    return {
+        (p["metadata"]["namespace"], p["metadata"]["name"])
+        for p in cp.get("pods", "--all-namespaces")["items"]
+        if p["spec"].get("schedulerName") == "rdma-scheduler" and not p["spec"].get("nodeName")
+    }

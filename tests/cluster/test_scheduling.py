@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rdma_cni.agent import capacity, publish
 from rdma_cni.shared import nodestate
 from rdma_cni.shared.placement import PfState, Request
-from tests.cluster.conftest import unique, wait_for_service_account
+from tests.cluster.conftest import strays_deleted, unique, wait_for_service_account
 from tests.support import sched_objects as so
 from tests.support.kube.controlplane import REPO, ControlPlane
 from tests.support.kube.objects import client_for_token, create, create_node, pod_doc
@@ -65,32 +65,6 @@ def cluster(applied: ControlPlane, rdma_scheduler: RdmaScheduler) -> Iterator[Cl
     applied.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     # Including the nodes tests added: no later module schedules onto them.
     applied.kubectl("delete", "node", *cluster.states, "--wait=false", check=False)
-
-
-def strays_deleted(cp: ControlPlane) -> None:
-    """Delete the rdma-scheduler pods left Pending by earlier modules, before this module's nodes exist.
-
-    conf/pod.yaml's sample pod (applied with conf/, and again by
-    test_conf_applies) asks for 3 VFs and 20000 Mbit/s and may still be
-    Pending when this module starts: kube-scheduler then binds it to the
-    first node here with room, taking what a test counted on (the fill
-    test's big node, or the preemption test's fresh node, whose first low
-    pod then never fits). Bound pods stay: they hold nothing on this
-    module's nodes.
-    """
-    stray = pending_rdma_pods(cp)
-    for namespace, name in stray:
-        cp.kubectl("delete", "pod", name, "-n", namespace, "--grace-period=0", "--force", check=False)
-    wait_for(lambda: not stray & pending_rdma_pods(cp), 60, f"{sorted(stray)} deleted")
-
-
-def pending_rdma_pods(cp: ControlPlane) -> set[tuple[str, str]]:
-    """(namespace, name) of every unbound rdma-scheduler pod, in any namespace."""
-    return {
-        (p["metadata"]["namespace"], p["metadata"]["name"])
-        for p in cp.get("pods", "--all-namespaces")["items"]
-        if p["spec"].get("schedulerName") == SCHEDULER and not p["spec"].get("nodeName")
-    }
 
 
 def published_node(c: Cluster, name: str, state: nodestate.NodeState, **kw: Any) -> None:
