@@ -152,11 +152,13 @@ class Publisher:
         self._backoff = 0.0
         self.writes += 1
         metrics.publish_done("written", started)
-        # With each heartbeat too: the kubelet may have reset them (see agent/capacity).
-        self.capacity.advertise(written, again=unchanged)
+        # Cleared as soon as the state is written: the capacity's write below is another request,
+        # and until it returns the error would describe a publish that has already recovered.
         if self.last_error:
             log.info("node state published again after: %s", self.last_error)
             self.last_error = ""
+        # With each heartbeat too: the kubelet may have reset them (see agent/capacity).
+        self.capacity.advertise(written, again=unchanged)
         return True
 
     def _read_current(self) -> None:

@@ -49,6 +49,14 @@ def _best_nodes(value: str) -> int:
     return int(value)
 
 
+def _percentage(value: str) -> int:
+    if not value.isdigit() or not 0 <= int(value) <= 100:
+        raise argparse.ArgumentTypeError(
+            f"--percentage-of-nodes-to-score {value!r}: expected a number from 0 to 100"
+        )
+    return int(value)
+
+
 def _timeout(value: str) -> float:
     seconds = _positive(value)
     if seconds > 600:
@@ -158,6 +166,13 @@ def parser() -> argparse.ArgumentParser:
         default=Settings().best_nodes,
         help=f"filter passes at most this many fitting nodes, the policy's best (default "
         f"{Settings().best_nodes}; 0: every fitting node)",
+    )
+    p.add_argument(
+        "--percentage-of-nodes-to-score",
+        type=_percentage,
+        default=Settings().percentage_of_nodes_to_score,
+        help="the percentageOfNodesToScore of kube-scheduler's profile (default 0: its adaptive "
+        "default; 100: kube-scheduler sends every feasible node)",
     )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return p

@@ -48,6 +48,9 @@ class Settings:
     http_timeout: float = 10.0
     # Filter passes at most this many fitting nodes, the policy's best (0: every fitting node).
     best_nodes: int = 0
+    # kube-scheduler's percentageOfNodesToScore for the profile that calls this extender (0: its
+    # adaptive default); says when a list of nodes is a sample (see resample).
+    percentage_of_nodes_to_score: int = 0
     log_level: str = "info"
     # Not options: the service's housekeeping periods and the API's retry backoff (tests shorten them),
     # and whether pod watches end reservations (tests of the pod reads turn them off).

@@ -104,7 +104,7 @@ class Extender:
         # Per pod uid: what its filter computed, for its prioritize.
         self._scores: Bounded[str, KeptScores] = Bounded(_SCORES_KEPT, _SCORES_BYTES)
         self.answers = Answers(reservations, self._judge, decider.max_state_age)
-        self.resampler = Resampler(self._judge)
+        self.resampler = Resampler(self._judge, settings.percentage_of_nodes_to_score)
         self.binder = Binder(client, decider, demands, reservations, self.view_of, settings.scheduler_names)
         self.ready = threading.Event()
 

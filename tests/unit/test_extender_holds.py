@@ -53,7 +53,7 @@ class Api:
 
 
 def make(
-    states: dict[str, Any], best_nodes: int = 1, clock: Clock | None = None
+    states: dict[str, Any], best_nodes: int = 1, clock: Clock | None = None, percentage: int = 0
 ) -> tuple[Extender, Api, dict[str, NodeView]]:
     decider = Decider()
     views = {name: decider.view(nodestate.encode(state)) for name, state in states.items()}
@@ -65,7 +65,7 @@ def make(
         reservations=reservations,
         client=api,
         cache_views=lambda: views,
-        settings=Settings(best_nodes=best_nodes),
+        settings=Settings(best_nodes=best_nodes, percentage_of_nodes_to_score=percentage),
     )
     ext.ready.set()
     return ext, api, views
