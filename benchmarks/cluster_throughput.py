@@ -460,11 +460,49 @@ class Phase:
     nodes_used: int = 0
     rewatches: int = 0
     load: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # --queued: the pods were created before the scheduler started; seconds are first to last bind.
+    queued: bool = False
 
     @property
     def rate(self) -> float:
-        """Pods bound per second, first create to last bind."""
-        return self.bound / self.seconds if self.seconds else 0.0
+        """Pods bound per second: first create to last bind, or (queued) first bind to last bind."""
+        if not self.seconds:
+            return 0.0
+        return (self.bound - 1) / self.seconds if self.queued else self.bound / self.seconds
+
+
+@dataclass
+class Queued:
+    """A phase's pods created before its scheduler started (``--queued``)."""
+
+    created: float  # seconds the creates took
+    watch: BindWatch  # started before the scheduler, so no bind goes unseen
+    cpu_before: dict[str, float]  # the running components' CPU seconds before the scheduler started
+
+
+def queue_pods(
+    api: Api, name: str, scheduler_name: str | None, args: argparse.Namespace, running: dict[str, int]
+) -> Queued:
+    """Create a phase's pods while no scheduler of theirs runs, and start watching for binds."""
+    cpu_before = {comp: cpu_seconds(pid) for comp, pid in running.items()}
+    created = create_pods(api, name, scheduler_name, args)
+    watch = BindWatch(api, f"{NAMESPACE_PREFIX}-{name}")
+    print(f"{name}: {args.pods} pods created in {created:.1f} s before the scheduler", flush=True)
+    return Queued(created, watch, cpu_before)
+
+
+def create_pods(
+    api: Api, name: str, scheduler_name: str | None, args: argparse.Namespace, namespace_made: bool = False
+) -> float:
+    """The phase's pods (and namespace, unless made); the seconds the creates took."""
+    namespace = f"{NAMESPACE_PREFIX}-{name}"
+    if not namespace_made:
+        make_namespace(api, namespace)
+    docs = pod_docs(namespace, args.pods, args.seed, scheduler_name)
+    start = time.monotonic()
+    with ThreadPoolExecutor(args.workers) as pool:
+        list(pool.map(lambda d: api.request("POST", f"/api/v1/namespaces/{namespace}/pods", d), docs))
+    return time.monotonic() - start
 
 
 def run_phase(
@@ -476,22 +514,29 @@ def run_phase(
     metrics_port: int,
     extender_metrics: Callable[[], str] | None,
     args: argparse.Namespace,
+    queued: Queued | None = None,
 ) -> Phase:
-    """Create the pods, wait until they are bound (or stop progressing), and measure."""
+    """Create the pods (unless ``queued``: created before the scheduler started), wait until they
+    are bound (or stop progressing), and measure."""
     namespace = f"{NAMESPACE_PREFIX}-{name}"
-    make_namespace(api, namespace)
-    docs = pod_docs(namespace, args.pods, args.seed, scheduler_name)
-    result = Phase(name, args.nodes, args.pods)
-    watch = BindWatch(api, namespace)
+    result = Phase(name, args.nodes, args.pods, queued=queued is not None)
+    if queued is None:
+        make_namespace(api, namespace)
+        watch = BindWatch(api, namespace)
+        cpu_before = {comp: cpu_seconds(pid) for comp, pid in processes.items()}
+    else:
+        watch = queued.watch
+        # The scheduler's processes started with the phase: all their CPU is the phase's.
+        cpu_before = {comp: queued.cpu_before.get(comp, 0.0) for comp in processes}
     sched_before = scrape(cp, metrics_port)
     ext_before = extender_metrics() if extender_metrics else ""
-    cpu_before = {comp: cpu_seconds(pid) for comp, pid in processes.items()}
     self_before = resource.getrusage(resource.RUSAGE_SELF)
 
     start = time.monotonic()
-    with ThreadPoolExecutor(args.workers) as pool:
-        list(pool.map(lambda d: api.request("POST", f"/api/v1/namespaces/{namespace}/pods", d), docs))
-    result.create_seconds = time.monotonic() - start
+    if queued is None:
+        result.create_seconds = create_pods(api, name, scheduler_name, args, namespace_made=True)
+    else:
+        result.create_seconds = queued.created
     print(
         f"{name}: {args.pods} pods created in {result.create_seconds:.1f} s, {watch.count()} bound",
         flush=True,
@@ -520,7 +565,10 @@ def run_phase(
         times = sorted(watch.bound.values())
         nodes = list(watch.nodes.values())
     result.bound = len(times)
-    result.seconds = (times[-1] - start) if times else 0.0
+    if result.queued:
+        result.seconds = (times[-1] - times[0]) if len(times) > 1 else 0.0
+    else:
+        result.seconds = (times[-1] - start) if times else 0.0
     per = max(result.bound, 1)
     result.cpu = {comp: (cpu_after[comp] - cpu_before[comp]) / per for comp in processes}
     result.cpu["this script"] = (
@@ -621,6 +669,12 @@ def main() -> None:
         help="clientConnection.qps of each default-scheduler phase, comma-separated (shipped: 50)",
     )
     parser.add_argument("--skip-rdma", action="store_true")
+    parser.add_argument(
+        "--queued",
+        action="store_true",
+        help="create each phase's pods before its scheduler starts; pods/s from first to last bind "
+        "(the creates no longer bound the figure)",
+    )
     parser.add_argument("--binary", help="the built rdma-cni for the extender (else python -m rdma_cni)")
     parser.add_argument("--keep", help="run in this folder and keep it (logs)")
     args = parser.parse_args()
@@ -649,17 +703,19 @@ def main() -> None:
             "etcd": pid_of(cp.components["etcd"]),
         }
         for qps in (float(q) for q in args.default_qps.split(",") if q):
+            name = f"default-qps{qps:g}"
+            queued = queue_pods(api, name, None, args, base) if args.queued else None
             sched = start_default_scheduler(cp, qps)
             try:
-                name = f"default-qps{qps:g}"
                 procs = {**base, "kube-scheduler": pid_of(sched)}
-                results.append(run_phase(cp, api, name, None, procs, secure_port(sched), None, args))
+                results.append(run_phase(cp, api, name, None, procs, secure_port(sched), None, args, queued))
                 print(report(results[-1:]), flush=True)
             finally:
                 sched.stop()
         if not args.skip_rdma:
             # kube-scheduler calls the extender itself, as in the Deployment (no recorder in between).
             rdmascheduler.start_recorder = _Direct  # type: ignore[assignment]
+            queued = queue_pods(api, "rdma-scheduler", "rdma-scheduler", args, base) if args.queued else None
             pair = rdmascheduler.start_rdma_scheduler(cp, tag="bench")
             try:
                 procs = {**base, "kube-scheduler": pid_of(pair.scheduler), "extender": pid_of(pair.extender)}
@@ -673,6 +729,7 @@ def main() -> None:
                         secure_port(pair.scheduler),
                         pair.metrics,
                         args,
+                        queued,
                     )
                 )
             finally:
