@@ -91,3 +91,11 @@ def pending_rdma_pods(cp: ControlPlane) -> set[tuple[str, str]]:
         for p in cp.get("pods", "--all-namespaces")["items"]
         if p["spec"].get("schedulerName") == "rdma-scheduler" and not p["spec"].get("nodeName")
     }
+
+
+def failed_scheduling(cp: ControlPlane, namespace: str, pod: str) -> list[str]:
+    """The messages of a pod's FailedScheduling events (kube-scheduler writes events.k8s.io notes)."""
+    events = cp.get(
+        "events", "-n", namespace, "--field-selector", f"involvedObject.name={pod},reason=FailedScheduling"
+    )
+    return [e.get("message") or e.get("note") or "" for e in events["items"]]

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rdma_cni.shared import nodestate
-from tests.cluster.conftest import strays_deleted, unique, wait_for_service_account
+from tests.cluster.conftest import failed_scheduling, strays_deleted, unique, wait_for_service_account
 from tests.support import sched_objects as so
 from tests.support.kube.controlplane import ControlPlane
 from tests.support.kube.objects import NOT_READY_TAINT, create, node_doc, pod_doc
@@ -101,13 +101,6 @@ def bound_node(s: Sampled, pod: str) -> str:
     return str(doc["spec"].get("nodeName") or "")
 
 
-def failed_scheduling(s: Sampled, pod: str) -> list[str]:
-    events = s.cp.get(
-        "events", "-n", s.namespace, "--field-selector", f"involvedObject.name={pod},reason=FailedScheduling"
-    )
-    return [e.get("message") or e.get("note") or "" for e in events["items"]]
-
-
 def test_a_pod_whose_only_fitting_node_a_sample_left_out_is_placed_on_it(sampled: Sampled) -> None:
     s = sampled
     start = resampled(s.rs)
@@ -122,7 +115,7 @@ def test_a_pod_whose_only_fitting_node_a_sample_left_out_is_placed_on_it(sampled
     # kube-scheduler records an attempt that failed, a FitError or an extender's error, as an event.
     left_out = {}
     for i in range(PODS):
-        if messages := failed_scheduling(s, f"p{i}"):
+        if messages := failed_scheduling(s.cp, s.namespace, f"p{i}"):
             left_out[f"p{i}"] = messages
     assert left_out, f"the spare node was in kube-scheduler's first sample for all {PODS} pods"
     seen = f"resampled {resampled(s.rs) - start:.0f} times; events: {json.dumps(left_out, indent=1)}"

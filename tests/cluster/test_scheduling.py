@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rdma_cni.agent import capacity, publish
 from rdma_cni.shared import nodestate
 from rdma_cni.shared.placement import PfState, Request
-from tests.cluster.conftest import strays_deleted, unique, wait_for_service_account
+from tests.cluster.conftest import failed_scheduling, strays_deleted, unique, wait_for_service_account
 from tests.support import sched_objects as so
 from tests.support.kube.controlplane import REPO, ControlPlane
 from tests.support.kube.objects import client_for_token, create, create_node, pod_doc
@@ -111,13 +111,6 @@ def pods(c: Cluster) -> dict[str, dict[str, Any]]:
     return {p["metadata"]["name"]: p for p in c.cp.get("pods", "-n", c.namespace)["items"]}
 
 
-def failed_scheduling(c: Cluster, pod: str) -> list[str]:
-    events = c.cp.get(
-        "events", "-n", c.namespace, "--field-selector", f"involvedObject.name={pod},reason=FailedScheduling"
-    )
-    return [e.get("message") or e.get("note") or "" for e in events["items"]]
-
-
 def scheduled_by(c: Cluster, pod: str) -> set[str]:
     events = c.cp.get(
         "events", "-n", c.namespace, "--field-selector", f"involvedObject.name={pod},reason=Scheduled"
@@ -166,7 +159,7 @@ def test_pods_fill_the_nodes_and_never_over_commit(cluster: Cluster) -> None:
         current = pods(c)
         bound = [n for n in names if current[n]["spec"].get("nodeName")]
         pending = [n for n in names if n not in bound]
-        if len(bound) == 5 and all(failed_scheduling(c, n) for n in pending):
+        if len(bound) == 5 and all(failed_scheduling(c.cp, c.namespace, n) for n in pending):
             return {"bound": bound, "pending": pending}
         return None
 
@@ -174,7 +167,7 @@ def test_pods_fill_the_nodes_and_never_over_commit(cluster: Cluster) -> None:
     by_node = assert_not_over_committed(c)
     assert sorted(len(v) for v in by_node.values()) == [1, 1, 3], by_node
     for name in result["pending"]:
-        messages = failed_scheduling(c, name)
+        messages = failed_scheduling(c.cp, c.namespace, name)
         assert any("rdma-cni: needs 8000 Mbit/s free on one PF with a free VF" in m for m in messages), (
             messages
         )
@@ -192,7 +185,7 @@ def test_a_pod_that_fits_nowhere_stays_pending_with_the_extenders_reason(cluster
     c = cluster
     name = unique("huge")
     rdma_pod(c, name, [{"min_tx_rate": 26_000}])
-    messages = wait_for(lambda: failed_scheduling(c, name), 60, "a FailedScheduling event")
+    messages = wait_for(lambda: failed_scheduling(c.cp, c.namespace, name), 60, "a FailedScheduling event")
     assert any("rdma-cni: needs 26000 Mbit/s" in m for m in messages), messages
     time.sleep(2)
     assert not pods(c)[name]["spec"].get("nodeName")
@@ -224,7 +217,7 @@ def test_requests_in_multus_cni_args_are_placed_too(cluster: Cluster) -> None:
     create(
         c.cp, pod_doc(c.namespace, name, annotations={NETWORKS: json.dumps(networks)}, scheduler=SCHEDULER)
     )
-    messages = wait_for(lambda: failed_scheduling(c, name), 60, "a FailedScheduling event")
+    messages = wait_for(lambda: failed_scheduling(c.cp, c.namespace, name), 60, "a FailedScheduling event")
     assert any("rdma-cni: needs 26000 Mbit/s" in m for m in messages), messages
 
 
@@ -257,7 +250,7 @@ def test_preemption_for_bandwidth_alone_evicts_nobody(cluster: Cluster) -> None:
     preemptor = unique("preemptor")
     rdma_pod(c, preemptor, [{"min_tx_rate": 25_000}], priority_class=high, on_node=node)
     messages = wait_for(
-        lambda: [m for m in failed_scheduling(c, preemptor) if "preemption:" in m],
+        lambda: [m for m in failed_scheduling(c.cp, c.namespace, preemptor) if "preemption:" in m],
         60,
         "the preemption's verdict",
     )
@@ -304,7 +297,7 @@ def test_preemption_through_the_preempt_verb_evicts_the_victim_that_frees_bandwi
             lambda: pods(c).get(preemptor, {}).get("spec", {}).get("nodeName") == node, 60, "the preemptor"
         )
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: {failed_scheduling(c, preemptor)}") from None
+        raise AssertionError(f"{exc}: {failed_scheduling(c.cp, c.namespace, preemptor)}") from None
     current = pods(c)
     assert big not in current
     assert small in current and not current[small]["metadata"].get("deletionTimestamp")
@@ -389,7 +382,7 @@ def test_preemption_for_declared_bandwidth_evicts_exactly_the_victim_that_frees_
             lambda: pods(c).get(preemptor, {}).get("spec", {}).get("nodeName") == node, 60, "the preemptor"
         )
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: {failed_scheduling(c, preemptor)}") from None
+        raise AssertionError(f"{exc}: {failed_scheduling(c.cp, c.namespace, preemptor)}") from None
     current = pods(c)
     for name in list(victims)[1:]:
         assert name in current and not current[name]["metadata"].get("deletionTimestamp"), name
@@ -425,7 +418,7 @@ def test_a_pod_that_declares_less_than_it_asks_preempts_nobody_and_is_told_why(c
     published_node(c, room, so.state([("ens3f0", 40_000, 4)]))
     advertised(c, room, so.state([("ens3f0", 40_000, 4)]))
     messages = wait_for(
-        lambda: [m for m in failed_scheduling(c, liar) if "requests 5000 as" in m],
+        lambda: [m for m in failed_scheduling(c.cp, c.namespace, liar) if "requests 5000 as" in m],
         60,
         "the extender's reason",
     )

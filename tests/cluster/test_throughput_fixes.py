@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rdma_cni.shared import nodestate
-from tests.cluster.conftest import unique, wait_for_service_account
+from tests.cluster.conftest import failed_scheduling, unique, wait_for_service_account
 from tests.support import sched_objects as so
 from tests.support.kube.controlplane import ControlPlane
 from tests.support.kube.objects import NOT_READY_TAINT, create, node_doc, pod_doc
@@ -142,13 +142,6 @@ def diagnosis(cp: ControlPlane, rs: RdmaScheduler, namespace: str, names: list[s
         if s.name == "rdma_cni_extender_decisions_total"
     ]
     return "\n".join([*lines, f"extender decisions: {decisions}"])
-
-
-def failed_scheduling(cp: ControlPlane, namespace: str, pod: str) -> list[str]:
-    events = cp.get(
-        "events", "-n", namespace, "--field-selector", f"involvedObject.name={pod},reason=FailedScheduling"
-    )
-    return [e.get("message") or e.get("note") or "" for e in events["items"]]
 
 
 def test_consecutive_pods_binpacked_onto_one_node_do_not_collide_at_bind(

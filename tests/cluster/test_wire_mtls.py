@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rdma_cni.agent import capacity
 from rdma_cni.shared import nodestate
-from tests.cluster.conftest import unique, wait_for_service_account
+from tests.cluster.conftest import failed_scheduling, unique, wait_for_service_account
 from tests.support import sched_objects as so
 from tests.support.apiserver import make_ca, make_cert
 from tests.support.kube.controlplane import REPO, ControlPlane
@@ -153,7 +153,7 @@ def test_a_declaring_pod_waits_with_a_reason_until_its_node_advertises_capacity(
     pod = unique("early")
     rdma_pod(m, pod, [{"min_tx_rate": 10_000}], on_node=node)
     reasons = wait_for(
-        lambda: [r for r in failed_scheduling(m, pod) if f"Insufficient {VFS}" in r],
+        lambda: [r for r in failed_scheduling(m.cp, m.namespace, pod) if f"Insufficient {VFS}" in r],
         90,
         f"{pod}'s FailedScheduling event",
     )
@@ -188,13 +188,6 @@ def test_the_sample_pod_without_its_scheduler_name_is_placed_through_the_extende
     after = calls(m.rs)
     for verb in ("filter", "bind"):
         assert after.get(verb, 0) > before.get(verb, 0), (verb, before, after)
-
-
-def failed_scheduling(m: Mtls, pod: str) -> list[str]:
-    events = m.cp.get(
-        "events", "-n", m.namespace, "--field-selector", f"involvedObject.name={pod},reason=FailedScheduling"
-    )
-    return [e.get("message") or e.get("note") or "" for e in events["items"]]
 
 
 def test_a_pod_without_the_resource_is_scheduled_without_the_extender(mtls: Mtls) -> None:
