@@ -84,6 +84,30 @@ class Binder:
     def _pod_path(self, args: BindArgs) -> str:
         return f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}"
 
+    def _get_pod(self, args: BindArgs) -> dict[str, Any]:
+        """The pod from kube-apiserver's cache, or from etcd when the cache's copy cannot be the one bound.
+
+        A read at resourceVersion 0 is served from the API server's watch cache, not as a quorum
+        read of etcd: per pod bound, that read was most of what the extender added to etcd's work
+        (docs/performance.md). The cache trails etcd by the time an event takes to arrive, so a pod
+        created a moment ago may be missing (404) and a pod replaced under the same name may still
+        be the old one (another uid): both are read again from etcd. Any other staleness changes
+        nothing a quorum read makes safe: the pod may change right after either read, its
+        annotations included, and the Binding is refused (409, checked in :meth:`_post`) for a pod
+        bound meanwhile, and (by its uid) for a pod replaced.
+        """
+        from rdma_cni.kube import client as kubeapi
+
+        path = self._pod_path(args)
+        try:
+            pod = self.client.get(path, {"resourceVersion": "0"})
+        except kubeapi.NotFound:
+            return self.client.get(path)
+        uid = (pod.get("metadata") or {}).get("uid")
+        if args.pod_uid and uid != args.pod_uid:
+            return self.client.get(path)
+        return pod
+
     def _read(self, args: BindArgs) -> tuple[str, Demand | None, str]:
         """The API's uid of the pod, its demand and its scheduler, after every check a bind makes of it."""
         from rdma_cni.kube import client as kubeapi
@@ -94,7 +118,7 @@ class Binder:
                 f"rdma-cni: node {args.node} is not known to the extender (binding {who})", "unknown_node"
             )
         try:
-            pod = self.client.get(self._pod_path(args))
+            pod = self._get_pod(args)
         except kubeapi.ApiError as exc:
             raise _Refused(
                 f"rdma-cni: cannot read {who} to check it against node {args.node}: {exc}", "pod_unreadable"

@@ -278,7 +278,7 @@ def test_a_bind_refusal_quoting_the_pod_is_capped() -> None:
     ext, names = make(2)
 
     class Api:
-        def get(self, path: str) -> dict[str, Any]:
+        def get(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
             pod = so.pod("p", {"rdma_interfaces_required": json.dumps([{"name": "x" * 60_000}])}, uid="u")
             return pod
 

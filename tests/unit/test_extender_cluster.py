@@ -604,10 +604,10 @@ class _Flaky:
         self.get_fails = get_fails_after_post
         self.posted = False
 
-    def get(self, path: str) -> Any:
+    def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         if self.posted and self.get_fails:
             raise kubeapi.Unavailable(0, "NoAnswer", f"GET {path}: no answer")
-        return self.real.get(path)
+        return self.real.get(path, params)
 
     def post(self, path: str, body: Any) -> Any:
         self.posted = True

@@ -18,6 +18,7 @@ from rdma_cni.extender.demand import Demands
 from rdma_cni.extender.reservations import Reservations
 from rdma_cni.extender.settings import Settings
 from rdma_cni.extender.verbs import Extender
+from rdma_cni.kube import client as kubeapi
 from rdma_cni.shared import nodestate
 from tests.support import sched_objects as so
 
@@ -34,18 +35,30 @@ class Clock:
 
 
 class Api:
-    """The API's side of bind: the pods as stored, Bindings applied to them."""
+    """The API's side of bind: the pods as stored, Bindings applied to them.
+
+    ``cached`` plays kube-apiserver's watch cache where it trails etcd: a pod's entry there (None:
+    not arrived yet) is what a read at resourceVersion 0 gets instead of the stored pod.
+    """
 
     def __init__(self) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
+        self.cached: dict[str, dict[str, Any] | None] = {}
+        self.reads: list[str] = []  # "cache" or "etcd", per read
 
     def add(self, pod: dict[str, Any]) -> dict[str, Any]:
         pod["spec"]["schedulerName"] = "rdma-scheduler"
         self.pods[pod["metadata"]["name"]] = pod
         return pod
 
-    def get(self, path: str) -> dict[str, Any]:
-        return json.loads(json.dumps(self.pods[path.rsplit("/", 1)[1]]))
+    def get(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        name = path.rsplit("/", 1)[1]
+        from_cache = params == {"resourceVersion": "0"}
+        self.reads.append("cache" if from_cache else "etcd")
+        pod = self.cached.get(name, self.pods[name]) if from_cache else self.pods[name]
+        if pod is None:
+            raise kubeapi.NotFound(404, "NotFound", f"pods {name!r} not found")
+        return json.loads(json.dumps(pod))
 
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         self.pods[body["metadata"]["name"]]["spec"]["nodeName"] = body["target"]["name"]
@@ -292,3 +305,20 @@ def test_without_best_nodes_a_lone_node_is_not_held_by_filter() -> None:
     # Its prioritize (kube-scheduler asks it only with several nodes) still holds its top node.
     json.loads(ext.prioritize(so.args_names(pod, ["n"])))
     assert ext.reservations.held(uid(pod)).node == "n"  # type: ignore[union-attr]
+
+
+def test_bind_reads_the_pod_from_the_api_servers_cache_and_from_etcd_only_when_the_cache_trails() -> None:
+    ext, api, _ = make({"a": so.state(ONE_PF), "b": so.state(ONE_PF), "c": so.state(ONE_PF)})
+    plain = api.add(so.rdma_pod("plain", [(10_000, 0)]))
+    assert bind(ext, plain, "a") == "" and api.reads == ["cache"]
+    # Created a moment ago: not in the cache yet (404), read again from etcd and bound.
+    new = api.add(so.rdma_pod("new", [(10_000, 0)]))
+    api.cached["new"] = None
+    api.reads.clear()
+    assert bind(ext, new, "b") == "" and api.reads == ["cache", "etcd"]
+    # Replaced under the same name: the cache still has the old pod (another uid), etcd the new one.
+    again = api.add(so.rdma_pod("again", [(10_000, 0)]))
+    api.cached["again"] = {**again, "metadata": {**again["metadata"], "uid": "the-old-pod"}}
+    api.reads.clear()
+    assert bind(ext, again, "c") == "" and api.reads == ["cache", "etcd"]
+    assert api.pods["again"]["spec"]["nodeName"] == "c"
