@@ -209,7 +209,7 @@ def release_previous_boot(
                     sweep.left += 1
                     continue
                 log.info("releasing %s: recorded in an earlier boot (%s)", describe(att), how)
-                problem = _release(att, store, host, finder, vfctl, own, environ)
+                problem = _release(att, state_dir, store, host, finder, vfctl, own, environ)
                 if problem is None:
                     sweep.released.append(key)
                 else:
@@ -246,6 +246,7 @@ def _why_kept(att: Attachment, now: boot.Boot) -> str:
 
 def _release(
     att: Attachment,
+    state_dir: str,
     store: RecordStore,
     host: Rtnl,
     finder: VfFinder,
@@ -264,7 +265,7 @@ def _release(
     ipam_problem = ""
     try:
         if att.ipam_conf is not None:
-            ipam = Ipam(att.ipam_conf, _ipam_env(att, environ), store_state_dir(store))
+            ipam = Ipam(att.ipam_conf, _ipam_env(att, environ), state_dir)
         elif own is not None and own.conf.name == att.network and own.conf.ipam is not None:
             doc = own.doc
             ipam = ipam_for(own.conf, own.doc, own.env, att.container_id, "")
@@ -294,14 +295,9 @@ def _release(
                 ipam_failed=[*outcome.ipam_failed, *pending_names],
                 ipam_errors=[*outcome.ipam_errors, f"IPAM DEL not run: {ipam_problem}"],
             )
-        return settle(store, PendingStore(store_state_dir(store)), att, outcome, doc)
+        return settle(store, PendingStore(state_dir), att, outcome, doc)
     except CniError as exc:
         return exc
-
-
-def store_state_dir(store: RecordStore) -> str:
-    """The ``stateDir`` a record store lives in."""
-    return os.path.dirname(store.dir)
 
 
 def _ipam_env(att: Attachment, environ: Mapping[str, str] | None) -> CniEnv:

@@ -263,6 +263,26 @@ def test_preemption_for_bandwidth_alone_evicts_nobody(cluster: Cluster) -> None:
     assert_not_over_committed(c)
 
 
+def republish_and_bind(c: Cluster, node: str, state: nodestate.NodeState, preemptor: str) -> None:
+    """Publish ``node``'s state again, as its agent does after the victim's DEL, and wait until the
+    preemptor is bound there (failing with its FailedScheduling events).
+
+    First the extender ends the deleted victim's reservation (within 10 s); the republished state
+    is then the Node update on which kube-scheduler tries the preemptor again.
+    """
+    time.sleep(11)
+    republished = dataclasses.replace(state, generation=state.generation + 1, updated=so.stamp())
+    c.cp.kubectl(
+        "annotate", "node", node, "--overwrite", f"{nodestate.ANNOTATION}={nodestate.encode(republished)}"
+    )
+    try:
+        wait_for(
+            lambda: pods(c).get(preemptor, {}).get("spec", {}).get("nodeName") == node, 60, "the preemptor"
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {failed_scheduling(c.cp, c.namespace, preemptor)}") from None
+
+
 def test_preemption_through_the_preempt_verb_evicts_the_victim_that_frees_bandwidth(cluster: Cluster) -> None:
     """CPU makes kube-scheduler preempt; the extender keeps the node only where the victims free bandwidth."""
     c = cluster
@@ -284,20 +304,8 @@ def test_preemption_through_the_preempt_verb_evicts_the_victim_that_frees_bandwi
     rdma_pod(c, preemptor, [{"min_tx_rate": 25_000}], priority_class=high, on_node=node, cpu="600m")
     # The victim is deleted (grace 0: at once, as a kubelet would confirm).
     wait_for(lambda: big not in pods(c), 60, "the victim's eviction")
-    # Then its CNI DEL runs and the node's agent publishes the freed state: a
-    # Node update, on which kube-scheduler tries the preemptor again. The
-    # extender ends a deleted pod's reservation within its 10 s pod check.
-    time.sleep(11)
-    republished = dataclasses.replace(state, generation=state.generation + 1, updated=so.stamp())
-    c.cp.kubectl(
-        "annotate", "node", node, "--overwrite", f"{nodestate.ANNOTATION}={nodestate.encode(republished)}"
-    )
-    try:
-        wait_for(
-            lambda: pods(c).get(preemptor, {}).get("spec", {}).get("nodeName") == node, 60, "the preemptor"
-        )
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}: {failed_scheduling(c.cp, c.namespace, preemptor)}") from None
+    # Then its CNI DEL runs and the node's agent publishes the freed state.
+    republish_and_bind(c, node, state, preemptor)
     current = pods(c)
     assert big not in current
     assert small in current and not current[small]["metadata"].get("deletionTimestamp")
@@ -370,19 +378,7 @@ def test_preemption_for_declared_bandwidth_evicts_exactly_the_victim_that_frees_
     big = next(iter(victims))
     wait_for(lambda: big not in pods(c), 60, "the victim's eviction")
     assert c.rs.recorder.count("preempt") > preempts
-    # As in the CPU test: the extender ends the deleted pod's reservation within its 10 s pod
-    # check, and the agent's republished state is the Node update that retries the preemptor.
-    time.sleep(11)
-    republished = dataclasses.replace(state, generation=state.generation + 1, updated=so.stamp())
-    c.cp.kubectl(
-        "annotate", "node", node, "--overwrite", f"{nodestate.ANNOTATION}={nodestate.encode(republished)}"
-    )
-    try:
-        wait_for(
-            lambda: pods(c).get(preemptor, {}).get("spec", {}).get("nodeName") == node, 60, "the preemptor"
-        )
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}: {failed_scheduling(c.cp, c.namespace, preemptor)}") from None
+    republish_and_bind(c, node, state, preemptor)
     current = pods(c)
     for name in list(victims)[1:]:
         assert name in current and not current[name]["metadata"].get("deletionTimestamp"), name

@@ -110,6 +110,20 @@ def assert_released_for_this_boot(cluster: Cluster) -> None:
     assert boot.checked(cluster.state_dir, boot.boot_id())
 
 
+def start_a_cni_server(cluster: Cluster, conf: dict[str, Any]) -> None:
+    """Start the node agent's CNI server for this node's state (which releases an earlier boot's
+    records before it serves), and stop it."""
+    environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **cluster.node.env()}
+    server = CniServer(
+        os.path.join(cluster.tmp, "agent", "cni.sock"),
+        plugin_command(),
+        environ=environ,
+        states=[(cluster.state_dir, conf["lockFile"])],
+    )
+    server.start()
+    server.close()
+
+
 def test_the_first_status_after_a_reboot_releases_an_earlier_boots_record(cluster: Cluster) -> None:
     conf = cluster.conf()
     added_pod_of_an_earlier_boot(cluster, conf)
@@ -135,15 +149,7 @@ def test_the_cni_servers_start_releases_an_earlier_boots_record(cluster: Cluster
     """No verb, no network configuration: the record's own IPAM configuration and CNI_PATH release it."""
     conf = cluster.conf()
     added_pod_of_an_earlier_boot(cluster, conf)
-    environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **cluster.node.env()}
-    server = CniServer(
-        os.path.join(cluster.tmp, "agent", "cni.sock"),
-        plugin_command(),
-        environ=environ,
-        states=[(cluster.state_dir, conf["lockFile"])],
-    )
-    server.start()
-    server.close()
+    start_a_cni_server(cluster, conf)
     assert_released_for_this_boot(cluster)
 
 
@@ -355,15 +361,7 @@ def test_an_ipam_plugin_no_longer_on_the_recorded_cni_path_leaves_the_lease_pend
     conf = cluster.conf()
     pod = added_pod_of_an_earlier_boot(cluster, conf)
     edit_record(cluster, pod, lambda doc: doc.update(cni_path=[os.path.join(cluster.tmp, "nowhere")]))
-    environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **cluster.node.env()}
-    server = CniServer(
-        os.path.join(cluster.tmp, "agent", "cni.sock"),
-        plugin_command(),
-        environ=environ,
-        states=[(cluster.state_dir, conf["lockFile"])],
-    )
-    server.start()
-    server.close()
+    start_a_cni_server(cluster, conf)
     assert cluster.records == [] and host_names(cluster) == expected_vf_names(cluster)
     assert held_vfs(cluster) == 0 and len(cluster.ipam_allocations()) == 2
     pending = os.path.join(cluster.state_dir, "ipam-pending", os.path.basename(record_path(cluster, pod)))

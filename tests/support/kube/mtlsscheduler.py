@@ -38,6 +38,7 @@ from tests.support.kube.rdmascheduler import (
     _rewrite_listen,
     container,
     find,
+    in_cluster_env,
     manifest,
     plugin_command,
 )
@@ -130,18 +131,7 @@ def start_extender(cp: ControlPlane, root: str) -> tuple[Component, dict[str, in
         _volume_files(cp, namespace, volume, where)
         args = [a.replace(f"={mount['mountPath']}/", f"={where}/") for a in args]
     token = cp.token(namespace, pod["serviceAccountName"], "--duration=2h")
-    sa_dir = os.path.join(root, "serviceaccount")
-    os.makedirs(sa_dir)
-    with open(os.path.join(sa_dir, "token"), "w") as f:
-        f.write(token)
-    with open(cp.pki.ca) as src, open(os.path.join(sa_dir, "ca.crt"), "w") as dst:
-        dst.write(src.read())
-    env = dict(os.environ)
-    env.update(
-        KUBERNETES_SERVICE_HOST="127.0.0.1",
-        KUBERNETES_SERVICE_PORT=str(cp.api_port),
-        RDMA_CNI_SERVICEACCOUNT_DIR=sa_dir,
-    )
+    env = in_cluster_env(cp, os.path.join(root, "serviceaccount"), token)
     probe = ports["--probe-listen"]
     extender = start_component(
         "mtls-extender", [*plugin_command(), *args], cp.path("logs"), lambda: _probe_ready(probe), env=env

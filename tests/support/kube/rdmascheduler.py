@@ -138,6 +138,23 @@ def _probe_ready(port: int) -> bool:
         conn.close()
 
 
+def in_cluster_env(cp: ControlPlane, sa_dir: str, token: str) -> dict[str, str]:
+    """The environment of a pod's container on ``cp``: the service account's token and CA in
+    ``sa_dir`` (the projected volume), the API server as ``KUBERNETES_SERVICE_*`` on loopback."""
+    assert cp.pki is not None
+    os.makedirs(sa_dir, exist_ok=True)
+    with open(os.path.join(sa_dir, "token"), "w") as f:
+        f.write(token)
+    with open(cp.pki.ca) as src, open(os.path.join(sa_dir, "ca.crt"), "w") as dst:
+        dst.write(src.read())
+    return {
+        **os.environ,
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(cp.api_port),
+        "RDMA_CNI_SERVICEACCOUNT_DIR": sa_dir,
+    }
+
+
 def start_rdma_scheduler(
     cp: ControlPlane, manifest_name: str = "scheduler-extender.yaml", tag: str = "rdma"
 ) -> RdmaScheduler:
@@ -154,18 +171,7 @@ def start_rdma_scheduler(
     command = list(ext.get("command", [])) + list(ext.get("args", []))
     assert command[0].endswith("/rdma-cni"), command
     args, ports = _rewrite_listen(command[1:])
-    sa_dir = cp.path(f"{tag}-serviceaccount")
-    os.makedirs(sa_dir, exist_ok=True)
-    with open(os.path.join(sa_dir, "token"), "w") as f:
-        f.write(token)
-    with open(cp.pki.ca) as src, open(os.path.join(sa_dir, "ca.crt"), "w") as dst:
-        dst.write(src.read())
-    env = dict(os.environ)
-    env.update(
-        KUBERNETES_SERVICE_HOST="127.0.0.1",
-        KUBERNETES_SERVICE_PORT=str(cp.api_port),
-        RDMA_CNI_SERVICEACCOUNT_DIR=sa_dir,
-    )
+    env = in_cluster_env(cp, cp.path(f"{tag}-serviceaccount"), token)
     probe = ports["--probe-listen"]
     extender = start_component(
         f"{tag}-extender", [*plugin_command(), *args], cp.path("logs"), lambda: _probe_ready(probe), env=env
