@@ -20,7 +20,9 @@ priorities; ``""`` where the node is not in that part, and in the priorities
 where it scores 0: see
 :func:`wire.priority_json`). Re-judging a node replaces its fragments; the
 bodies are then C-level joins of those lists, so a request costs Python work
-only per changed node.
+only per changed node. A request that reads the bodies only when no node
+passes (``--best-nodes``) asks for none: its shape keeps verdicts only, and is
+encoded the first time a request wants it so.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import compress
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from operator import attrgetter
+from typing import NamedTuple
 
 from rdma_cni.extender.bounded import Bounded
 from rdma_cni.extender.decide import Deadline, NodeView, Verdict
@@ -48,6 +52,8 @@ _SHAPES_BYTES = 64 * 1024 * 1024
 _NODE_BYTES = 300
 # The four encoded parts of an answer, by position in _Shape.parts.
 _PASSING, _FAILED, _UNRESOLVABLE, _PRIORITY = range(4)
+_UPDATED = attrgetter("updated")
+_BRACKETS = (("[", "]"), ("{", "}"), ("{", "}"), ("[", "]"))
 
 # (demand, names, views, deadline) -> verdicts: Extender._judge.
 Judge = Callable[[Demand, list[str], list[NodeView | None], Deadline | None], list[Verdict]]
@@ -70,26 +76,76 @@ def _ranks(verdicts: list[Verdict]) -> list[int]:
     return [v.score if v.fits else -1 for v in verdicts]
 
 
+def _passing(names: list[str], ranks: list[int]) -> list[str]:
+    """The names that passed (rank 0 or more), in order."""
+    return list(compress(names, map((-1).__lt__, ranks)))
+
+
 def _join(parts: list[str], open_: str, close: str) -> str:
     # Every fragment starts with a comma: drop the first one.
     return open_ + "".join(parts)[1:] + close
 
 
+class Bodies(NamedTuple):
+    """An answer encoded: the filter and prioritize bodies, and its two failed maps as JSON."""
+
+    filter: bytes
+    prioritize: bytes
+    failed: str
+    unresolvable: str
+
+
+def _bodies(joined: list[str]) -> Bodies:
+    # The same document wire.filter_result builds, encoded as json.dumps would.
+    body = (
+        f'{{"Nodes":null,"NodeNames":{joined[_PASSING]},"FailedNodes":{joined[_FAILED]},'
+        f'"FailedAndUnresolvableNodes":{joined[_UNRESOLVABLE]},"Error":""}}'
+    )
+    return Bodies(body.encode(), joined[_PRIORITY].encode(), joined[_FAILED], joined[_UNRESOLVABLE])
+
+
+def _encode(names: list[str], verdicts: list[Verdict]) -> tuple[tuple[list[str], ...], list[str]]:
+    """Every node's fragments, per part, and each part joined."""
+    columns = list(zip(*map(_fragments, names, verdicts), strict=True)) or [(), (), (), ()]
+    parts = tuple(list(column) for column in columns)
+    joined = [_join(part, open_, close) for part, (open_, close) in zip(parts, _BRACKETS, strict=True)]
+    return parts, joined
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """One filter answer: the verdict per requested node (never changed once built) and both bodies."""
+    """One filter answer: the verdict per requested node (never changed once built) and its bodies.
+
+    The bodies are encoded when first read, unless the answer was built with them: a filter that
+    passes only the best nodes (``--best-nodes``) reads them only when no node passes.
+    """
 
     names: list[str]
     index: dict[str, int]
     verdicts: list[Verdict]
     passing: list[str]
-    filter_body: bytes
-    prioritize_body: bytes
-    # The encoded FailedNodes and FailedAndUnresolvableNodes, for answers that pass fewer nodes.
-    failed_json: str = "{}"
-    unresolvable_json: str = "{}"
-    # Per node: its score if it passed, else -1 (what :meth:`best` ranks by); None: from the verdicts.
-    ranks: list[int] | None = None
+    # Per node: its score if it passed, else -1 (what :meth:`best` ranks by).
+    ranks: list[int]
+    # One cell: the bodies once encoded (an answer is frozen; its encoding is filled in once).
+    encoded: list[Bodies | None] = field(default_factory=lambda: [None])
+
+    def bodies(self) -> Bodies:
+        """The answer encoded (see :class:`Bodies`)."""
+        got = self.encoded[0]
+        if got is None:
+            # Two threads may both encode it: the same bytes either way.
+            got = self.encoded[0] = _bodies(_encode(self.names, self.verdicts)[1])
+        return got
+
+    @property
+    def filter_body(self) -> bytes:
+        """The ExtenderFilterResult, encoded."""
+        return self.bodies().filter
+
+    @property
+    def prioritize_body(self) -> bytes:
+        """The HostPriorityList, encoded (nodes scoring 0 left out)."""
+        return self.bodies().prioritize
 
     def score(self, name: str) -> int:
         """The node's score (0 when it did not pass or was not asked about)."""
@@ -99,7 +155,7 @@ class Answer:
     def best(self, n: int) -> list[str]:
         """The ``n`` passing nodes the policy ranks first, best first: highest score, ties in the
         answer's order (a fixed order, so pods of a shape keep choosing the same node while it fits)."""
-        ranks = self.ranks if self.ranks is not None else _ranks(self.verdicts)
+        ranks = self.ranks
         top = max(ranks, default=-1)
         if n == 1 and top >= 0:
             return [self.names[ranks.index(top)]]  # the usual case, in C
@@ -114,9 +170,14 @@ class Answer:
     def filter_body_passing(self, passing: list[str], failures: bool = True) -> bytes:
         """The filter answer passing only ``passing`` (some of :attr:`passing`); the nodes that fit but are
         left out are in neither failed map: kube-scheduler drops them without a status. Without
-        ``failures`` the failed maps are left empty too (see docs/scheduling.md, "The best nodes")."""
+        ``failures`` the failed maps are left empty too, and nothing else is encoded (see
+        docs/scheduling.md, "The best nodes")."""
         names = ",".join(map(encode_basestring_ascii, passing))
-        failed, unresolvable = (self.failed_json, self.unresolvable_json) if failures else ("{}", "{}")
+        if failures:
+            bodies = self.bodies()
+            failed, unresolvable = bodies.failed, bodies.unresolvable
+        else:
+            failed = unresolvable = "{}"
         return (
             f'{{"Nodes":null,"NodeNames":[{names}],"FailedNodes":{failed},'
             f'"FailedAndUnresolvableNodes":{unresolvable},"Error":""}}'
@@ -151,9 +212,10 @@ class _Shape:
     deadline: float
     verdicts: list[Verdict]
     ranks: list[int]
-    # Per part (_PASSING ...): one fragment per requested node, and the part joined.
-    parts: tuple[list[str], list[str], list[str], list[str]]
-    joined: list[str]
+    # Per part (_PASSING ...): one fragment per requested node, and the part joined; None until a
+    # request of this shape wants its answer encoded (then kept up to date with the verdicts).
+    parts: tuple[list[str], ...] | None
+    joined: list[str] | None
     answer: Answer
 
 
@@ -177,11 +239,15 @@ class Answers:
         views: list[NodeView | None],
         now: float,
         deadline: Deadline | None = None,
+        *,
+        encoded: bool = True,
     ) -> Answer:
         """The answer for ``demand`` on ``names`` (their ``views`` looked up now).
 
-        Past ``deadline`` :class:`~rdma_cni.extender.decide.Abandoned` goes out and the kept answer is
-        as it was: nodes are judged before anything kept changes.
+        With ``encoded`` its bodies are ready, kept up to date node by node as verdicts change;
+        without, they are encoded only if read (a filter passing its best nodes reads them only
+        when none passes). Past ``deadline`` :class:`~rdma_cni.extender.decide.Abandoned` goes out
+        and the kept answer is as it was: nodes are judged before anything kept changes.
         """
         with self._lock:
             shape = self._shapes.get(demand.key)
@@ -200,9 +266,12 @@ class Answers:
                 or now >= shape.deadline
                 or len(shape.index) != len(names)  # a repeated name: updates assume none
             ):
-                shape = self._full(demand, names, views, version, now, deadline)
-            elif touched or shape.views != views:
-                self._update(shape, demand, views, version, touched, now, deadline)
+                shape = self._full(demand, names, views, version, now, deadline, encoded)
+            else:
+                if encoded and shape.parts is None:
+                    self._encode(shape)
+                if touched or shape.views != views:
+                    self._update(shape, demand, views, version, touched, now, deadline)
             return shape.answer
 
     @staticmethod
@@ -232,12 +301,11 @@ class Answers:
         # The first moment a node judged usable now may turn stale; states only age.
         if self.max_state_age is None:
             return math.inf
-        limit = self.max_state_age
+        # The oldest stamp still within the age (a view without a state has none: 0.0), in C.
         oldest = min(
-            (v.updated for v in views if v is not None and v.state is not None and now - v.updated <= limit),
-            default=math.inf,
+            filter((now - self.max_state_age).__le__, map(_UPDATED, filter(None, views))), default=math.inf
         )
-        return oldest + limit
+        return oldest + self.max_state_age
 
     def _full(
         self,
@@ -247,19 +315,11 @@ class Answers:
         version: int,
         now: float,
         deadline: Deadline | None,
+        encoded: bool,
     ) -> _Shape:
         verdicts = self.judge(demand, names, views, deadline)
         self.full_passes += 1
-        columns = list(zip(*map(_fragments, names, verdicts), strict=True)) or [(), (), (), ()]
-        parts = tuple(list(column) for column in columns)
-        joined = [
-            _join(parts[_PASSING], "[", "]"),
-            _join(parts[_FAILED], "{", "}"),
-            _join(parts[_UNRESOLVABLE], "{", "}"),
-            _join(parts[_PRIORITY], "[", "]"),
-        ]
         index = {name: i for i, name in enumerate(names)}
-        passing = list(compress(names, parts[_PASSING]))
         ranks = _ranks(verdicts)
         shape = _Shape(
             names=names,
@@ -269,38 +329,20 @@ class Answers:
             deadline=self._deadline(views, now),
             verdicts=verdicts,
             ranks=ranks,
-            parts=parts,  # type: ignore[arg-type]
-            joined=joined,
-            answer=self._answer(names, index, verdicts, passing, joined, ranks),
+            parts=None,
+            joined=None,
+            answer=Answer(names, index, verdicts, _passing(names, ranks), ranks),
         )
+        if encoded:
+            self._encode(shape)
         self._shapes.put(demand.key, shape, _NODE_BYTES * len(names) + 2 * sum(map(len, names)))
         return shape
 
     @staticmethod
-    def _answer(
-        names: list[str],
-        index: dict[str, int],
-        verdicts: list[Verdict],
-        passing: list[str],
-        joined: list[str],
-        ranks: list[int],
-    ) -> Answer:
-        # The same document wire.filter_result builds, encoded as json.dumps would.
-        body = (
-            f'{{"Nodes":null,"NodeNames":{joined[_PASSING]},"FailedNodes":{joined[_FAILED]},'
-            f'"FailedAndUnresolvableNodes":{joined[_UNRESOLVABLE]},"Error":""}}'
-        )
-        return Answer(
-            names,
-            index,
-            verdicts,
-            passing,
-            body.encode(),
-            joined[_PRIORITY].encode(),
-            joined[_FAILED],
-            joined[_UNRESOLVABLE],
-            ranks,
-        )
+    def _encode(shape: _Shape) -> None:
+        """Encode the shape's answer, and keep its fragments to update from now on."""
+        shape.parts, shape.joined = _encode(shape.names, shape.verdicts)
+        shape.answer.encoded[0] = _bodies(shape.joined)
 
     def _update(
         self,
@@ -325,33 +367,34 @@ class Answers:
         self.rejudged += len(order)
         verdicts = list(shape.verdicts)  # the old answer keeps its own
         ranks = shape.ranks
-        parts = shape.parts
+        parts, joined = shape.parts, shape.joined
         dirty = [False] * 4
+        changed_any = False
         for i, verdict in zip(order, judged, strict=True):
             if verdicts[i] == verdict:
                 continue
             verdicts[i] = verdict
+            changed_any = True
             rank = verdict.score if verdict.fits else -1
             if ranks[i] != rank:
                 if ranks is shape.ranks:
                     ranks = list(ranks)  # the old answer keeps its own, as its verdicts
                 ranks[i] = rank
-            for part, fragment in enumerate(_fragments(names[i], verdict)):
-                if parts[part][i] != fragment:
-                    parts[part][i] = fragment
-                    dirty[part] = True
-        if dirty[_PASSING]:
-            shape.joined[_PASSING] = _join(parts[_PASSING], "[", "]")
-        if dirty[_FAILED]:
-            shape.joined[_FAILED] = _join(parts[_FAILED], "{", "}")
-        if dirty[_UNRESOLVABLE]:
-            shape.joined[_UNRESOLVABLE] = _join(parts[_UNRESOLVABLE], "{", "}")
-        if dirty[_PRIORITY]:
-            shape.joined[_PRIORITY] = _join(parts[_PRIORITY], "[", "]")
-        old = shape.answer
-        passing = list(compress(names, parts[_PASSING])) if dirty[_PASSING] else old.passing
-        if any(dirty) or ranks is not shape.ranks:
-            shape.answer = self._answer(names, index, verdicts, passing, shape.joined, ranks)
+            if parts is not None:
+                for part, fragment in enumerate(_fragments(names[i], verdict)):
+                    if parts[part][i] != fragment:
+                        parts[part][i] = fragment
+                        dirty[part] = True
+        if changed_any:
+            old = shape.answer
+            passing = _passing(names, ranks) if ranks is not shape.ranks else old.passing
+            answer = Answer(names, index, verdicts, passing, ranks)
+            if parts is not None and joined is not None:
+                for part, (open_, close) in enumerate(_BRACKETS):
+                    if dirty[part]:
+                        joined[part] = _join(parts[part], open_, close)
+                answer.encoded[0] = _bodies(joined)
+            shape.answer = answer
         shape.verdicts = verdicts
         shape.ranks = ranks
         shape.views = views

@@ -44,11 +44,13 @@ from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
 from rdma_cni.extender.demand import Demand
+from rdma_cni.extender.reservations import Reserved
 from rdma_cni.extender.settings import Settings
 from rdma_cni.shared import nodestate, placement
 
 __all__ = [
     "FUTURE_SKEW",
+    "GONE_EVERY",
     "NEVER",
     "Abandoned",
     "Deadline",
@@ -64,6 +66,8 @@ Policy = Literal["binpack", "spread"]
 MAX_SCORE = 10
 # Bind decides for one node, like ADD: the same larger search budget as ADD's.
 BIND_STEPS = 50_000
+# How often a decision asks whether its caller hung up (see Deadline.check).
+GONE_EVERY = 0.05
 # A state stamped further ahead of the extender's clock than this is stale (with --max-state-age):
 # a node whose clock runs ahead, and whose agent then died, must not look fresh for ever.
 FUTURE_SKEW = 60.0
@@ -86,17 +90,28 @@ class Deadline:
     """When the caller of a verb stops waiting: a time (monotonic clock) and, optionally, a check
     that says whether it has already gone (its connection closed)."""
 
-    __slots__ = ("at", "gone", "seconds")
+    __slots__ = ("asked", "at", "gone", "seconds")
 
     def __init__(self, seconds: float = math.inf, gone: Callable[[], bool] | None = None) -> None:
         self.seconds = seconds
-        self.at = time.monotonic() + seconds
+        now = time.monotonic()
+        self.at = now + seconds
         self.gone = gone
+        # When ``gone`` is next asked: it is a system call, which lets every other thread take the
+        # interpreter first, so a filter asking it per placement waited on binds many times over
+        # (docs/performance.md). A caller that left is noticed within GONE_EVERY of leaving.
+        self.asked = now + GONE_EVERY
 
     def check(self) -> None:
-        """Raise :class:`Abandoned` when the deadline has passed or the caller has gone."""
-        if time.monotonic() >= self.at or (self.gone is not None and self.gone()):
+        """Raise :class:`Abandoned` when the deadline has passed or the caller has gone (asked at most
+        every :data:`GONE_EVERY` seconds)."""
+        now = time.monotonic()
+        if now >= self.at:
             raise Abandoned(f"no answer within {self.seconds:g} s")
+        if self.gone is not None and now >= self.asked:
+            self.asked = now + GONE_EVERY
+            if self.gone():
+                raise Abandoned(f"no answer within {self.seconds:g} s")
 
 
 # No deadline: bind (one node, under its own budget), preempt's few nodes, start-up, tests.
@@ -271,6 +286,20 @@ def _trailing_run(parts: list[Part]) -> list[Part]:
     return [*parts[:start], (network, requests * count, False)]
 
 
+def _filter_plan(demand: Demand) -> tuple[list[Part], Demand]:
+    """The attachments filter judges in turn (the trailing run as one), and the last one as a demand
+    of its own: built once per demand, which is judged on many node states."""
+    got = demand.__dict__.get("_filter_plan")
+    if got is None:
+        parts = demand.attachments()
+        if len(parts) > 1:
+            parts = _trailing_run(parts)
+        _, requests, different = parts[-1]
+        got = (parts, Demand(requests, (), demand.source, (), (different,)))
+        object.__setattr__(demand, "_filter_plan", got)
+    return got
+
+
 class Decider:
     """Verdicts and scores for demands on node views, with the caches that make them cheap. Thread-safe."""
 
@@ -298,10 +327,8 @@ class Decider:
         self._entries = 0
         self._views: dict[str | None, NodeView] = {}
         self._view_bytes = 0
-        self._extra_states: dict[
-            tuple[int, tuple[tuple[str, tuple[int, int]], ...]],
-            tuple[NodeView, tuple[placement.PfState, ...], int],
-        ] = {}
+        # Per view (by id): the Reserved last applied to it, and the states and id that made.
+        self._extra_states: dict[int, tuple[NodeView, Reserved, tuple[placement.PfState, ...], int]] = {}
 
     # -- views -------------------------------------------------------------
 
@@ -410,6 +437,44 @@ class Decider:
         got = table.get(view.fp)
         return got if got is not None else self.fill(demand, view, table, deadline)
 
+    def admit_all(
+        self,
+        demand: Demand,
+        views: Sequence[NodeView | None],
+        held: Sequence[Extra | None],
+        now: float,
+        deadline: Deadline = NEVER,
+    ) -> list[Verdict]:
+        """:meth:`admit` of each node (``held[i]``: what reservations hold on node ``i``, or None).
+
+        The same verdicts, found in bulk: every node's cached verdict for its state id is looked up
+        at C speed first, and :meth:`admit` itself runs only where that cannot be the answer (the
+        node holds reservations, has no usable state, or its state is new to this demand).
+        """
+        deadline.check()
+        table = self.table(demand)
+        # A view without a state has id 0, which no state is given: never found in the table.
+        out: list[Verdict | None] = list(map(table.get, [0 if v is None else v.fp for v in views]))
+        age = self.max_state_age
+        low, high = (-math.inf, math.inf) if age is None else (now - age, now + FUTURE_SKEW)
+        admit = self.admit
+        with_extra = self._extra_states.get
+        slow = 0
+        for i, (view, verdict, extra) in enumerate(zip(views, out, held, strict=True)):
+            if extra is not None and view is not None:
+                # The node's states with what it holds, when already built for this Reserved
+                # (see _with_extra), and this demand's verdict on them.
+                kept = with_extra(id(view))
+                verdict = table.get(kept[3]) if kept and kept[0] is view and kept[1] is extra else None
+                out[i] = verdict
+            # A found verdict means a view with a state (so not None); admit's checks, in its order.
+            if verdict is None or not low <= view.updated <= high:  # type: ignore[union-attr]
+                slow += 1
+                if not slow & 255:  # the deadline, every 256 nodes judged one by one
+                    deadline.check()
+                out[i] = admit(demand, view, now, extra, table, deadline)
+        return out  # type: ignore[return-value]
+
     def table(self, demand: Demand) -> dict[int, Verdict]:
         """Final verdicts for ``demand`` by state id: filter's per-node lookup (one dict get, no hashing
         of the request). Missing entries are filled by :meth:`verdict`."""
@@ -439,22 +504,28 @@ class Decider:
         return self._final(demand, view.pfs, view.fp, view, table, deadline)
 
     def _with_extra(self, view: NodeView, extra: Extra) -> tuple[tuple[placement.PfState, ...], int]:
-        """The view's PF states with ``extra`` applied, and their id: built once per (view, extra).
+        """The view's PF states with ``extra`` applied, and their id.
 
         A bind changes one node's reservations, and then every request shape
-        judges that node again: they share these states instead of each building them.
+        judges that node again: for what filter looks up (a :class:`Reserved`,
+        the same object until the node's reservations change), they share these
+        states, one entry per view, found by identity without hashing what it holds.
+        Any other mapping (bind's and preempt's, one-off) is applied afresh.
         """
-        key = (id(view), tuple(sorted(extra.items())))
-        got = self._extra_states.get(key)
-        if got is not None and got[0] is view:  # the view is kept in the value: its id is not reused
-            return got[1], got[2]
+        kept = type(extra) is Reserved
+        if kept:
+            got = self._extra_states.get(id(view))
+            # The view and the Reserved are kept in the value: neither id is reused while it is there.
+            if got is not None and got[0] is view and got[1] is extra:
+                return got[2], got[3]
         assert view.state is not None
         pfs = tuple(nodestate.pf_states(view.state, extra))
         fp = self._intern((pfs, view.capacity_vfs, view.state.networks))
-        with self._lock:
-            if len(self._extra_states) >= _VIEW_LIMIT:
-                self._extra_states.clear()
-            self._extra_states[key] = (view, pfs, fp)
+        if kept:
+            with self._lock:
+                if len(self._extra_states) >= _VIEW_LIMIT:
+                    self._extra_states.clear()
+                self._extra_states[id(view)] = (view, extra, pfs, fp)  # type: ignore[assignment]
         return pfs, fp
 
     @staticmethod
@@ -540,22 +611,23 @@ class Decider:
         """
         parts = demand.attachments()
         budget = BIND_STEPS if use is not None else placement.DEFAULT_MAX_STEPS
-        if use is None and len(parts) > 1:
+        last: Demand | None = None
+        if use is None:
+            parts, last = _filter_plan(demand)
+        if use is None and len(demand.attachments()) > 1:
             # The whole pod's necessary conditions on all the node's PFs (each ADD has a subset of
             # them): a pod asking for more than a node has fails here in one pass, however many
             # attachments it has. Its last identical ones are then one check (see _trailing_run).
             reason = cannot_fit(demand, pfs)
             if reason:
                 return Verdict(False, False, reason, 0)
-            parts = _trailing_run(parts)
         state = {pf.name: pf for pf in pfs}
         for k, (network, requests, different) in enumerate(parts):
             deadline.check()
             sub, where = network_pfs(tuple(state.values()), networks, network)
-            if use is None and k == len(parts) - 1:
+            if last is not None and k == len(parts) - 1:
                 # The last ADD leaves nothing to the next: only whether it fits, cheap proofs first.
-                part = Demand(requests, (), demand.source, (), (different,))
-                got = self._misfit(part, sub, budget)
+                got = self._misfit(last, sub, budget)
                 return got._replace(reason=f"{got.reason}{where}") if got is not None else None
             try:
                 # What earlier attachments left of the budget; at least one step, so that an

@@ -23,6 +23,11 @@ reservation, on whatever node kube-scheduler chose, replaces it), when the
 pod's next filter starts (a retried pod never meets its own hold), when the
 pod is gone, or after :data:`HOLD_TTL` seconds; at most :data:`HOLDS_MAX` are held (the
 oldest gives way).
+
+What a node holds, reservations and holds together, is kept summed per node
+(a :class:`Reserved`, rebuilt by each change of the node): filter looks it up
+for every node it judges, pod after pod, and decisions on the node's state
+with it applied are cached by its identity (decide.py).
 """
 
 from __future__ import annotations
@@ -31,10 +36,11 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["HOLDS_MAX", "HOLD_TTL", "Reservation", "Reservations"]
+__all__ = ["HOLDS_MAX", "HOLD_TTL", "Reservation", "Reservations", "Reserved"]
 
 log = logging.getLogger("rdma_cni.extender.reservations")
 
@@ -47,6 +53,35 @@ _TOUCHED_LIMIT = 100_000  # changes remembered
 HOLD_TTL = 10.0
 # Holds at once: one per pod between its answer and its bind, so a few per scheduling cycle in flight.
 HOLDS_MAX = 1024
+
+
+class Reserved(Mapping[str, tuple[int, int]]):
+    """What one node's reservations hold, per PF: (VFs, min rate sum). Never changed once built, so
+    decisions on the node's state with it applied are cached by its identity (decide.py)."""
+
+    __slots__ = ("_by_pf",)
+
+    def __init__(self, by_pf: dict[str, tuple[int, int]]) -> None:
+        self._by_pf = by_pf
+
+    def __getitem__(self, pf: str) -> tuple[int, int]:
+        return self._by_pf[pf]
+
+    def get(self, pf: str, default: Any = None) -> Any:
+        """The PF's (VFs, min rate sum), or ``default`` when nothing is reserved on it."""
+        return self._by_pf.get(pf, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_pf)
+
+    def __len__(self) -> int:
+        return len(self._by_pf)
+
+    def __repr__(self) -> str:
+        return f"Reserved({self._by_pf!r})"
+
+
+_NOTHING = Reserved({})
 
 
 @dataclass(frozen=True)
@@ -97,6 +132,9 @@ class Reservations:
         self.version = 0
         self._forgotten = 0
         self._touched: list[str] = []
+        # Per node holding anything: what it holds, reservations and holds together (extra() with
+        # holds and no pod left out), rebuilt by every change of the node: filter's per-node lookup.
+        self._reserved: dict[str, Reserved] = {}
 
     def __len__(self) -> int:
         return len(self._by_uid)
@@ -165,6 +203,12 @@ class Reservations:
         return res
 
     def _touch(self, node: str) -> None:
+        # Called under the lock after every change of the node's reservations or holds.
+        reserved = self._sum(node, (), holds=True)
+        if reserved:
+            self._reserved[node] = reserved
+        else:
+            self._reserved.pop(node, None)
         if len(self._touched) >= _TOUCHED_LIMIT:
             # Forget the history: older versions then see "unknown changes" and re-judge all.
             self._touched.clear()
@@ -236,35 +280,45 @@ class Reservations:
             return list(self._by_uid.values())
 
     def has_node(self, node: str) -> bool:
-        """Whether any reservation or hold is on ``node`` (the fast path of filter)."""
-        return node in self._by_node or node in self._holds_by_node
+        """Whether any reservation or hold is on ``node``."""
+        return node in self._reserved
 
     def nodes(self) -> frozenset[str]:
-        """The nodes holding reservations or holds now (filter takes this once per request)."""
+        """The nodes holding reservations or holds now."""
         with self._lock:
-            if self._holds_by_node:
-                return frozenset(self._by_node).union(self._holds_by_node)
-            return frozenset(self._by_node)
+            return frozenset(self._reserved)
 
-    def extra(
-        self, node: str, without: Iterable[str] = (), *, holds: bool = True
-    ) -> dict[str, tuple[int, int]]:
+    def held_on(self) -> Callable[[str], Reserved | None]:
+        """Filter's per-node lookup: what a node holds (reservations and holds), None when nothing.
+
+        Each node's entry is replaced whole by a change, so a lookup never sees one half made
+        (a filter judging many nodes may see some before a change and some after, as it would
+        with a lock taken per node).
+        """
+        return self._reserved.get
+
+    def extra(self, node: str, without: Iterable[str] = (), *, holds: bool = True) -> Reserved:
         """Per PF of ``node``: (VFs, min rate sum) reserved, and held unless ``holds`` is False (bind),
         leaving out the pods ``without``."""
-        skip = set(without)
-        out: dict[str, tuple[int, int]] = {}
         with self._lock:
-            tables = [self._by_node.get(node) or {}]
-            if holds:
-                tables.append(self._holds_by_node.get(node) or {})
-            for table in tables:
-                for uid, res in table.items():
-                    if uid in skip:
-                        continue
-                    for pf, vfs, rate in res.use:
-                        have = out.get(pf, (0, 0))
-                        out[pf] = (have[0] + vfs, have[1] + rate)
-        return out
+            if holds and not without:
+                return self._reserved.get(node) or _NOTHING
+            return self._sum(node, frozenset(without), holds=holds)
+
+    def _sum(self, node: str, skip: Collection[str], *, holds: bool) -> Reserved:
+        # Called under the lock.
+        out: dict[str, tuple[int, int]] = {}
+        tables = [self._by_node.get(node) or {}]
+        if holds:
+            tables.append(self._holds_by_node.get(node) or {})
+        for table in tables:
+            for uid, res in table.items():
+                if uid in skip:
+                    continue
+                for pf, vfs, rate in res.use:
+                    have = out.get(pf, (0, 0))
+                    out[pf] = (have[0] + vfs, have[1] + rate)
+        return Reserved(out)
 
     def now(self) -> float:
         """The reservations' clock (what ``made`` is measured on)."""
@@ -283,9 +337,17 @@ class Reservations:
         """End the reservations whose TTL has passed (returns them), and the holds whose TTL has."""
         now = self._clock()
         with self._lock:
-            old = [res for res in self._by_uid.values() if res.expires <= now]
+            # Oldest first too: every reservation lasts ttl from when add() (re)inserted it, and
+            # confirming one keeps its place, so the first still in time ends the scan (bind calls
+            # this for every pod: a scan of all of them grew with the reservations held).
+            old = []
+            for res in self._by_uid.values():
+                if res.expires > now:
+                    break
+                old.append(res)
             # Oldest first: the first hold still in time ends the sweep.
-            for uid, res in list(self._holds.items()):
+            while self._holds:
+                uid, res = next(iter(self._holds.items()))
                 if res.expires > now:
                     break
                 self._unhold(uid)

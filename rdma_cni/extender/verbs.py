@@ -151,25 +151,12 @@ class Extender:
     ) -> list[Verdict]:
         """The verdict per node (``views`` in the order of ``names``): the hot loop of filter.
 
-        Each node's is :meth:`Decider.admit`, the per-node rule bind's check calls too.
+        Each node's is :meth:`Decider.admit`'s, the per-node rule bind's check calls too, found in
+        bulk (:meth:`Decider.admit_all`) with what each node holds now.
         """
         decider = self.decider
-        admit = decider.admit
-        now = decider.now()
-        reservations = self.reservations
-        reserved = reservations.nodes()
-        extra = reservations.extra
-        table = decider.table(demand)
-        deadline = deadline or NEVER
-        out: list[Verdict] = []
-        # In runs of 256 nodes, the deadline checked before each (computing a verdict checks it too).
-        for at in range(0, len(names), 256):
-            deadline.check()
-            out += [
-                admit(demand, view, now, extra(name) if name in reserved else None, table, deadline)
-                for name, view in zip(names[at : at + 256], views[at : at + 256], strict=True)
-            ]
-        return out
+        held = list(map(self.reservations.held_on(), names))
+        return decider.admit_all(demand, views, held, decider.now(), deadline or NEVER)
 
     def _decide(
         self, demand: Demand, names: list[str], views: list[NodeView | None], deadline: Deadline | None = None
@@ -252,16 +239,18 @@ class Extender:
             # A new attempt for this pod: its hold from an earlier one must not count against it.
             self.reservations.release(uid)
             names, views = self._lookup(args.node_names)
-            answer = self.answers.filter(demand, names, views, self.decider.now(), deadline)
-            passing, body = answer.passing, answer.filter_body
             best = self.settings.best_nodes
+            answer = self.answers.filter(demand, names, views, self.decider.now(), deadline, encoded=not best)
+            passing = answer.passing
             if best and passing:
                 # kube-scheduler reads the failed maps only to explain a pod that fits nowhere (its
                 # event, preemption's candidates): with a node passed, they would be bytes both sides
-                # pay for (hundreds of KB at 5,000 nodes) and nobody reads.
+                # pay for (hundreds of KB at 5,000 nodes) and nobody reads; nor is the rest encoded.
                 if len(passing) > best:
                     passing = answer.best(best)
                 body = answer.filter_body_passing(passing, failures=False)
+            else:
+                body = answer.filter_body
             if best and len(passing) == 1:
                 # kube-scheduler takes a lone feasible node without asking prioritize: held now. Only
                 # with --best-nodes, which says the answers are kube-scheduler's to act on as given.
@@ -325,7 +314,8 @@ class Extender:
             # The same nodes in another order (kube-scheduler's usual case, see Answers._reordered):
             # answered in the last list's order, which kube-scheduler reads as a set. Hashing the new
             # names once for a set is all the new list costs; the views come from the last lookup.
-            given = set(names)
+            # A sample of a large cluster is another set pod after pod: its first name settles most.
+            given = set(names) if names and names[0] in self._last_set else frozenset()
             if len(given) == len(names) and given == self._last_set:
                 if last[0] == generation:
                     return last[1], last[2]

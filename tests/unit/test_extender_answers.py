@@ -314,3 +314,32 @@ def test_a_list_of_the_same_nodes_in_another_order_is_looked_up_once() -> None:
 
 def as_filter(answer: dict[str, Any]) -> dict[str, Any]:
     return dict(answer["filter"])
+
+
+def test_answers_not_encoded_until_read_are_still_a_full_pass_s() -> None:
+    rng = random.Random(7)
+    ext, views, _ = make()
+    names = [f"n{i:02d}" for i in range(30)]
+    for name in names:
+        views[name] = ext.decider.view(random_state(rng, name))
+    answers = ext.answers
+    seen: set[Any] = set()
+    for step in range(40):
+        name = rng.choice(names)
+        if rng.random() < 0.5:
+            views[name] = ext.decider.view(random_state(rng, f"{name}-{step}"))
+        else:
+            ext.reservations.add(f"r{step}", "team-a", f"r{step}", name, (("ens1f0", 1, 2_000),))
+        pod = so.rdma_pod(f"p{step}", rng.choice(SHAPES))
+        demand = ext.demands.of_pod(pod)
+        assert demand is not None
+        encoded = rng.random() < 0.4  # a shape kept unencoded is encoded when a request wants it
+        answer = answers.filter(demand, names, [views[n] for n in names], ext.decider.now(), encoded=encoded)
+        if encoded:
+            assert answer.encoded[0] is not None
+        elif demand.key not in seen:
+            assert answer.encoded[0] is None  # a shape's first answer, not asked encoded: not encoded
+        seen.add(demand.key)
+        expected = full_pass(ext, pod, names)
+        assert json.loads(answer.filter_body) == expected["filter"], f"step {step}"
+        assert answer.passing == expected["filter"]["NodeNames"]

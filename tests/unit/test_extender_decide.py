@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from rdma_cni.extender import decide
 from rdma_cni.extender.decide import Decider, cannot_fit, greedy_fits
 from rdma_cni.extender.demand import Demand, Demands, selected_networks
 from rdma_cni.extender.preempt import keep_nodes
-from rdma_cni.extender.reservations import Reservations
+from rdma_cni.extender.reservations import Reservations, Reserved
 from rdma_cni.shared import nodestate, placement
 from rdma_cni.shared.podrequest import parse_request
 from tests.support import sched_objects as so
@@ -313,11 +314,12 @@ def test_states_with_reservations_are_shared_per_view_and_reservations(
 ) -> None:
     text = nodestate.encode(so.state([("p0", 25_000, 2), ("p1", 25_000, 2)]))
     small, large = demand((10_000, 0)), demand((20_000, 0))
-    one, two = {"p0": (1, 15_000)}, {"p0": (1, 15_000), "p1": (1, 10_000)}
+    # What filter looks up: a node's Reserved, the same object until its reservations change.
+    one, two = Reserved({"p0": (1, 15_000)}), Reserved({"p0": (1, 15_000), "p1": (1, 10_000)})
 
-    def fresh(d: Demand, extra: dict[str, tuple[int, int]]) -> decide.Verdict:
+    def fresh(d: Demand, extra: Reserved) -> decide.Verdict:
         other = Decider()  # has seen nothing
-        return other.verdict(d, other.view(text), extra)
+        return other.verdict(d, other.view(text), dict(extra))
 
     expected = {(id(d), id(e)): fresh(d, e) for d in (small, large) for e in (one, two)}
     decider = Decider()
@@ -325,15 +327,22 @@ def test_states_with_reservations_are_shared_per_view_and_reservations(
     built = []
     real = nodestate.pf_states
     monkeypatch.setattr(nodestate, "pf_states", lambda *a: built.append(a[1:]) or real(*a))
-    for extra in (one, two, one):
+    for extra in (one, one, two, two):
         for d in (small, large):
             assert decider.verdict(d, v, extra) == expected[id(d), id(extra)]
-    # Built once per distinct reservations, not per request shape or repeat.
+    # Built once per view and Reserved, not per request shape or repeat.
     assert built == [(one,), (two,)]
     # Another view with the same reservations gets its own states.
     full = view(decider, [("p0", 25_000, 2), ("p1", 25_000, 2)], [("u", [("p1", 20_000, 0)])])
     assert not decider.verdict(large, full, one).fits
     assert decider.verdict(large, v, one).fits
+    # Any other mapping (bind's, preempt's) is applied afresh, and leaves the kept states alone.
+    built.clear()
+    plain = {"p0": (1, 15_000)}
+    for _ in range(2):
+        assert decider.verdict(small, v, plain) == expected[id(small), id(one)]
+    assert built == [(plain,), (plain,)]
+    assert decider.verdict(large, v, one).fits and built == [(plain,), (plain,)]
 
 
 def test_views_without_usable_state() -> None:
@@ -652,3 +661,63 @@ def test_constrained_requests_are_kept_apart_in_the_verdict_cache() -> None:
         == Demand.of(parse_request('[{"pf": "b"}, {"rail": "a"}]', "t"), "t").key
     )
     assert _on(("a", [(1, 0)]), ("b", [(2, 0)])).key != _on(("b", [(2, 0)]), ("a", [(1, 0)])).key
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_admit_all_is_admit_node_by_node(seed: int) -> None:
+    """Filter's bulk verdicts (cached verdicts looked up first) are the per-node rule's, whatever the
+    caches hold: views unknown, without a state, stale, stamped ahead, with and without reservations,
+    judged again after the reservations change."""
+    import random
+
+    rng = random.Random(seed)
+    pfs = [("p0", 25_000, 4), ("p1", 10_000, 2)]
+    unknown = object()
+    texts: list[Any] = [unknown, None, "{not json"]
+    for i in range(40):
+        rates = (0, 2_000, 5_000)
+        pods = [(f"u{i}-{k}", [(rng.choice(("p0", "p1")), rng.choice(rates), 0)]) for k in range(3)]
+        state = so.state(pfs, pods[: rng.randint(0, 3)], age=rng.choice((0, 0, 0, 90, -120)))
+        texts.append(nodestate.encode(state))
+
+    decider = Decider(max_state_age=60)
+    views = [None if t is unknown else decider.view(t) for t in texts]
+    demands = [demand((5_000, 0)), demand((8_000, 0), (2_000, 0)), demand((0, 0), (0, 0), (0, 0))]
+    now = decider.now()
+    for _ in range(6):
+        held: list[Any] = [
+            Reserved({"p0": (1, rng.choice((0, 4_000, 9_000)))}) if rng.random() < 0.4 else None
+            for _ in views
+        ]
+        for d in demands:
+            for _ in range(2):  # the second time from warm caches
+                got = decider.admit_all(d, views, held, now)
+                # Each node by the rule alone, on a decider that has seen nothing.
+                expected = []
+                for i, h in enumerate(held):
+                    fresh = Decider(max_state_age=60)
+                    text = texts[i]
+                    expected.append(fresh.admit(d, None if text is unknown else fresh.view(text), now, h))
+                assert got == expected
+
+
+def test_a_deadline_asks_whether_its_caller_left_at_most_every_gone_every() -> None:
+    asked = []
+
+    def gone() -> bool:
+        asked.append(1)
+        return len(asked) > 1
+
+    deadline = decide.Deadline(60, gone)
+    for _ in range(1000):  # a filter's checks: none asks within GONE_EVERY of the start
+        deadline.check()
+    assert not asked
+    time.sleep(decide.GONE_EVERY * 1.2)
+    for _ in range(1000):
+        deadline.check()
+    assert len(asked) == 1  # asked once (still there), not per check
+    time.sleep(decide.GONE_EVERY * 1.2)
+    with pytest.raises(decide.Abandoned):
+        deadline.check()
+    with pytest.raises(decide.Abandoned):
+        decide.Deadline(0).check()  # the time itself is read at every check

@@ -322,3 +322,38 @@ def test_bind_reads_the_pod_from_the_api_servers_cache_and_from_etcd_only_when_t
     api.reads.clear()
     assert bind(ext, again, "c") == "" and api.reads == ["cache", "etcd"]
     assert api.pods["again"]["spec"]["nodeName"] == "c"
+
+
+def test_reservations_expire_oldest_first_a_renewed_one_last() -> None:
+    clock = Clock()
+    res = Reservations(30, clock)
+    use = (("ens1f0", 1, 1_000),)
+    res.add("a", "team-a", "a", "n1", use)
+    clock.t += 10
+    res.add("b", "team-a", "b", "n1", use)
+    clock.t += 10
+    res.add("a", "team-a", "a", "n2", use)  # a bind again: its TTL starts over
+    clock.t += 25  # b (made 35 s ago) is past its 30 s, a (25 s) is not
+    assert [r.uid for r in res.expire()] == ["b"]
+    assert res.get("a") is not None and res.get("b") is None
+    clock.t += 20
+    assert [r.uid for r in res.expire()] == ["a"] and len(res) == 0
+
+
+def test_what_a_node_holds_is_one_object_until_it_changes() -> None:
+    res = Reservations(600, Clock())
+    held_on = res.held_on()
+    assert held_on("n1") is None and res.extra("n1") == {}
+    res.add("a", "team-a", "a", "n1", (("ens1f0", 1, 1_000),))
+    first = held_on("n1")
+    assert first == {"ens1f0": (1, 1_000)} and held_on("n1") is first and res.extra("n1") is first
+    res.hold("h", "team-a", "h", "n1", (("ens1f0", 1, 500), ("ens1f1", 1, 0)))
+    second = held_on("n1")
+    assert second is not first and second == {"ens1f0": (2, 1_500), "ens1f1": (1, 0)}
+    assert first == {"ens1f0": (1, 1_000)}  # never changed once built
+    # Bind's view leaves out holds and the pod bound; neither changes what filter looks up.
+    assert res.extra("n1", without=("a",), holds=False) == {}
+    assert res.extra("n1", holds=False) == {"ens1f0": (1, 1_000)} and held_on("n1") is second
+    res.release("h")
+    res.drop("a", "test")
+    assert held_on("n1") is None and not res.has_node("n1") and res.nodes() == frozenset()
