@@ -167,21 +167,30 @@ def secure_port(component: Component) -> int:
     raise AssertionError(f"{component.name} has no --secure-port")
 
 
+# How long a refused scrape is retried: in some runs a kube-scheduler just started answered 403,
+# the admin's certificate seen as anonymous, while its delegated authentication was not ready yet.
+SCRAPE_PATIENCE = 120.0
+
+
 def scrape(cp: ControlPlane, port: int) -> str:
     """kube-scheduler's /metrics, read with the admin's certificate (delegated authorization)."""
     assert cp.pki is not None
     ctx = insecure_context()  # its serving certificate is self-signed at start
     ctx.load_cert_chain(cp.pki.admin.cert, cp.pki.admin.key)
-    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=30)
-    try:
-        conn.request("GET", "/metrics")
-        resp = conn.getresponse()
-        body = resp.read().decode()
-        if resp.status != 200:
+    give_up = time.monotonic() + SCRAPE_PATIENCE
+    while True:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=30)
+        try:
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            body = resp.read().decode()
+        finally:
+            conn.close()
+        if resp.status == 200:
+            return body
+        if resp.status not in (401, 403) or time.monotonic() > give_up:
             raise RuntimeError(f"kube-scheduler /metrics: {resp.status} {body[:300]}")
-        return body
-    finally:
-        conn.close()
+        time.sleep(2)
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
