@@ -47,7 +47,7 @@ def keep_nodes(
             continue
         assert view is not None
         gone = frozenset(uids)
-        extra = dict(reservations.extra(node, without=gone))  # the victims' own uses added below
+        extra = dict(reservations.extra(node, without=gone))  # a copy: the victims' uses go in below
         for pf, (vfs, rate) in released(view, gone).items():
             have = extra.get(pf, (0, 0))
             extra[pf] = (have[0] + vfs, have[1] + rate)

@@ -297,15 +297,22 @@ class Reservations:
         """
         return self._reserved.get
 
-    def extra(self, node: str, without: Iterable[str] = (), *, holds: bool = True) -> Reserved:
+    def extra(
+        self, node: str, without: Iterable[str] = (), *, holds: bool = True
+    ) -> Mapping[str, tuple[int, int]]:
         """Per PF of ``node``: (VFs, min rate sum) reserved, and held unless ``holds`` is False (bind),
-        leaving out the pods ``without``."""
+        leaving out the pods ``without``: the node's :class:`Reserved` when that is all it holds,
+        else a one-off dict (bind's, preempt's), which decisions do not keep."""
         with self._lock:
             if holds and not without:
                 return self._reserved.get(node) or _NOTHING
-            return self._sum(node, frozenset(without), holds=holds)
+            return self._add_up(node, frozenset(without), holds=holds)
 
     def _sum(self, node: str, skip: Collection[str], *, holds: bool) -> Reserved:
+        # Called under the lock.
+        return Reserved(self._add_up(node, skip, holds=holds))
+
+    def _add_up(self, node: str, skip: Collection[str], *, holds: bool) -> dict[str, tuple[int, int]]:
         # Called under the lock.
         out: dict[str, tuple[int, int]] = {}
         tables = [self._by_node.get(node) or {}]
@@ -318,7 +325,7 @@ class Reservations:
                 for pf, vfs, rate in res.use:
                     have = out.get(pf, (0, 0))
                     out[pf] = (have[0] + vfs, have[1] + rate)
-        return Reserved(out)
+        return out
 
     def now(self) -> float:
         """The reservations' clock (what ``made`` is measured on)."""
