@@ -111,10 +111,8 @@ def judge(
     The placement lists ``{"pf", "vfs", "min_tx_rate"}`` per PF used; None when the
     node does not fit (or the bind-sized search found no assignment).
     """
-    unusable = decider.unusable(view, now)
-    if unusable:
-        return False, unusable, 0, None
-    verdict = decider.verdict(demand, view)
+    # The extender's per-node rules, then the fit: filter's own decision, for one node holding nothing more.
+    verdict = decider.admit(demand, view, now)
     if not verdict.fits:
         return False, verdict.reason, 0, None
     try:

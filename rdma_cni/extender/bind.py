@@ -27,7 +27,7 @@ from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender import metrics
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demand, Demands
-from rdma_cni.extender.reservations import Reservations
+from rdma_cni.extender.reservations import Reservations, Reserved
 from rdma_cni.extender.settings import Settings
 from rdma_cni.extender.wire import BindArgs, clip
 from rdma_cni.shared import nodestate, placement
@@ -280,7 +280,7 @@ class Binder:
         return "", ""
 
     def _held_use(
-        self, args: BindArgs, view: NodeView, extra: dict[str, tuple[int, int]]
+        self, args: BindArgs, view: NodeView, extra: Reserved
     ) -> tuple[tuple[str, int, int], ...] | None:
         """The PFs the pod's hold on this node took, when they still have room: what to reserve.
 

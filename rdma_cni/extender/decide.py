@@ -19,9 +19,10 @@ networks' PF and rail lists). Nothing else: not the node's name, labels,
 taints or pod count, not the time or the state's age, not who the pod is.
 So a per-node rule that depends on anything outside that fingerprint must
 never be folded into a cached verdict (every node in the same state would
-share its answer): it goes in :meth:`Decider.admit`, the one per-node
-admission rule, which filter (:meth:`Extender._judge`) and bind's check
-under its lock (:meth:`Binder._reserve`) both call, before the cache.
+share its answer): it is a rule of :mod:`rdma_cni.extender.rules`, which
+:meth:`Decider.admit_all` (filter, in bulk) and :meth:`Decider.admit` (bind's
+check under its lock, preemption: the same code for one node) apply before
+the cache.
 
 Work per request is bounded three ways. One pod's attachments on one node
 state share one step budget (:data:`placement.DEFAULT_MAX_STEPS`, bind's
@@ -43,8 +44,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
+from rdma_cni.extender import rules
 from rdma_cni.extender.demand import Demand
 from rdma_cni.extender.reservations import Reserved
+from rdma_cni.extender.rules import FUTURE_SKEW
 from rdma_cni.extender.settings import Settings
 from rdma_cni.shared import nodestate, placement
 
@@ -68,9 +71,6 @@ MAX_SCORE = 10
 BIND_STEPS = 50_000
 # How often a decision asks whether its caller hung up (see Deadline.check).
 GONE_EVERY = 0.05
-# A state stamped further ahead of the extender's clock than this is stale (with --max-state-age):
-# a node whose clock runs ahead, and whose agent then died, must not look fresh for ever.
-FUTURE_SKEW = 60.0
 # Distinct (demand, state) verdicts and annotation texts kept; cleared when exceeded.
 _VERDICT_LIMIT = 200_000
 _VIEW_LIMIT = 50_000
@@ -317,6 +317,9 @@ class Decider:
         if policy not in ("binpack", "spread"):
             raise ValueError(f"unknown policy {policy!r}")
         self.policy = policy
+        # The per-node rules, in order (rules.py): both admit paths apply exactly these.
+        self.rules = rules.node_rules(self.settings)
+        self._usable = rules.StateUsable(max_state_age)
         # Every passing verdict is one of these eleven.
         self._fits = [Verdict(True, False, "", score) for score in range(MAX_SCORE + 1)]
         self.max_state_age = max_state_age
@@ -385,94 +388,77 @@ class Decider:
     # -- verdicts ----------------------------------------------------------
 
     def unusable(self, view: NodeView | None, now: float) -> str:
-        """Why no decision can be made for this node ("" when one can)."""
-        if view is None:
-            return "rdma-cni: node is not known to the extender yet"
-        if view.problem:
-            return view.problem
-        if self.max_state_age is not None and view.updated - now > FUTURE_SKEW:
-            return (
-                f"rdma-cni: node state is stamped more than {FUTURE_SKEW:.0f} s in the future:"
-                " is the node's clock right?"
-            )
-        if self.max_state_age is not None and now - view.updated > self.max_state_age:
-            # No age in the text: it would differ per node and per second, so kube-scheduler's event
-            # could not group it, and a kept answer (answers.py) would go out of date by itself.
-            return (
-                f"rdma-cni: node state is older than {self.max_state_age:.0f} s:"
-                " is the rdma-cni node agent running?"
-            )
-        return ""
+        """Why no decision can be made for this node ("" when one can): the first rule's reason."""
+        return self._usable.reason(view, now)
 
     def admit(
         self,
         demand: Demand,
         view: NodeView | None,
         now: float,
-        extra: Extra | None = None,
-        table: dict[int, Verdict] | None = None,
+        extra: Reserved | None = None,
         deadline: Deadline = NEVER,
     ) -> Verdict:
-        """The per-node admission rule: filter's verdict on each node, and bind's check under its lock.
-
-        First what no cached verdict may hold (see the module docstring):
-        whether the node's state is usable now, and any rule on the node
-        itself rather than on its PF states (a new one goes here); then the
-        verdict on its PF states with reservations ``extra`` applied, cached
-        by their fingerprint. ``table`` is :meth:`table` of the demand, when
-        the caller already has it.
-        """
-        # unusable(), its common case inlined: filter calls this for every node.
-        age = self.max_state_age
-        if (
-            view is None
-            or view.problem
-            or (age is not None and not now - age <= view.updated <= now + FUTURE_SKEW)
-        ):
-            return Verdict(False, True, self.unusable(view, now), 0)
-        if extra:
-            return self.verdict(demand, view, extra, table, deadline)
-        if table is None:
-            table = self.table(demand)
-        got = table.get(view.fp)
-        return got if got is not None else self.fill(demand, view, table, deadline)
+        """The per-node admission rule for one node: :meth:`admit_all` of one (bind's check under its
+        lock, preemption, ``nodes --fits``). ``extra``: what the node holds beyond its state."""
+        return self.admit_all(demand, (view,), (extra,), now, deadline)[0]
 
     def admit_all(
         self,
         demand: Demand,
         views: Sequence[NodeView | None],
-        held: Sequence[Extra | None],
+        held: Sequence[Reserved | None],
         now: float,
         deadline: Deadline = NEVER,
     ) -> list[Verdict]:
-        """:meth:`admit` of each node (``held[i]``: what reservations hold on node ``i``, or None).
+        """The verdict of each node (``views[i]``, holding ``held[i]`` beyond its state, or None).
 
-        The same verdicts, found in bulk: every node's cached verdict for its state id is looked up
-        at C speed first, and :meth:`admit` itself runs only where that cannot be the answer (the
-        node holds reservations, has no usable state, or its state is new to this demand).
+        First every rule of :attr:`rules` (rules.py; a node's first refusal is
+        its verdict); then, for the nodes no rule refused, the verdict on their
+        PF states with what they hold applied, cached by fingerprint. Cached
+        verdicts are found in bulk: every node's for its state id is looked up
+        at C speed, and only nodes holding something or whose state is new to
+        this demand are judged one by one.
         """
         deadline.check()
         table = self.table(demand)
-        # A view without a state has id 0, which no state is given: never found in the table.
+        # A missing view, or one without a state, has id 0, which no state is given: never found.
         out: list[Verdict | None] = list(map(table.get, [0 if v is None else v.fp for v in views]))
-        age = self.max_state_age
-        low, high = (-math.inf, math.inf) if age is None else (now - age, now + FUTURE_SKEW)
-        admit = self.admit
+        refused: dict[int, Verdict] = {}
+        for rule in self.rules:
+            for i, refusal in rule.refuse(demand, views, held, now):
+                if i not in refused:
+                    refused[i] = Verdict(False, refusal.unresolvable, refusal.reason, 0)
+        # One by one: nodes holding something (their states with it, kept per view: see
+        # _with_extra) and nodes whose verdict is not cached yet.
+        todo = [
+            i
+            for i, (verdict, extra) in enumerate(zip(out, held, strict=True))
+            if verdict is None or extra is not None
+        ]
         with_extra = self._extra_states.get
         slow = 0
-        for i, (view, verdict, extra) in enumerate(zip(views, out, held, strict=True)):
-            if extra is not None and view is not None:
-                # The node's states with what it holds, when already built for this Reserved
-                # (see _with_extra), and this demand's verdict on them.
+        for i in todo:
+            if i in refused:
+                continue
+            view, extra = views[i], held[i]
+            assert view is not None  # no rule refused it: it has a usable state
+            if extra is not None:
                 kept = with_extra(id(view))
                 verdict = table.get(kept[3]) if kept and kept[0] is view and kept[1] is extra else None
-                out[i] = verdict
-            # A found verdict means a view with a state (so not None); admit's checks, in its order.
-            if verdict is None or not low <= view.updated <= high:  # type: ignore[union-attr]
-                slow += 1
-                if not slow & 255:  # the deadline, every 256 nodes judged one by one
-                    deadline.check()
-                out[i] = admit(demand, view, now, extra, table, deadline)
+                if verdict is not None:
+                    out[i] = verdict
+                    continue
+            slow += 1
+            if not slow & 255:  # the deadline, every 256 nodes judged one by one
+                deadline.check()
+            out[i] = (
+                self.verdict(demand, view, extra, table, deadline)
+                if extra
+                else self.fill(demand, view, table, deadline)
+            )
+        for i, verdict in refused.items():
+            out[i] = verdict
         return out  # type: ignore[return-value]
 
     def table(self, demand: Demand) -> dict[int, Verdict]:
@@ -494,7 +480,8 @@ class Decider:
     ) -> Verdict:
         """The verdict for a demand on a usable view's PF states, with reservations ``extra`` applied.
 
-        Only what the fingerprint covers: per-node rules are :meth:`admit`'s.
+        Only what the fingerprint covers: per-node rules are rules.py's, applied first by
+        :meth:`admit_all`.
         ``table`` is :meth:`table` of the demand, when the caller already has it.
         """
         assert view.state is not None
@@ -512,7 +499,7 @@ class Decider:
         states, one entry per view, found by identity without hashing what it holds.
         Any other mapping (bind's and preempt's, one-off) is applied afresh.
         """
-        kept = type(extra) is Reserved
+        kept = getattr(extra, "kept", False)
         if kept:
             got = self._extra_states.get(id(view))
             # The view and the Reserved are kept in the value: neither id is reused while it is there.

@@ -20,14 +20,14 @@ __all__ = ["keep_nodes"]
 
 
 def released(view: NodeView, victims: frozenset[str]) -> dict[str, tuple[int, int]]:
-    """Per PF: (VFs, min rate sum) the published allocations of ``victims`` hold, negated."""
+    """Per PF: (VFs, min rate sum) the published allocations of ``victims`` hold."""
     out: dict[str, tuple[int, int]] = {}
     assert view.state is not None
     for alloc in view.state.allocations:
         if alloc.uid in victims:
             for use in alloc.interfaces:
                 vfs, rate = out.get(use.pf, (0, 0))
-                out[use.pf] = (vfs - 1, rate - use.min_tx_rate)
+                out[use.pf] = (vfs + 1, rate + use.min_tx_rate)
     return out
 
 
@@ -47,10 +47,9 @@ def keep_nodes(
             continue
         assert view is not None
         gone = frozenset(uids)
-        extra = dict(reservations.extra(node, without=gone))  # a copy: the victims' uses go in below
-        for pf, (vfs, rate) in released(view, gone).items():
-            have = extra.get(pf, (0, 0))
-            extra[pf] = (have[0] + vfs, have[1] + rate)
+        # What the node holds with the victims gone: their reservations left out, their published
+        # use given back, and they themselves no longer counted by the per-node rules.
+        extra = reservations.extra(node, without=gone).releasing(released(view, gone), gone)
         if decider.admit(demand, view, now, extra).fits:
             kept[node] = uids
     return kept

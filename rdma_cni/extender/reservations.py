@@ -24,10 +24,11 @@ pod's next filter starts (a retried pod never meets its own hold), when the
 pod is gone, or after :data:`HOLD_TTL` seconds; at most :data:`HOLDS_MAX` are held (the
 oldest gives way).
 
-What a node holds, reservations and holds together, is kept summed per node
-(a :class:`Reserved`, rebuilt by each change of the node): filter looks it up
-for every node it judges, pod after pod, and decisions on the node's state
-with it applied are cached by its identity (decide.py).
+What a node holds, reservations and holds together, is kept per node (a
+:class:`Reserved`: per PF sums and the pods' uids, rebuilt by each change of
+the node): filter looks it up for every node it judges, pod after pod, hands
+it to the per-node rules (rules.py), and decisions on the node's state with
+it applied are cached by its identity (decide.py).
 """
 
 from __future__ import annotations
@@ -56,13 +57,32 @@ HOLDS_MAX = 1024
 
 
 class Reserved(Mapping[str, tuple[int, int]]):
-    """What one node's reservations hold, per PF: (VFs, min rate sum). Never changed once built, so
-    decisions on the node's state with it applied are cached by its identity (decide.py)."""
+    """What one node holds beyond its published state: per PF (VFs, min rate sum), and which pods.
 
-    __slots__ = ("_by_pf",)
+    The object per-node rules receive (:mod:`rdma_cni.extender.rules`) and
+    the fit applies to the node's PF states. ``pods`` are the uids of the pods
+    whose reservations or holds these are; ``gone`` the uids of published pods
+    counted as gone (preemption's victims, whose use the sums give back). Never
+    changed once built. ``kept`` marks a node's own current one (what filter
+    looks up, :meth:`Reservations.held_on`): decisions on the node's state
+    with it applied are cached by its identity (decide.py); bind's and
+    preempt's one-offs are not kept.
+    """
 
-    def __init__(self, by_pf: dict[str, tuple[int, int]]) -> None:
+    __slots__ = ("_by_pf", "gone", "kept", "pods")
+
+    def __init__(
+        self,
+        by_pf: dict[str, tuple[int, int]],
+        pods: frozenset[str] = frozenset(),
+        *,
+        gone: frozenset[str] = frozenset(),
+        kept: bool = False,
+    ) -> None:
         self._by_pf = by_pf
+        self.pods = pods
+        self.gone = gone
+        self.kept = kept
 
     def __getitem__(self, pf: str) -> tuple[int, int]:
         return self._by_pf[pf]
@@ -78,7 +98,17 @@ class Reserved(Mapping[str, tuple[int, int]]):
         return len(self._by_pf)
 
     def __repr__(self) -> str:
-        return f"Reserved({self._by_pf!r})"
+        return f"Reserved({self._by_pf!r}, pods={sorted(self.pods)!r}, gone={sorted(self.gone)!r})"
+
+    def releasing(self, freed: Mapping[str, tuple[int, int]], gone: Collection[str]) -> Reserved:
+        """This, with the published pods ``gone`` counted as gone and what they hold (``freed``: per PF,
+        VFs and min rate sum) given back: what preemption judges a node with its victims evicted on."""
+        by_pf = dict(self._by_pf)
+        for pf, (vfs, rate) in freed.items():
+            have = by_pf.get(pf, (0, 0))
+            by_pf[pf] = (have[0] - vfs, have[1] - rate)
+        gone = frozenset(gone)
+        return Reserved(by_pf, self.pods - gone, gone=self.gone | gone)
 
 
 _NOTHING = Reserved({})
@@ -204,8 +234,8 @@ class Reservations:
 
     def _touch(self, node: str) -> None:
         # Called under the lock after every change of the node's reservations or holds.
-        reserved = self._sum(node, (), holds=True)
-        if reserved:
+        reserved = self._sum(node, (), holds=True, kept=True)
+        if reserved.pods:
             self._reserved[node] = reserved
         else:
             self._reserved.pop(node, None)
@@ -297,24 +327,19 @@ class Reservations:
         """
         return self._reserved.get
 
-    def extra(
-        self, node: str, without: Iterable[str] = (), *, holds: bool = True
-    ) -> Mapping[str, tuple[int, int]]:
-        """Per PF of ``node``: (VFs, min rate sum) reserved, and held unless ``holds`` is False (bind),
-        leaving out the pods ``without``: the node's :class:`Reserved` when that is all it holds,
-        else a one-off dict (bind's, preempt's), which decisions do not keep."""
+    def extra(self, node: str, without: Iterable[str] = (), *, holds: bool = True) -> Reserved:
+        """What ``node`` holds: its reservations, and its holds unless ``holds`` is False (bind), leaving
+        out the pods ``without``: the node's kept :class:`Reserved` when that is all it holds, else a
+        one-off (bind's, preempt's), which decisions do not keep."""
         with self._lock:
             if holds and not without:
                 return self._reserved.get(node) or _NOTHING
-            return self._add_up(node, frozenset(without), holds=holds)
+            return self._sum(node, frozenset(without), holds=holds)
 
-    def _sum(self, node: str, skip: Collection[str], *, holds: bool) -> Reserved:
+    def _sum(self, node: str, skip: Collection[str], *, holds: bool, kept: bool = False) -> Reserved:
         # Called under the lock.
-        return Reserved(self._add_up(node, skip, holds=holds))
-
-    def _add_up(self, node: str, skip: Collection[str], *, holds: bool) -> dict[str, tuple[int, int]]:
-        # Called under the lock.
-        out: dict[str, tuple[int, int]] = {}
+        by_pf: dict[str, tuple[int, int]] = {}
+        pods: set[str] = set()
         tables = [self._by_node.get(node) or {}]
         if holds:
             tables.append(self._holds_by_node.get(node) or {})
@@ -322,10 +347,11 @@ class Reservations:
             for uid, res in table.items():
                 if uid in skip:
                     continue
+                pods.add(uid)
                 for pf, vfs, rate in res.use:
-                    have = out.get(pf, (0, 0))
-                    out[pf] = (have[0] + vfs, have[1] + rate)
-        return out
+                    have = by_pf.get(pf, (0, 0))
+                    by_pf[pf] = (have[0] + vfs, have[1] + rate)
+        return Reserved(by_pf, frozenset(pods), kept=kept)
 
     def now(self) -> float:
         """The reservations' clock (what ``made`` is measured on)."""

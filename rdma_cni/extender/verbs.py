@@ -151,8 +151,8 @@ class Extender:
     ) -> list[Verdict]:
         """The verdict per node (``views`` in the order of ``names``): the hot loop of filter.
 
-        Each node's is :meth:`Decider.admit`'s, the per-node rule bind's check calls too, found in
-        bulk (:meth:`Decider.admit_all`) with what each node holds now.
+        Each node's is :meth:`Decider.admit_all`'s (the per-node rules, then the fit; bind's check
+        runs the same for one node) with what each node holds now.
         """
         decider = self.decider
         held = list(map(self.reservations.held_on(), names))

@@ -76,7 +76,7 @@ def test_every_reason_in_a_filter_answer_is_capped(monkeypatch: pytest.MonkeyPat
     # Defence in depth: whatever a reason quotes, an answer is at most nodes x (name + MAX_REASON).
     ext, names = make(1_000)
     long = decide.Verdict(False, True, "rdma-cni: " + "y" * 100_000, 0)
-    monkeypatch.setattr(Decider, "admit", lambda self, *args, **kw: long)
+    monkeypatch.setattr(Decider, "admit_all", lambda self, demand, views, *args, **kw: [long] * len(views))
     for pod in (so.rdma_pod("p", [(0, 0)]), so.rdma_pod("q", [(1, 0)])):
         body, _ = filter_bytes(ext, pod, names)
         assert len(body) <= len(names) * (len(names[0]) + wire.MAX_REASON + 8), len(body)
@@ -238,33 +238,6 @@ def test_every_option_is_a_setting_and_reaches_the_parts() -> None:
     assert decider.policy == "spread" and decider.settings is got
     with pytest.raises(SystemExit):
         settings(["--listen", "127.0.0.1:0", "--http-timeout", "9999"])
-
-
-def test_filter_bind_and_preempt_share_one_per_node_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rdma_cni.extender import preempt
-    from rdma_cni.extender.bind import Binder
-    from rdma_cni.extender.wire import BindArgs
-
-    ext, names = make(3)
-    refused = decide.Verdict(False, False, "rdma-cni: a node rule says no", 0)
-    real = Decider.admit
-    monkeypatch.setattr(
-        Decider,
-        "admit",
-        lambda self, demand, view, *a, **kw: (
-            refused if view is ext.view_of(names[0]) else real(self, demand, view, *a, **kw)
-        ),
-    )
-    pod = so.rdma_pod("p", [(0, 0)])
-    assert ext.filter(so.args_names(pod, names))["FailedNodes"] == {names[0]: refused.reason}
-    got = ext.demands.of_pod(pod)
-    assert got is not None
-    binder = Binder(None, ext.decider, ext.demands, ext.reservations, ext.view_of)
-    problem, reason = binder._reserve(BindArgs("p", "team-a", "uid-p", names[0]), got)
-    assert reason == "no_fit" and "a node rule says no" in problem
-    assert binder._reserve(BindArgs("p", "team-a", "uid-p", names[1]), got) == ("", "")
-    kept = preempt.keep_nodes(got, {n: ("x",) for n in names}, ext.view_of, ext.reservations, ext.decider)
-    assert set(kept) == set(names[1:])
 
 
 def test_a_prioritize_past_its_deadline_scores_nothing() -> None:

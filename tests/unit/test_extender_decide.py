@@ -314,8 +314,9 @@ def test_states_with_reservations_are_shared_per_view_and_reservations(
 ) -> None:
     text = nodestate.encode(so.state([("p0", 25_000, 2), ("p1", 25_000, 2)]))
     small, large = demand((10_000, 0)), demand((20_000, 0))
-    # What filter looks up: a node's Reserved, the same object until its reservations change.
-    one, two = Reserved({"p0": (1, 15_000)}), Reserved({"p0": (1, 15_000), "p1": (1, 10_000)})
+    # What filter looks up: a node's kept Reserved, the same object until its reservations change.
+    one = Reserved({"p0": (1, 15_000)}, kept=True)
+    two = Reserved({"p0": (1, 15_000), "p1": (1, 10_000)}, kept=True)
 
     def fresh(d: Demand, extra: Reserved) -> decide.Verdict:
         other = Decider()  # has seen nothing
@@ -336,9 +337,10 @@ def test_states_with_reservations_are_shared_per_view_and_reservations(
     full = view(decider, [("p0", 25_000, 2), ("p1", 25_000, 2)], [("u", [("p1", 20_000, 0)])])
     assert not decider.verdict(large, full, one).fits
     assert decider.verdict(large, v, one).fits
-    # Any other mapping (bind's, preempt's) is applied afresh, and leaves the kept states alone.
+    # Any other mapping (bind's and preempt's one-off Reserved) is applied afresh, and leaves the kept
+    # states alone.
     built.clear()
-    plain = {"p0": (1, 15_000)}
+    plain = Reserved({"p0": (1, 15_000)})
     for _ in range(2):
         assert decider.verdict(small, v, plain) == expected[id(small), id(one)]
     assert built == [(plain,), (plain,)]

@@ -653,15 +653,16 @@ def test_a_filter_whose_caller_hung_up_is_abandoned(
     # then, not at the extender's own deadline, so it delays no other pod's verbs.
     _, client = served
     judged: list[float] = []
-    admit = Decider.admit
+    fill = Decider.fill
 
-    def slow_admit(self: Decider, *args: Any, **kw: Any) -> Any:
+    def slow_fill(self: Decider, *args: Any, **kw: Any) -> Any:
         judged.append(time.monotonic())
         time.sleep(0.005)
-        return admit(self, *args, **kw)
+        return fill(self, *args, **kw)
 
-    monkeypatch.setattr(Decider, "admit", slow_admit)
-    nodes = [so.node(f"n{i}", enc(PFS, age=i % 50)) for i in range(700)]  # 6.8 MB: under the 8 MiB limit
+    monkeypatch.setattr(Decider, "fill", slow_fill)
+    # Every node in a state of its own (capacities differ), so each is judged one by one.
+    nodes = [so.node(f"n{i}", enc([("ens1f0", 25_000 + i, 4), ("ens1f1", 25_000, 4)])) for i in range(700)]
     body = json.dumps(so.args_nodes(so.rdma_pod("p", [(1_000, 0)]), nodes)).encode()
     port = client.conn.port
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
