@@ -29,7 +29,7 @@ from pydantic import (
 
 from rdma_cni.cni.errors import InvalidConfig, UnsupportedField
 from rdma_cni.cni.protocol import SUPPORTED_VERSIONS, valid_ifname
-from rdma_cni.shared.names import NETWORK_NAME_PATTERN
+from rdma_cni.shared.names import NETWORK_NAME_PATTERN, annotation_key
 from rdma_cni.shared.podrequest import (
     DEFAULT_ANNOTATION,
     MAX_INTERFACES,
@@ -101,11 +101,6 @@ def first_interface_mac(conf: NetConf, cni_args: Mapping[str, str]) -> str:
     if from_args and from_args != mac:
         log.warning("runtimeConfig.mac %s overrides CNI_ARGS MAC=%s", mac, from_args)
     return mac
-
-
-_ANNOTATION_KEY = re.compile(
-    r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-)
 
 
 class PfEntry(BaseModel):
@@ -221,7 +216,7 @@ class NetConf(BaseModel):
     @field_validator("annotation")
     @classmethod
     def _annotation_key(cls, v: str) -> str:
-        if not _ANNOTATION_KEY.fullmatch(v):
+        if not annotation_key(v):
             raise ValueError(f"{v!r} is not a valid Kubernetes annotation key")
         return v
 

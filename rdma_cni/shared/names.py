@@ -10,7 +10,9 @@ configuration and the node state cannot drift apart:
   (a PF is whatever the host calls it);
 - a rail label (:func:`valid_rail`): a Kubernetes label value;
 - a network's name (:func:`valid_network_name`): the CNI specification's;
-- a Kubernetes object name (:func:`dns_subdomain`, :func:`dns_label`).
+- a Kubernetes object name (:func:`dns_subdomain`, :func:`dns_label`);
+- a Kubernetes annotation key (:func:`annotation_key`): the pod annotation the
+  plugin's ``annotation`` and the extender's ``--annotation`` name.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "ANNOTATION_KEY_RULE",
     "IFNAME_RULE",
     "IFNAMSIZ",
     "KERNEL_IFNAME_RULE",
@@ -26,6 +29,7 @@ __all__ = [
     "NETWORK_RULE",
     "RAIL_RULE",
     "SUBDOMAIN_RULE",
+    "annotation_key",
     "dns_label",
     "dns_subdomain",
     "kernel_ifname",
@@ -75,6 +79,15 @@ SUBDOMAIN_RULE = (
     "1-253 characters: lower-case letters, digits, '-' or '.', each dot-separated part beginning "
     "and ending with a letter or digit"
 )
+# An annotation key: an optional prefix (a DNS subdomain, at most 253 characters) and '/', then a name
+# of at most 63 characters (apimachinery's ValidateAnnotations).
+_ANNOTATION_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+ANNOTATION_KEY_RULE = (
+    "an optional prefix (1-253 lower-case letters, digits, '-' or '.') and '/', then 1-63 letters, digits, "
+    "'-', '_' or '.' beginning and ending with a letter or digit"
+)
 
 
 def valid_ifname(name: object) -> bool:
@@ -116,3 +129,8 @@ def dns_label(value: object) -> bool:
 def dns_subdomain(value: object) -> bool:
     """Whether ``value`` is a DNS-1123 subdomain (a Pod's or NAD's name): :data:`SUBDOMAIN_RULE`."""
     return isinstance(value, str) and len(value) <= 253 and _SUBDOMAIN.fullmatch(value) is not None
+
+
+def annotation_key(value: object) -> bool:
+    """Whether ``value`` is a Kubernetes annotation key (:data:`ANNOTATION_KEY_RULE`)."""
+    return isinstance(value, str) and _ANNOTATION_KEY.fullmatch(value) is not None

@@ -346,7 +346,7 @@ def test_sidecar_kube_scheduler_has_kube_schedulers_rights() -> None:
 def test_mtls_command_line_parses_with_the_extenders_own_parser() -> None:
     args = extender_parser().parse_args(extender_args(MTLS))
     assert args.tls_cert and args.tls_key and args.client_ca and args.kubeconfig is None
-    assert args.client_name == ["rdma-cni-kube-scheduler"]
+    assert args.client_names == ["rdma-cni-kube-scheduler"]
     assert not is_loopback(args.listen[0])  # behind the Service: only client certificates protect it
     volumes = mounts(MTLS, extender_container(MTLS))
     for path in (args.tls_cert, args.tls_key):
