@@ -112,7 +112,16 @@ def node_state(rng: random.Random, name: str) -> NodeState:
             used_vfs += 1
             uid = f"{name}-{pf}-{i}"
             allocations.append(Allocation("team-a", f"w-{uid}", uid, (InterfaceUse(pf, rate, rate * 2),)))
-        pfs.append(PfSummary(pf, PF_CAPACITY, used_rate, PF_VFS, used_vfs, PFS.index(pf)))
+        pfs.append(
+            PfSummary(
+                pf,
+                capacity_tx_rate=PF_CAPACITY,
+                used_tx_rate=used_rate,
+                capacity_vfs=PF_VFS,
+                used_vfs=used_vfs,
+                numa_node=PFS.index(pf),
+            )
+        )
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return NodeState(version=1, generation=1, updated=now, pfs=tuple(pfs), allocations=tuple(allocations))
 

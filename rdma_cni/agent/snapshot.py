@@ -10,7 +10,8 @@ Per PF:
   ``min_tx_rate`` (what ADD counts as reserved);
 - ``capacity_vfs``: ``used_vfs`` plus the VFs ADD could hand out now under the
   network's ``rdmaIsolation`` (:meth:`rdma_cni.node.inventory.Vf.available`, the
-  very method ADD's choice calls), so
+  very method ADD's choice calls; the PF's summary is
+  :meth:`rdma_cni.node.inventory.Pf.summary`), so
   ``capacity_vfs - used_vfs`` is exactly ADD's pool. A VF in neither set
   counts in neither: no netdev, a userspace driver, no RDMA device under
   ``required``, or, held by no readable record, not proven home in the host
@@ -18,15 +19,15 @@ Per PF:
 
 Several networks on one node share the one annotation. A PF named by several
 networks is published once, with the most cautious of their views (smallest
-capacity and pool, largest use), so the extender never sees room that one of
-them lacks. The state (version 2) also lists each network's PFs, so the
-extender can judge each of a pod's attachments on its own network's PFs; see
+capacity and pool, largest use: :func:`rdma_cni.shared.nodestate.cautious`,
+each field as it declares), so the extender never sees room that one of them
+lacks. The state (version 2) also lists each network's PFs, so the extender
+can judge each of a pod's attachments on its own network's PFs; see
 docs/node-state.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_NETWORK_NAME, DEFAULT_STATE_DIR
 from rdma_cni.cni.errors import InvalidConfig
 from rdma_cni.shared import nodestate
 
@@ -56,8 +58,8 @@ class NetworkView:
     pfs: tuple[str, ...] | None = None  # None: every SR-IOV PF
     capacity: Mapping[str, int] = field(default_factory=dict)
     isolation: str = "auto"
-    state_dir: str = "/var/lib/cni/rdma-cni"
-    lock_file: str = "/run/rdma-cni/rdma-cni.lock"
+    state_dir: str = DEFAULT_STATE_DIR
+    lock_file: str = DEFAULT_LOCK_FILE
     # PF name -> the operator's rail label (the config's pfs entries written as objects).
     rails: Mapping[str, str] = field(default_factory=dict)
 
@@ -65,9 +67,7 @@ class NetworkView:
 def default_view() -> NetworkView:
     """The plugin's defaults: every SR-IOV PF, link speed as capacity, ``auto``, under the built-in
     network's name (a valid network name: readers refuse a state naming anything else)."""
-    from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_NETWORK_NAME, DEFAULT_STATE_DIR
-
-    return NetworkView(name=DEFAULT_NETWORK_NAME, state_dir=DEFAULT_STATE_DIR, lock_file=DEFAULT_LOCK_FILE)
+    return NetworkView(name=DEFAULT_NETWORK_NAME)
 
 
 def load_view(path: str) -> NetworkView:
@@ -125,39 +125,9 @@ def _plugin_entry(doc: Any, path: str) -> dict[str, Any]:
     return {"cniVersion": doc.get("cniVersion"), "name": doc.get("name"), **entries[0]}
 
 
-def cautious(a: nodestate.PfSummary, b: nodestate.PfSummary) -> nodestate.PfSummary:
-    """The most cautious of two networks' views of one PF."""
-    if a.capacity_tx_rate is None or b.capacity_tx_rate is None:
-        capacity_tx_rate = None
-    else:
-        capacity_tx_rate = min(a.capacity_tx_rate, b.capacity_tx_rate)
-    used_vfs = max(a.used_vfs, b.used_vfs)
-    return dataclasses.replace(
-        a,
-        capacity_tx_rate=capacity_tx_rate,
-        used_tx_rate=max(a.used_tx_rate, b.used_tx_rate),
-        used_vfs=used_vfs,
-        capacity_vfs=max(used_vfs, min(a.capacity_vfs, b.capacity_vfs)),
-    )
-
-
 def pf_views(node: Node, isolation: str) -> list[nodestate.PfSummary]:
     """Per PF of a scanned node: capacity and use as ADD under ``isolation`` would count them."""
-    out = []
-    for pf in node.pfs:
-        used = sum(1 for v in pf.vfs if v.owner is not None)
-        pool = sum(1 for v in pf.vfs if v.available(isolation))
-        out.append(
-            nodestate.PfSummary(
-                name=pf.name,
-                capacity_tx_rate=pf.capacity_mbps,
-                used_tx_rate=pf.reserved_mbps,
-                capacity_vfs=used + pool,
-                used_vfs=used,
-                numa_node=pf.numa_node,
-            )
-        )
-    return out
+    return [pf.summary(isolation) for pf in node.pfs]
 
 
 def allocations(attachments: Sequence[Attachment]) -> list[nodestate.Allocation]:
@@ -222,7 +192,7 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
             rails.setdefault(view.name, {}).update(view.rails)
             for pv in pf_views(node, view.isolation):
                 members[pv.name] = None
-                pfs[pv.name] = cautious(pfs[pv.name], pv) if pv.name in pfs else pv
+                pfs[pv.name] = nodestate.cautious(pfs[pv.name], pv) if pv.name in pfs else pv
             for att in records:
                 seen[(os.path.realpath(view.state_dir), att.container_id, att.ifname)] = att
     return nodestate.NodeState(

@@ -199,7 +199,7 @@ def choose(
             different_pfs=different_pfs,
         )
     except placement.NoFit as exc:
-        excluded = sum(1 for pf in node.pfs for v in pf.vfs if v.free and not eligible(v))
+        excluded = sum(1 for pf in node.pfs for v in pf.vfs if v.available() and not eligible(v))
         note = (
             f"; {excluded} free VF(s) have no RDMA device, which rdmaIsolation required excludes"
             if excluded
@@ -246,7 +246,7 @@ def plan(
         pod=PodInfo(pod_ref.namespace, pod_ref.name, pod_ref.uid) if pod_ref else None,
     )
     for i, (vf, name, req) in enumerate(zip(chosen, names, requests, strict=True)):
-        assert vf.netdev is not None  # guaranteed by Vf.free
+        assert vf.netdev is not None  # guaranteed by Vf.available
         pf_name = vf.pf
         link = finder.in_host(vf.pci, vf.netdev)
         if link is None:  # choose_proven() keeps only VFs proven home

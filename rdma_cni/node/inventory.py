@@ -17,7 +17,6 @@ from rdma_cni.kernel.netlink import Link, VfInfo
 from rdma_cni.kernel.vfcontrol import VfControl
 from rdma_cni.node.record import Attachment
 from rdma_cni.shared import nodestate
-from rdma_cni.shared.placement import PfState
 
 # VFs bound to these drivers have no netdev to hand to a pod (one list, shared with the node state).
 USERSPACE_DRIVERS = nodestate.USERSPACE_DRIVERS
@@ -49,15 +48,12 @@ class Vf:
     settings: VfInfo | None
     owner: Owner | None = None
 
-    @property
-    def free(self) -> bool:
-        """Can be given to a pod: nobody holds it and it has a host netdev."""
-        return self.owner is None and bool(self.netdev) and self.driver not in USERSPACE_DRIVERS
-
-    def available(self, isolation: str) -> bool:
+    def available(self, isolation: str = "auto") -> bool:
         """ADD may hand it out under the ``rdmaIsolation`` policy: nobody holds it and it is eligible.
 
-        The one rule shared by ADD's choice and the node agent's ``capacity_vfs``.
+        The one "free VF" rule, shared by ADD's choice, the node agent's
+        ``capacity_vfs`` and the inventory report (which knows no network:
+        ``auto``, any VF with a host netdev and a kernel driver).
         """
         return self.owner is None and nodestate.eligible_vf(
             has_netdev=bool(self.netdev),
@@ -83,15 +79,19 @@ class Pf:
 
     @property
     def free_vfs(self) -> list[Vf]:
-        return [v for v in self.vfs if v.free]
+        """The VFs any pod could get (:meth:`Vf.available` under ``auto``)."""
+        return [v for v in self.vfs if v.available()]
 
-    def state(self) -> PfState:
-        """This PF as the placement algorithm sees it."""
-        return PfState(
+    def summary(self, isolation: str) -> nodestate.PfSummary:
+        """This PF as the node state publishes it: capacity and use as ADD under ``isolation`` counts them."""
+        used = sum(1 for v in self.vfs if v.owner is not None)
+        pool = sum(1 for v in self.vfs if v.available(isolation))
+        return nodestate.PfSummary(
             name=self.name,
-            free_vfs=len(self.free_vfs),
-            capacity_mbps=self.capacity_mbps,
-            reserved_mbps=self.reserved_mbps,
+            capacity_tx_rate=self.capacity_mbps,
+            used_tx_rate=self.reserved_mbps,
+            capacity_vfs=used + pool,
+            used_vfs=used,
             numa_node=self.numa_node,
         )
 
@@ -233,7 +233,7 @@ def report(node: Node) -> dict[str, Any]:
                 "netdev": v.netdev,
                 "driver": v.driver,
                 "rdma_devices": v.rdma_devices,
-                "free": v.free,
+                "free": v.available(),
             }
             if v.owner:
                 entry["owner"] = {

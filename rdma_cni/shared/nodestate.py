@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -37,6 +37,7 @@ __all__ = [
     "NodeState",
     "NodeStateError",
     "PfSummary",
+    "cautious",
     "decode",
     "eligible_vf",
     "encode",
@@ -115,16 +116,36 @@ class NodeStateError(ValueError):
     """The annotation is not a node state this reader understands; the message says why."""
 
 
+def _either_unknown(a: int | None, b: int | None) -> int | None:
+    # An unknown capacity is the cautious one: only interfaces without a min rate fit it.
+    return None if a is None or b is None else min(a, b)
+
+
+def _first(a: Any, b: Any) -> Any:
+    return a
+
+
+def _merged(how: Callable[[Any, Any], Any]) -> Any:
+    """A :class:`PfSummary` field with ``how`` two networks' views of it merge (see :func:`cautious`)."""
+    return field(metadata={"cautious": how})
+
+
 @dataclass(frozen=True)
 class PfSummary:
-    """One PF: capacity (Mbit/s, None when unknown), reserved rate, eligible and used VFs, NUMA node."""
+    """One PF: capacity (Mbit/s, None when unknown), reserved rate, eligible and used VFs, NUMA node.
 
-    name: str
-    capacity_tx_rate: int | None
-    used_tx_rate: int
-    capacity_vfs: int
-    used_vfs: int
-    numa_node: int | None
+    Built by keyword (every field after ``name`` is keyword-only): a new field
+    cannot shift another's value. Each field says how two networks' views of
+    the PF merge into the most cautious one (:func:`cautious`).
+    """
+
+    name: str = _merged(_first)
+    _: KW_ONLY
+    capacity_tx_rate: int | None = _merged(_either_unknown)
+    used_tx_rate: int = _merged(max)
+    capacity_vfs: int = _merged(min)
+    used_vfs: int = _merged(max)
+    numa_node: int | None = _merged(_first)  # one PF: the same NUMA node whichever network looks
 
     @property
     def free_vfs(self) -> int:
@@ -137,6 +158,23 @@ class PfSummary:
         if self.capacity_tx_rate is None:
             return None
         return max(0, self.capacity_tx_rate - self.used_tx_rate)
+
+
+def cautious(a: PfSummary, b: PfSummary) -> PfSummary:
+    """The most cautious of two networks' views of one PF: each field merged as it declares (smallest
+    capacity and pool, largest use), the pool never below what is used.
+
+    A field that declares no merge is refused (TypeError): it would otherwise keep one view's value.
+    """
+    kind = type(a)
+    merged: dict[str, Any] = {}
+    for f in fields(kind):
+        how = f.metadata.get("cautious")
+        if how is None:
+            raise TypeError(f"{kind.__name__}.{f.name} does not say how two views of a PF merge (_merged)")
+        merged[f.name] = how(getattr(a, f.name), getattr(b, f.name))
+    merged["capacity_vfs"] = max(merged["used_vfs"], merged["capacity_vfs"])
+    return kind(**merged)
 
 
 @dataclass(frozen=True)
@@ -320,9 +358,7 @@ def _pf(raw: Any, where: str) -> PfSummary:
         numa_node=_int(obj, "numa_node", where, -1, MAX_NUMA, nullable=True),
     )
     # Linux reports -1 for "no NUMA node"; placement wants None.
-    if pf.numa_node == -1:
-        pf = PfSummary(pf.name, pf.capacity_tx_rate, pf.used_tx_rate, pf.capacity_vfs, pf.used_vfs, None)
-    return pf
+    return replace(pf, numa_node=None) if pf.numa_node == -1 else pf
 
 
 def _allocation(raw: Any, where: str) -> Allocation:

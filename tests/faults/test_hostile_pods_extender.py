@@ -56,7 +56,14 @@ ROUNDS = 12
 
 def _state(i: int) -> str:
     pfs = tuple(
-        PfSummary(f"ens{k}f0", 100_000 + i * 4 + k, (i * 7 + k * 13) % 40 * 1_000, 16, (i + k) % 5, k // 2)
+        PfSummary(
+            f"ens{k}f0",
+            capacity_tx_rate=100_000 + i * 4 + k,
+            used_tx_rate=(i * 7 + k * 13) % 40 * 1_000,
+            capacity_vfs=16,
+            used_vfs=(i + k) % 5,
+            numa_node=k // 2,
+        )
         for k in range(4)
     )
     networks = (

@@ -40,7 +40,17 @@ def state(
         version=1,
         generation=generation,
         updated=stamp(age),
-        pfs=tuple(PfSummary(n, cap, used[n][1], vfs, used[n][0], numa) for n, cap, vfs in pfs),
+        pfs=tuple(
+            PfSummary(
+                n,
+                capacity_tx_rate=cap,
+                used_tx_rate=used[n][1],
+                capacity_vfs=vfs,
+                used_vfs=used[n][0],
+                numa_node=numa,
+            )
+            for n, cap, vfs in pfs
+        ),
         allocations=tuple(allocations),
     )
 

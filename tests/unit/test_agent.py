@@ -10,6 +10,7 @@ import pytest
 
 from rdma_cni.agent import publish, snapshot
 from rdma_cni.cni.errors import InvalidConfig
+from rdma_cni.node import inventory
 from rdma_cni.node.inventory import Node, Owner, Pf, Vf
 from rdma_cni.node.record import Attachment, PodInfo, VfRecord
 from rdma_cni.shared import nodestate
@@ -69,14 +70,82 @@ def test_capacity_counts_what_add_could_hand_out_plus_what_records_hold() -> Non
     assert (required.capacity_vfs, required.used_vfs) == (2, 1)
     # The same VFs ADD's choice takes (the shared Vf.available rule).
     assert [v.index for v in node.pfs[0].vfs if v.available("required")] == [1]
+    # The inventory report, which knows no network, says "free" by the same rule (under auto).
+    doc = inventory.report(node)["pfs"][0]
+    assert [v["free"] for v in doc["vfs"]] == [False, True, True, False, False]
+    assert doc["free_vfs"] == len(node.pfs[0].free_vfs) == 2
+
+
+def test_a_network_view_without_paths_takes_the_plugins_defaults(tmp_path: Any) -> None:
+    """One definition of the default stateDir and lockFile: the config's."""
+    from rdma_cni.cni.config import NetConf
+
+    path = tmp_path / "net.conf"
+    path.write_text(json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "rdma-cni"}))
+    view = snapshot.load_view(str(path))
+    assert (view.state_dir, view.lock_file) == (
+        snapshot.NetworkView("n").state_dir,
+        snapshot.NetworkView("n").lock_file,
+    )
+    assert (view.state_dir, view.lock_file) == (
+        NetConf.model_fields["stateDir"].default,
+        NetConf.model_fields["lockFile"].default,
+    )
+    assert snapshot.default_view() == snapshot.NetworkView(name="rdma-net")
 
 
 def test_a_pf_in_two_networks_gets_the_most_cautious_view() -> None:
-    a = snapshot.cautious(PfSummary("pf0", 25000, 1000, 8, 2, 0), PfSummary("pf0", 10000, 3000, 6, 3, 0))
+    a = nodestate.cautious(
+        PfSummary("pf0", capacity_tx_rate=25000, used_tx_rate=1000, capacity_vfs=8, used_vfs=2, numa_node=0),
+        PfSummary("pf0", capacity_tx_rate=10000, used_tx_rate=3000, capacity_vfs=6, used_vfs=3, numa_node=0),
+    )
     assert (a.capacity_tx_rate, a.used_tx_rate, a.capacity_vfs, a.used_vfs) == (10000, 3000, 6, 3)
-    b = snapshot.cautious(PfSummary("pf0", 25000, 0, 2, 2, 0), PfSummary("pf0", None, 0, 1, 1, 0))
+    b = nodestate.cautious(
+        PfSummary("pf0", capacity_tx_rate=25000, used_tx_rate=0, capacity_vfs=2, used_vfs=2, numa_node=0),
+        PfSummary("pf0", capacity_tx_rate=None, used_tx_rate=0, capacity_vfs=1, used_vfs=1, numa_node=0),
+    )
     # Unknown capacity wins (only rate-less interfaces fit); capacity never below use.
     assert (b.capacity_tx_rate, b.capacity_vfs, b.used_vfs) == (None, 2, 2)
+
+
+def test_every_pf_field_says_how_two_views_merge() -> None:
+    """A new PfSummary field merges as it declares, or cautious refuses it: never one view's value kept."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class WithLink(PfSummary):
+        link_up: bool = nodestate._merged(lambda a, b: a and b)  # down on either view: down
+
+    def pf(link: bool, used: int) -> Any:
+        return WithLink(
+            "pf0",
+            capacity_tx_rate=1,
+            used_tx_rate=0,
+            capacity_vfs=4,
+            used_vfs=used,
+            numa_node=0,
+            link_up=link,
+        )
+
+    merged = nodestate.cautious(pf(True, 1), pf(False, 2))
+    assert type(merged) is WithLink and not merged.link_up and merged.used_vfs == 2
+
+    @dataclasses.dataclass(frozen=True)
+    class Forgotten(PfSummary):
+        link_up: bool = True
+
+    def bare(link: bool) -> Any:
+        return Forgotten(
+            "pf0", capacity_tx_rate=1, used_tx_rate=0, capacity_vfs=4, used_vfs=0, numa_node=0, link_up=link
+        )
+
+    with pytest.raises(TypeError, match=r"Forgotten\.link_up does not say how two views of a PF merge"):
+        nodestate.cautious(bare(True), bare(False))
+    # Every field of the real one says it.
+    assert all("cautious" in f.metadata for f in dataclasses.fields(PfSummary))
+    # And a field after the name is given by keyword: a positional call cannot shift values.
+    with pytest.raises(TypeError):
+        PfSummary("pf0", 1, 0, 4, 0, 0)  # type: ignore[misc]
 
 
 def record(cid: str, ifname: str, pod: PodInfo | None, *rates: tuple[str, int, int]) -> Attachment:
@@ -189,7 +258,17 @@ def test_node_name_accepted() -> None:
 
 def big_state(pods: int, interfaces: int) -> nodestate.NodeState:
     """16 PFs x 128 VFs, long realistic names, every pod with ``interfaces`` rate-limited interfaces."""
-    pfs = tuple(nodestate.PfSummary(f"ens{k:02d}f0np0", 200000, 199999, 128, 128, k % 2) for k in range(16))
+    pfs = tuple(
+        nodestate.PfSummary(
+            f"ens{k:02d}f0np0",
+            capacity_tx_rate=200000,
+            used_tx_rate=199999,
+            capacity_vfs=128,
+            used_vfs=128,
+            numa_node=k % 2,
+        )
+        for k in range(16)
+    )
     allocs = []
     for p in range(pods):
         uses = tuple(

@@ -179,7 +179,11 @@ def state_text(updated: float) -> str:
         version=2,
         generation=4,
         updated=stamp,
-        pfs=(PfSummary("ens1f0", 100_000, 0, 8, 0, 0),),
+        pfs=(
+            PfSummary(
+                "ens1f0", capacity_tx_rate=100_000, used_tx_rate=0, capacity_vfs=8, used_vfs=0, numa_node=0
+            ),
+        ),
         allocations=(),
     )
     return nodestate.encode(state)

@@ -232,7 +232,16 @@ def node_text(draw: st.DrawFn) -> str | None:
     pfs = []
     for i, (cap, vfs, used) in enumerate(draw(st.lists(_pf, min_size=1, max_size=3))):
         rate = draw(st.integers(0, cap)) if cap else 0
-        pfs.append(nodestate.PfSummary(f"p{i}", cap, rate, vfs, min(used, vfs), 0))
+        pfs.append(
+            nodestate.PfSummary(
+                f"p{i}",
+                capacity_tx_rate=cap,
+                used_tx_rate=rate,
+                capacity_vfs=vfs,
+                used_vfs=min(used, vfs),
+                numa_node=0,
+            )
+        )
     state = so.state([], age=1000 if kind == "old" else 0)
     return nodestate.encode(
         nodestate.NodeState(state.version, state.generation, state.updated, tuple(pfs), ())

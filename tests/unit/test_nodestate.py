@@ -21,8 +21,17 @@ def _state(**over: Any) -> NodeState:
         "generation": 7,
         "updated": "2026-11-22T20:00:00Z",
         "pfs": (
-            PfSummary("ens1f0", 100_000, 25_000, 8, 2, 0),
-            PfSummary("ens1f1", None, 0, 4, 0, None),
+            PfSummary(
+                "ens1f0",
+                capacity_tx_rate=100_000,
+                used_tx_rate=25_000,
+                capacity_vfs=8,
+                used_vfs=2,
+                numa_node=0,
+            ),
+            PfSummary(
+                "ens1f1", capacity_tx_rate=None, used_tx_rate=0, capacity_vfs=4, used_vfs=0, numa_node=None
+            ),
         ),
         "allocations": (
             Allocation(
@@ -49,10 +58,22 @@ def test_encode_is_compact_sorted_and_round_trips() -> None:
 
 
 def test_pf_summary_free_properties() -> None:
-    pf = PfSummary("p", 10_000, 12_000, 4, 5, None)
+    pf = PfSummary(
+        "p", capacity_tx_rate=10_000, used_tx_rate=12_000, capacity_vfs=4, used_vfs=5, numa_node=None
+    )
     assert pf.free_vfs == 0 and pf.free_tx_rate == 0
-    assert PfSummary("p", None, 0, 4, 1, None).free_tx_rate is None
-    assert PfSummary("p", 10_000, 4_000, 4, 1, None).free_tx_rate == 6_000
+    assert (
+        PfSummary(
+            "p", capacity_tx_rate=None, used_tx_rate=0, capacity_vfs=4, used_vfs=1, numa_node=None
+        ).free_tx_rate
+        is None
+    )
+    assert (
+        PfSummary(
+            "p", capacity_tx_rate=10_000, used_tx_rate=4_000, capacity_vfs=4, used_vfs=1, numa_node=None
+        ).free_tx_rate
+        == 6_000
+    )
 
 
 def test_unknown_keys_are_ignored_at_every_level() -> None:
@@ -149,7 +170,21 @@ def test_same_content_ignores_generation_and_time_only() -> None:
     a = _state()
     assert nodestate.same_content(a, _state(generation=99, updated="2030-01-01T00:00:00Z"))
     assert not nodestate.same_content(a, _state(allocations=()))
-    assert not nodestate.same_content(a, _state(pfs=(PfSummary("ens1f0", 100_000, 25_000, 8, 3, 0),)))
+    assert not nodestate.same_content(
+        a,
+        _state(
+            pfs=(
+                PfSummary(
+                    "ens1f0",
+                    capacity_tx_rate=100_000,
+                    used_tx_rate=25_000,
+                    capacity_vfs=8,
+                    used_vfs=3,
+                    numa_node=0,
+                ),
+            )
+        ),
+    )
 
 
 @pytest.mark.parametrize(
@@ -195,7 +230,17 @@ def test_pf_states_applies_reservations_and_releases() -> None:
 
 
 def test_largest_node_fits_well_inside_the_annotation_limit() -> None:
-    pfs = tuple(PfSummary(f"ens{i}f{i % 2}np{i % 2}", 400_000, 390_000, 128, 127, i % 2) for i in range(16))
+    pfs = tuple(
+        PfSummary(
+            f"ens{i}f{i % 2}np{i % 2}",
+            capacity_tx_rate=400_000,
+            used_tx_rate=390_000,
+            capacity_vfs=128,
+            used_vfs=127,
+            numa_node=i % 2,
+        )
+        for i in range(16)
+    )
     allocations = tuple(
         Allocation(
             f"namespace-with-a-long-name-{i:03d}",
@@ -302,7 +347,17 @@ def test_v2_decode_refuses_with_the_field_named(path: str, value: Any, message: 
 
 def test_v2_keeps_256_pods_of_8_interfaces_well_inside_128_kib() -> None:
     """The figure: every allocation kept, so preemption can judge victims on the biggest nodes."""
-    pfs = tuple(PfSummary(f"ens{i}f{i % 2}np{i % 2}", 400_000, 390_000, 128, 127, i % 2) for i in range(16))
+    pfs = tuple(
+        PfSummary(
+            f"ens{i}f{i % 2}np{i % 2}",
+            capacity_tx_rate=400_000,
+            used_tx_rate=390_000,
+            capacity_vfs=128,
+            used_vfs=127,
+            numa_node=i % 2,
+        )
+        for i in range(16)
+    )
     allocations = tuple(
         Allocation(
             f"namespace-with-a-long-name-{i:03d}",
@@ -333,7 +388,9 @@ def test_v2_keeps_256_pods_of_8_interfaces_well_inside_128_kib() -> None:
 
 
 def test_pf_state_is_the_one_conversion() -> None:
-    pf = nodestate.PfSummary("ens1f0", 25_000, 10_000, 8, 3, 1)
+    pf = nodestate.PfSummary(
+        "ens1f0", capacity_tx_rate=25_000, used_tx_rate=10_000, capacity_vfs=8, used_vfs=3, numa_node=1
+    )
     assert nodestate.pf_state(pf) == placement.PfState("ens1f0", 5, 25_000, 10_000, 1)
     # Reservations not yet published, and releases (preemption victims), clamped.
     assert nodestate.pf_state(pf, (2, 5_000)).free_vfs == 3
@@ -342,7 +399,13 @@ def test_pf_state_is_the_one_conversion() -> None:
     # As if empty: every eligible VF free, nothing reserved, whatever is held.
     assert nodestate.pf_state(pf, (2, 5_000), empty=True) == placement.PfState("ens1f0", 8, 25_000, 0, 1)
     # PfSummary.free_vfs says what the conversion says.
-    assert pf.free_vfs == 5 and nodestate.PfSummary("p", None, 0, 2, 4, None).free_vfs == 0
+    assert (
+        pf.free_vfs == 5
+        and nodestate.PfSummary(
+            "p", capacity_tx_rate=None, used_tx_rate=0, capacity_vfs=2, used_vfs=4, numa_node=None
+        ).free_vfs
+        == 0
+    )
 
 
 def test_pf_states_and_the_extenders_empty_states_use_it() -> None:
@@ -352,7 +415,14 @@ def test_pf_states_and_the_extenders_empty_states_use_it() -> None:
         2,
         1,
         "2026-01-01T00:00:00Z",
-        (nodestate.PfSummary("a", 100, 40, 4, 2, 0), nodestate.PfSummary("b", None, 0, 2, 2, None)),
+        (
+            nodestate.PfSummary(
+                "a", capacity_tx_rate=100, used_tx_rate=40, capacity_vfs=4, used_vfs=2, numa_node=0
+            ),
+            nodestate.PfSummary(
+                "b", capacity_tx_rate=None, used_tx_rate=0, capacity_vfs=2, used_vfs=2, numa_node=None
+            ),
+        ),
         (),
     )
     held = {"a": (1, 10)}
@@ -380,7 +450,9 @@ def test_a_per_pf_rule_in_pf_state_reaches_every_reader(monkeypatch: pytest.Monk
         )
 
     monkeypatch.setattr(nodestate, "pf_state", rule)
-    b = nodestate.PfSummary("b", None, 0, 4, 0, None)
+    b = nodestate.PfSummary(
+        "b", capacity_tx_rate=None, used_tx_rate=0, capacity_vfs=4, used_vfs=0, numa_node=None
+    )
     state = nodestate.NodeState(2, 1, "2026-01-01T00:00:00Z", (b,), ())
     assert b.free_vfs == 0
     assert nodestate.pf_states(state)[0].free_vfs == 0

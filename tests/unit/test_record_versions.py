@@ -182,7 +182,16 @@ def _state(version: int) -> NodeState:
         version=version,
         generation=3,
         updated="2026-11-26T08:00:00Z",
-        pfs=(PfSummary("ens1f0", 100_000, 1_000, 8, 1, 0),),
+        pfs=(
+            PfSummary(
+                "ens1f0",
+                capacity_tx_rate=100_000,
+                used_tx_rate=1_000,
+                capacity_vfs=8,
+                used_vfs=1,
+                numa_node=0,
+            ),
+        ),
         allocations=(Allocation("team-a", "trainer-0", "uid-1", (InterfaceUse("ens1f0", 1_000, 2_000),)),),
     )
 
