@@ -226,7 +226,10 @@ static void unpack(int self, const struct trailer *t, const char *base, const ch
         die("cannot mark the unpacked tree complete", errno);
     close(done);
     /* The tree must be on disk before its name is: a crash must not leave a
-     * "complete" tree with empty files behind. */
+     * "complete" tree with empty files behind. This rename publishes a whole
+     * directory, before any Python runs: not rdma_cni/shared/atomicfile's
+     * one-file write, whose guarantee (one file flushed, then renamed) it
+     * extends to a tree with one syncfs. */
     if (syncfs(dirfd) < 0)
         die("cannot flush the unpacked tree", errno);
     close(dirfd);

@@ -85,6 +85,9 @@ def last_started(tree: str) -> float | None:
 
 def _remove(base: str, name: str) -> None:
     aside = os.path.join(base, f"{PRUNING_PREFIX}{name}-{os.getpid()}")
+    # Not shared/atomicfile: a whole tree moved out of the launchers' way (they then unpack afresh),
+    # then deleted; no fsync wanted: after a crash the tree is either still usable or an aside
+    # that the next prune deletes.
     os.rename(os.path.join(base, name), aside)
     shutil.rmtree(aside, ignore_errors=True)
 

@@ -62,6 +62,8 @@ def rotate_if_large(path: str, limit: int | None = None) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
             return False  # another verb rotated it between our open and our lock
+        # Not shared/atomicfile: nothing is written, verbs keep appending to the file under its new
+        # name, and a rotation lost in a crash loses nothing (no fsync wanted on every verb's path).
         os.rename(path, f"{path}.1")
         return True
     except BlockingIOError:

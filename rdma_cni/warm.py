@@ -245,6 +245,9 @@ class Server:
         finally:
             os.umask(old)
         self.listener.listen(128)
+        # Not shared/atomicfile: this publishes a listening socket, not a file's content (a bind
+        # cannot replace an existing name, so it is bound aside and renamed); there is nothing to
+        # flush, and the socket does not outlive the boot.
         os.rename(temporary, path)
         self.listener.setblocking(False)
         signal.set_wakeup_fd(self.wake_w)

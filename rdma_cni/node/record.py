@@ -378,8 +378,7 @@ def quarantine(path: str, directory: str) -> str:
     try:
         statedir.make_dirs(directory)
         target = os.path.join(directory, f"{os.path.basename(path)}.{time.time_ns()}")
-        os.rename(path, target)
-        _sync_dir(os.path.dirname(path))
+        atomicfile.move(path, target)
     except OSError as exc:
         raise IOFailure(f"cannot set corrupt record {path} aside into {directory}: {exc.strerror}") from exc
     return target

@@ -1,4 +1,4 @@
-"""The one atomic file write every writer of the package uses (standard library only).
+"""The one atomic file write every writer of the package uses, and the one durable move (stdlib only).
 
 Readers see the old file or the new one, never a partial or a missing one,
 and a crash leaves one of the two on disk: the data goes to a temporary file
@@ -11,6 +11,17 @@ The temporary file is ``.tmp-<pid>-<name>``: hidden from listings that skip
 dot files, and an orphan left by a killed writer names its writer (the node's
 GC removes those, see :func:`rdma_cni.node.record.remove_orphaned_temporaries`).
 It is opened close-on-exec and without following symbolic links.
+
+:func:`move` is the same guarantee for a file that already exists and moves
+(a corrupt record set aside): renamed, and both directories fsync'ed, so a
+crash leaves it in one place or the other, never in neither.
+
+Renames that stay outside this module are not file writes, and each says so
+where it is: a listening socket put in place (the warm server's, the CNI
+server's: nothing to flush, it does not outlive a boot), a log file rotated
+while verbs still append to it (no durability wanted), and whole directory
+trees published or moved aside (the launcher's unpack, launcher/launcher.c,
+flushed with ``syncfs`` first; the cache pruner's aside).
 """
 
 from __future__ import annotations
@@ -72,3 +83,18 @@ def write_atomic(
         raise
     if sync_dir:
         fsync_dir(directory)
+
+
+def move(path: str, target: str, *, sync_dir: bool = True) -> None:
+    """Rename ``path`` to ``target`` (replacing it; same file system), then fsync the target's
+    directory and, when another, the source's: after a crash the file is at one of the two names.
+
+    Raises OSError from the rename (nothing moved) or from a directory fsync (moved, maybe not yet
+    durable). ``sync_dir=False`` skips the fsyncs.
+    """
+    os.replace(path, target)
+    if sync_dir:
+        source, dest = os.path.dirname(os.path.abspath(path)), os.path.dirname(os.path.abspath(target))
+        fsync_dir(dest)
+        if source != dest:
+            fsync_dir(source)

@@ -91,11 +91,11 @@ def test_does_not_follow_a_planted_temporary_symlink(tmp_path: Path) -> None:
     assert victim.read_text() == "keep"
 
 
-# Renames that are not file writes: a corrupt record or spooled DEL moved aside, a listening socket
-# put in place (the warm server's, the CNI server's), a full logFile moved aside (rotation), an
-# unpacked tree moved aside before it is deleted.
+# Renames that are not file writes, each saying why where it is: a listening socket put in place
+# (the warm server's, the CNI server's), a full logFile moved aside (rotation), an unpacked tree
+# moved aside before it is deleted, a spooled DEL that is not one set aside (delspool, being
+# rewritten: would be atomicfile.move). A corrupt record set aside is atomicfile.move.
 NOT_WRITES = {
-    ("rdma_cni/node/record.py", "quarantine"),
     ("rdma_cni/warm.py", "listen"),
     ("rdma_cni/agent/cniserver.py", "_publish"),
     ("rdma_cni/agent/delspool.py", "run_spool"),
@@ -118,11 +118,53 @@ def test_every_writer_uses_the_one_helper() -> None:
             if not isinstance(func, ast.FunctionDef):
                 continue
             for node in ast.walk(func):
+                if not isinstance(node, ast.Attribute):
+                    continue
+                owner = node.value.id if isinstance(node.value, ast.Name) else ""
                 if (
-                    isinstance(node, ast.Attribute)
-                    and node.attr in ("rename", "replace", "mkstemp")
-                    and isinstance(node.value, ast.Name)
-                    and node.value.id in ("os", "tempfile")
+                    (owner == "os" and node.attr in ("rename", "renames", "replace", "link"))
+                    or (owner == "tempfile" and node.attr == "mkstemp")
+                    or (owner == "shutil" and node.attr == "move")
+                    or (node.attr == "rename" and owner != "os")  # pathlib's, or anything named so
                 ):
                     found.add((rel, func.name))
     assert found == NOT_WRITES
+
+
+def test_a_move_is_renamed_then_both_directories_flushed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "f").write_text("x")
+    events: list[str] = []
+    real_replace = os.replace
+    monkeypatch.setattr(atomicfile.os, "replace", lambda s, d: events.append("rename") or real_replace(s, d))
+    monkeypatch.setattr(atomicfile, "fsync_dir", lambda d: events.append(os.path.basename(d)))
+    atomicfile.move(str(tmp_path / "a" / "f"), str(tmp_path / "b" / "g"))
+    assert events == ["rename", "b", "a"] and (tmp_path / "b" / "g").read_text() == "x"
+    events.clear()
+    atomicfile.move(str(tmp_path / "b" / "g"), str(tmp_path / "b" / "h"))
+    assert events == ["rename", "b"]  # one directory: flushed once
+    events.clear()
+    atomicfile.move(str(tmp_path / "b" / "h"), str(tmp_path / "a" / "f"), sync_dir=False)
+    assert events == ["rename"]
+    with pytest.raises(FileNotFoundError):
+        atomicfile.move(str(tmp_path / "b" / "h"), str(tmp_path / "a" / "g"))
+    assert not (tmp_path / "a" / "g").exists()
+
+
+def test_a_corrupt_record_is_set_aside_with_the_one_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rdma_cni.node.record import RecordStore
+
+    store = RecordStore(str(tmp_path / "state"))
+    store.ensure()
+    path = store.path("c", "net1")
+    Path(path).write_text("{")
+    moved: list[tuple[str, str]] = []
+    real = atomicfile.move
+    monkeypatch.setattr(atomicfile, "move", lambda s, d: moved.append((s, d)) or real(s, d))
+    kept = store.quarantine(path)
+    assert moved == [(path, kept)] and Path(kept).read_text() == "{" and not Path(path).exists()
