@@ -133,11 +133,20 @@ def test_install_copies_the_launcher_not_the_unpacked_program(tmp_path: Path) ->
 
 def in_read_only_root(script: str) -> subprocess.CompletedProcess[str]:
     """Run ``script`` as root in a mount namespace of its own where /var/cache is an empty read-only
-    filesystem and /tmp a fresh writable one: a container's read-only root, as the DaemonSet runs."""
-    setup = "mount --make-rprivate / && mount -t tmpfs -o ro none /var/cache && mount -t tmpfs none /tmp"
+    filesystem and /tmp a fresh writable one: a container's read-only root, as the DaemonSet runs.
+
+    The fresh /tmp hides whatever was under it, the checkout too when it was cloned there: the
+    binary is opened before the mount and copied into the new /tmp, and ``script`` runs it as
+    ``"$BIN"`` (the same bytes: the same cache id).
+    """
+    setup = (
+        'mount --make-rprivate / && exec 3<"$RIG_BINARY" && mount -t tmpfs -o ro none /var/cache'
+        " && mount -t tmpfs none /tmp && mkdir /tmp/.rig && cat <&3 >/tmp/.rig/rdma-cni && exec 3<&-"
+        " && chmod 0755 /tmp/.rig/rdma-cni && BIN=/tmp/.rig/rdma-cni"
+    )
     return subprocess.run(
         ["unshare", "--mount", "sh", "-euc", f"{setup}\n{script}"],
-        env={"PATH": os.environ["PATH"]},
+        env={"PATH": os.environ["PATH"], "RIG_BINARY": str(BINARY)},
         capture_output=True,
         text=True,
         check=False,
@@ -148,7 +157,7 @@ def in_read_only_root(script: str) -> subprocess.CompletedProcess[str]:
 def test_root_on_a_read_only_root_unpacks_into_tmp() -> None:
     """root's default cache, /var/cache/rdma-cni, cannot be made on a read-only root: /tmp/rdma-cni-0 is."""
     assert BINARY
-    got = in_read_only_root(f"{BINARY} --version\nls /tmp/rdma-cni-0\nstat -c %a /tmp/rdma-cni-0")
+    got = in_read_only_root('"$BIN" --version\nls /tmp/rdma-cni-0\nstat -c %a /tmp/rdma-cni-0')
     assert got.returncode == 0, got.stderr
     assert got.stdout.split()[-2:] == [cache_id(BINARY), "700"], got.stdout
 
@@ -157,6 +166,6 @@ def test_root_on_a_read_only_root_unpacks_into_tmp() -> None:
 def test_an_explicit_cache_on_a_read_only_filesystem_is_not_replaced() -> None:
     """RDMA_CNI_CACHE_DIR is the operator's choice: an unusable one fails, naming the cause."""
     assert BINARY
-    got = in_read_only_root(f"RDMA_CNI_CACHE_DIR=/var/cache/mine {BINARY} --version")
+    got = in_read_only_root('RDMA_CNI_CACHE_DIR=/var/cache/mine "$BIN" --version')
     assert got.returncode == 1
     assert "cannot create the cache directory: Read-only file system" in got.stderr, got.stderr
