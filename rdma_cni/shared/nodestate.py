@@ -125,9 +125,10 @@ def _first(a: Any, b: Any) -> Any:
     return a
 
 
-def _merged(how: Callable[[Any, Any], Any]) -> Any:
-    """A :class:`PfSummary` field with ``how`` two networks' views of it merge (see :func:`cautious`)."""
-    return field(metadata={"cautious": how})
+def _merged(how: Callable[[Any, Any], Any], **default: Any) -> Any:
+    """A :class:`PfSummary` field with ``how`` two networks' views of it merge (see :func:`cautious`);
+    ``default=`` gives it one (what a state from an older writer, without the field, decodes to)."""
+    return field(metadata={"cautious": how}, **default)
 
 
 @dataclass(frozen=True)

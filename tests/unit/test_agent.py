@@ -114,7 +114,7 @@ def test_every_pf_field_says_how_two_views_merge() -> None:
 
     @dataclasses.dataclass(frozen=True)
     class WithLink(PfSummary):
-        link_up: bool = nodestate._merged(lambda a, b: a and b)  # down on either view: down
+        link_up: bool = nodestate._merged(lambda a, b: a and b, default=True)  # down on either view: down
 
     def pf(link: bool, used: int) -> Any:
         return WithLink(
@@ -129,6 +129,9 @@ def test_every_pf_field_says_how_two_views_merge() -> None:
 
     merged = nodestate.cautious(pf(True, 1), pf(False, 2))
     assert type(merged) is WithLink and not merged.link_up and merged.used_vfs == 2
+    assert WithLink(
+        "pf0", capacity_tx_rate=1, used_tx_rate=0, capacity_vfs=4, used_vfs=0, numa_node=0
+    ).link_up
 
     @dataclasses.dataclass(frozen=True)
     class Forgotten(PfSummary):
