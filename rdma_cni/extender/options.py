@@ -32,6 +32,9 @@ def parser(cls: type[Any] = Settings) -> argparse.ArgumentParser:
         if flag is None:
             continue
         kwargs: dict[str, Any] = {"dest": field.name, "help": flag.help}
+        if flag.action == "append":
+            # argparse would say None (see below): the field's default, as a list of names.
+            kwargs["help"] = flag.help.replace("%(default)s", ",".join(sorted(field.default)) or "none")
         if flag.action is not None:
             kwargs["action"] = flag.action
         if flag.type is not None:

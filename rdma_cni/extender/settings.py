@@ -41,8 +41,9 @@ DECISION_SHARE = 0.5
 class Flag:
     """How the command line sets one field: argparse's arguments for its flag (``dest`` is the field).
 
-    ``help`` may say ``%(default)s``: the field's default. ``collect`` turns what a repeatable
-    flag gathered (a list, None when it was not given) into the field's value.
+    ``help`` may say ``%(default)s``: the field's default (a repeatable flag's, its names joined by
+    commas). ``collect`` turns what a repeatable flag gathered (a list, None when it was not given)
+    into the field's value.
     """
 
     help: str
@@ -185,7 +186,7 @@ class Settings:
     annotation: str = option("rdma_interfaces_required", "pod annotation key", type=_annotation)
     scheduler_names: frozenset[str] = option(
         frozenset({"rdma-scheduler"}),
-        "spec.schedulerName of the pods bind accepts (repeatable; default rdma-scheduler)",
+        "spec.schedulerName of the pods bind accepts (repeatable; default %(default)s)",
         flag="--scheduler-name",
         type=_scheduler_name,
         action="append",

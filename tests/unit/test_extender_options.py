@@ -110,3 +110,8 @@ def test_a_field_that_says_neither_flag_nor_none_is_refused_loudly() -> None:
 
     assert options.settings(["--shown", "5"], Fixed) == Fixed(5, 2)
     assert "(default 1)" in options.parser(Fixed).format_help()
+
+
+def test_help_says_each_default_from_its_field() -> None:
+    text = " ".join(options.parser().format_help().split())
+    assert "(repeatable; default rdma-scheduler)" in text and "(default 256)" in text
