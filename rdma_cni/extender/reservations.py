@@ -66,7 +66,8 @@ class Reserved(Mapping[str, tuple[int, int]]):
     changed once built. ``kept`` marks a node's own current one (what filter
     looks up, :meth:`Reservations.held_on`): decisions on the node's state
     with it applied are cached by its identity (decide.py); bind's and
-    preempt's one-offs are not kept.
+    preempt's one-offs are not kept. As a mapping it compares by its sums
+    alone, pods aside.
     """
 
     __slots__ = ("_by_pf", "gone", "kept", "pods")
