@@ -657,7 +657,7 @@ def test_a_filter_whose_caller_hung_up_is_abandoned(
 
     def slow_fill(self: Decider, *args: Any, **kw: Any) -> Any:
         judged.append(time.monotonic())
-        time.sleep(0.005)
+        time.sleep(0.002)
         return fill(self, *args, **kw)
 
     monkeypatch.setattr(Decider, "fill", slow_fill)
@@ -674,7 +674,7 @@ def test_a_filter_whose_caller_hung_up_is_abandoned(
         assert judged, "the filter never started"
     closed = time.monotonic()
     time.sleep(2.5)
-    # 700 nodes at 5 ms each take 3.5 s; the check runs every 256 nodes (1.3 s of this work), so
-    # judging stops within one run of the hang-up, and never reaches the last node.
+    # 700 nodes at 2 ms each take 1.4 s; the check runs every 256 nodes (0.5 s of this work, more on
+    # a loaded machine), so judging stops within one run of the hang-up, and never reaches the last node.
     late = [t for t in judged if t > closed + 1.6]
     assert len(judged) < 700 and not late, (len(judged), len(late))
