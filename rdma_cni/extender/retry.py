@@ -239,9 +239,9 @@ class Retrier:
         # The reservations' version last read, and what each node held then.
         self._res_version = reservations.version
         self._held: dict[str, Reserved] = {}
-        # The last node list refused and its set: kube-scheduler's lists come back as the same object.
-        self._last_names: list[str] | None = None
-        self._last_set: frozenset[str] = frozenset()
+        # The last node list refused and its set, as one tuple (replaced whole, read once: filters
+        # run in many threads): kube-scheduler's lists come back as the same object (verbs._lookup).
+        self._last: tuple[list[str] | None, frozenset[str]] = (None, frozenset())
         # Write budget: tokens refill at WRITES_PER_SECOND, at most one second's worth.
         self._tokens = WRITES_PER_SECOND
         self._refilled = clock()
@@ -309,10 +309,12 @@ class Retrier:
     def _node_set(self, names: list[str]) -> frozenset[str] | None:
         if len(names) > NODES_KEPT:
             return ALL
-        if names is not self._last_names:
-            # Read without the lock: a stale pair only builds the set again.
-            self._last_set, self._last_names = frozenset(names), names
-        return self._last_set
+        last_names, last_set = self._last
+        if names is last_names:
+            return last_set
+        made = frozenset(names)
+        self._last = (names, made)
+        return made
 
     def _changed_since(self, mark: Mark) -> set[str] | None:
         """Nodes that gained room, or whose reservations changed, after ``mark`` (ALL: unknown)."""
@@ -499,7 +501,7 @@ class Retrier:
         # said decides a write.
         try:
             demand = self.demands.of_pod(pod)
-        except (InvalidPodRequest, WireError):
+        except (InvalidPodRequest, WireError, ValueError):
             demand = None
         if demand is None:
             return self._done(entry, "gone")
