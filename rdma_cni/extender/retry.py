@@ -290,7 +290,7 @@ class Retrier:
 
     def passed(self, uid: str) -> None:
         """``uid``'s filter passed a node, or it was bound or is gone: nothing is owed to it."""
-        if uid:
+        if uid and uid in self._pods:  # the common case, a pod never refused, without the lock
             with self._lock:
                 self._pods.pop(uid)
 
