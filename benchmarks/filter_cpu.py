@@ -6,7 +6,9 @@ benchmarks/extender_bench.py, without a server or an API: each pod's
 ExtenderArgs (decoded from JSON, as the server does) names ``--sample`` nodes
 drawn at random, as kube-scheduler's own sample of a large cluster is another
 part of it pod after pod, and each filter holds its one passing node, as
-filter does, so reservations build up as in a burst. It reports the process
+filter does, so reservations build up as in a burst. The retrier of refused pods
+(extender/retry.py) is wired in as the service wires it, its thread not started
+(``--without-retrier`` leaves it out, for the difference). It reports the process
 CPU time per filter (``time.process_time``), after a warm-up, so other load on
 the machine changes the figure less than a wall-clock one would. With
 ``--profile`` it prints cProfile's top functions too.
@@ -30,6 +32,7 @@ from benchmarks.extender_bench import node_specs, pod_object, pod_specs  # noqa:
 from rdma_cni.extender.decide import Decider  # noqa: E402
 from rdma_cni.extender.demand import Demands  # noqa: E402
 from rdma_cni.extender.reservations import Reservations  # noqa: E402
+from rdma_cni.extender.retry import Retrier  # noqa: E402
 from rdma_cni.extender.settings import Settings  # noqa: E402
 from rdma_cni.extender.verbs import Extender  # noqa: E402
 from rdma_cni.shared import nodestate  # noqa: E402
@@ -43,19 +46,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--warm", type=int, default=200, help="filters before the clock starts")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--without-retrier", action="store_true", help="no retrier of refused pods")
     args = parser.parse_args(argv)
     settings = Settings(best_nodes=1)
     decider = Decider(settings=settings)
     views = {
         s["name"]: decider.view(s["annotations"][nodestate.ANNOTATION]) for s in node_specs(args.nodes, 1)
     }
+    demands = Demands(annotation=settings.annotation)
+    reservations = Reservations(settings.reservation_ttl)
+    retrier = None
+    if not args.without_retrier:
+        retrier = Retrier(None, decider, demands, reservations, lambda: views, settings.scheduler_names)
     ext = Extender(
         decider=decider,
-        demands=Demands(annotation=settings.annotation),
-        reservations=Reservations(settings.reservation_ttl),
+        demands=demands,
+        reservations=reservations,
         cache_views=lambda: views,
         cache_generation=lambda: 1,
         settings=settings,
+        retrier=retrier,
     )
     ext.ready.set()
     rng = random.Random(3)

@@ -69,6 +69,11 @@ class Bounded(Generic[K, V]):
             self.weight -= got[1]
             return got[0]
 
+    def values(self) -> list[V]:
+        """The values, least recently used first (a copy: the map may change meanwhile)."""
+        with self._lock:
+            return [value for value, _ in self._items.values()]
+
     def clear(self) -> None:
         """Forget everything."""
         with self._lock:

@@ -148,6 +148,22 @@ class _ServiceCollector(Collector):
             "Full lists of Nodes (start-up and 410 Gone)",
             value=service.cache.relists,
         )
+        retrier = service.retrier
+        yield GaugeMetricFamily(
+            "rdma_cni_extender_refused_pods",
+            "Pods the filter refused for want of room, remembered to be retried when a node has room",
+            value=len(retrier),
+        )
+        retries = CounterMetricFamily(
+            "rdma_cni_extender_retries",
+            "Refused pods a node had room for, by what became of them (retried: kube-scheduler was made "
+            "to retry the pod; gone, bound: nothing to do; no_room: room taken again before the write; "
+            "changed: the pod changed meanwhile; failed: the API refused)",
+            labels=["outcome"],
+        )
+        for outcome, count in retrier.outcomes.items():
+            retries.add_metric([outcome], count)
+        yield retries
         yield GaugeMetricFamily(
             "rdma_cni_extender_ready",
             "1 once the node cache is synced and reservations rebuilt",

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from rdma_cni.extender.cache import follow
@@ -52,8 +53,11 @@ class PodWatch:
         *,
         watch_timeout: int = 300,
         backoff: tuple[float, float] = (0.2, 10.0),
+        on_gone: Callable[[str], None] | None = None,
     ) -> None:
         self.client = client
+        # Told each uid that went (the retrier forgets the pod).
+        self.on_gone = on_gone
         self.reservations = reservations
         self.scheduler = scheduler
         self.watch_timeout = watch_timeout
@@ -84,6 +88,8 @@ class PodWatch:
     def _gone(self, uid: str, why: str) -> None:
         self.reservations.release(uid)
         self.reservations.drop(uid, why)
+        if self.on_gone is not None:
+            self.on_gone(uid)
 
     def relist(self) -> None:
         """List the scheduler's unfinished pods; end the older reservations of pods no longer there."""

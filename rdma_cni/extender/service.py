@@ -22,6 +22,7 @@ from rdma_cni.extender.decide import Decider
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.podwatch import PodWatch
 from rdma_cni.extender.reservations import Reservations
+from rdma_cni.extender.retry import Retrier
 from rdma_cni.extender.server import ExtenderServer
 from rdma_cni.extender.settings import Settings
 from rdma_cni.extender.verbs import Extender
@@ -120,11 +121,15 @@ class Service:
             default_request=settings.default_request,
         )
         self.reservations = Reservations(settings.reservation_ttl)
-        self.cache = NodeCache(
+        self.cache = NodeCache(client, self.decider, on_view=self._viewed, backoff=settings.backoff)
+        # Makes kube-scheduler retry a pod filter refused once a node has room (docs/scheduling.md).
+        self.retrier = Retrier(
             client,
             self.decider,
-            on_view=lambda name, view: self.reservations.observe(name, view.uids),
-            backoff=settings.backoff,
+            self.demands,
+            self.reservations,
+            lambda: self.cache.views,
+            settings.scheduler_names,
         )
         self.extender = Extender(
             decider=self.decider,
@@ -134,6 +139,7 @@ class Service:
             cache_views=lambda: self.cache.views,
             cache_generation=lambda: self.cache.generation,
             settings=settings,
+            retrier=self.retrier,
         )
         self.server = ExtenderServer(
             settings.listen,
@@ -157,7 +163,7 @@ class Service:
             self._serve_metrics(settings.metrics_listen)
         # One pod watch per scheduler name served: a pod deleted or finished ends its reservation at once.
         self.pod_watches = [
-            PodWatch(client, self.reservations, name, backoff=settings.backoff)
+            PodWatch(client, self.reservations, name, backoff=settings.backoff, on_gone=self.retrier.passed)
             for name in sorted(settings.scheduler_names)
             if settings.pod_watch
         ]
@@ -166,6 +172,12 @@ class Service:
         self.backoff = settings.backoff
         self.stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+
+    def _viewed(self, name: str, view: Any) -> None:
+        """The node cache applied a view: the node's published pods end their reservations, and a
+        node with more room may owe pods a retry."""
+        self.reservations.observe(name, view.uids)
+        self.retrier.viewed(name, view)
 
     def _serve_metrics(self, address: tuple[str, int]) -> None:
         """Serve /metrics on ``address``; else close the servers and raise :class:`MetricsListenError`."""
@@ -228,6 +240,7 @@ class Service:
         """Stop serving and following the API."""
         self.stopping.set()
         self.cache.stop()
+        self.retrier.stop()
         for watch in self.pod_watches:
             watch.stop()
         self.server.shutdown()
@@ -247,6 +260,7 @@ class Service:
         self.cache.start()
         for watch in self.pod_watches:
             watch.start()
+        self.retrier.start()
         delay = self.backoff[0]
         while not self.stopping.is_set():
             if not self.cache.synced.wait(0.2):

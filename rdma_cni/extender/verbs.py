@@ -37,6 +37,7 @@ from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.preempt import keep_nodes
 from rdma_cni.extender.resample import Resampler
 from rdma_cni.extender.reservations import Reservations
+from rdma_cni.extender.retry import Retrier
 from rdma_cni.extender.settings import Settings
 from rdma_cni.shared import nodestate, placement
 from rdma_cni.shared.quote import quote
@@ -88,6 +89,7 @@ class Extender:
         cache_views: Callable[[], dict[str, NodeView]] | None = None,
         cache_generation: Callable[[], int | None] | None = None,
         settings: Settings | None = None,
+        retrier: Retrier | None = None,
     ) -> None:
         self.settings = settings = settings or Settings()
         self.decider = decider
@@ -106,6 +108,8 @@ class Extender:
         self.answers = Answers(reservations, self._judge, decider.max_state_age)
         self.resampler = Resampler(self._judge, settings.percentage_of_nodes_to_score)
         self.binder = Binder(client, decider, demands, reservations, self.view_of, settings.scheduler_names)
+        # Makes kube-scheduler retry the pods filter refused once a node has room (None: nobody does).
+        self.retrier = retrier
         self.ready = threading.Event()
 
     def routes(self) -> dict[str, Callable[[Any, Callable[[], bool]], Any]]:
@@ -235,6 +239,8 @@ class Extender:
             metrics.decided("filter", "not_rdma")
             return wire.filter_result(args, args.names, {}, {})
         uid = wire.pod_identity(args.pod)[2]
+        # Before anything is looked at: a refusal judged on views that changed meanwhile is judged again.
+        mark = self.retrier.mark() if self.retrier is not None else (0, 0)
         if args.node_names is not None:
             # A new attempt for this pod: its hold from an earlier one must not count against it.
             self.reservations.release(uid)
@@ -257,10 +263,14 @@ class Extender:
                 self._hold(args.pod, demand, passing[0])
             if passing:
                 self.resampler.forget(uid)
+                self._not_owed(uid)
             else:
                 outside = self.resampler.outside(uid, demand, names, self._cache_views(), deadline)
                 if outside is not None:
+                    self._not_owed(uid)  # retried by kube-scheduler's backoff, not parked
                     return self._resample(names, *outside)
+                if self.retrier is not None:
+                    self.retrier.refused(args.pod, demand, names, mark)
             self._remember(uid, demand, answer.score, passing, len(answer.names))
             metrics.decided("filter", "fits" if passing else "no_fit")
             if log.isEnabledFor(logging.DEBUG):  # first: answer.failed is built per call
@@ -269,8 +279,18 @@ class Extender:
         names, views = self._views(args)
         passing, failed, unresolvable, scores = self._decide(demand, names, views, deadline)
         self._remember(uid, demand, lambda node: scores.get(node, 0), passing, len(scores))
+        if passing:
+            self._not_owed(uid)
+        elif self.retrier is not None:
+            # Retried on the watched views' room (what bind decides on), never on these Nodes'.
+            self.retrier.refused(args.pod, demand, names, mark)
         metrics.decided("filter", "fits" if passing else "no_fit")
         return wire.filter_result(args, passing, failed, unresolvable)
+
+    def _not_owed(self, uid: str) -> None:
+        """``uid`` passed a filter (or was bound): no retry is owed to it."""
+        if self.retrier is not None:
+            self.retrier.passed(uid)
 
     @staticmethod
     def _resample(sent: list[str], node: str, attempt: int, attempts: int) -> dict[str, Any]:
@@ -443,7 +463,10 @@ class Extender:
         if not self.ready.is_set():
             metrics.bind_refused("not_ready")
             return wire.bind_result("rdma-cni: the extender is not ready (reservations not rebuilt yet)")
-        return wire.bind_result(self.binder.bind(args))
+        error = self.binder.bind(args)
+        if not error:
+            self._not_owed(args.pod_uid)
+        return wire.bind_result(error)
 
 
 def error_answer(path: str, message: str) -> Any:

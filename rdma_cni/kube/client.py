@@ -184,6 +184,14 @@ class ApiClient:
         """Apply a JSON merge patch (RFC 7386) and return the object as stored."""
         return self._json("PATCH", path, body=body, content_type="application/merge-patch+json")
 
+    def patch_strategic(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Apply a strategic merge patch and return the object as stored.
+
+        Kubernetes' own patch type for built-in kinds: lists with a merge key (a pod's conditions,
+        by type) are merged entry by entry, where a JSON merge patch would replace the whole list.
+        """
+        return self._json("PATCH", path, body=body, content_type="application/strategic-merge-patch+json")
+
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` (e.g. a Binding) and return the answer."""
         return self._json("POST", path, body=body, content_type="application/json")

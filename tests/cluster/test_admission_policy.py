@@ -1,4 +1,4 @@
-"""The node-state admission policy of conf/rbac.yaml, enforced by the real kube-apiserver.
+"""The admission policies of conf/, enforced by the real kube-apiserver: the node state's and the extender's.
 
 The agent's service account, with a token bound to a pod on node A (what the
 DaemonSet's projected token is), may change node A's
@@ -6,6 +6,10 @@ DaemonSet's projected token is), may change node A's
 ``rdma-cni.io/bandwidth`` and ``rdma-cni.io/vf`` resources, and nothing else;
 node B, another annotation, a label, the spec or any other status field are
 denied with the policy's message, and a token bound to no node is denied.
+
+The mutual-TLS extender's account (conf/scheduler-extender-mtls.yaml) may set its retry condition in
+the status of a pod not yet bound and nothing else: another condition, the phase, the nominated
+node, a label, an annotation or a finalizer, and any write to a bound pod, are denied.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from rdma_cni.extender.retry import CONDITION
 from rdma_cni.kube.client import ApiClient, ApiError
 from rdma_cni.shared import nodestate
 from tests.cluster.conftest import unique
@@ -215,3 +220,131 @@ def test_the_agents_rbac_denies_what_the_policy_does_not_see(agents: Agents) -> 
         agents.bound.post("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "x"}})
     assert caught.value.status == 403
     assert json.loads(json.dumps(agents.cp.get("node", agents.node_b)))["metadata"]["name"] == agents.node_b
+
+
+# -- the mutual-TLS extender's pod writes (conf/scheduler-extender-mtls.yaml) ------------------------
+
+EXTENDER_ACCOUNT = "rdma-cni-scheduler-extender"
+WRONG_POD_FIELD = (
+    "rdma-cni-scheduler-extender may only change the rdma-cni.io/RoomPublished condition of a pod's status"
+)
+BOUND_POD = "rdma-cni-scheduler-extender may only write to a pod not yet bound"
+
+
+@dataclass
+class Extender:
+    cp: ControlPlane
+    namespace: str
+    client: ApiClient
+
+
+@pytest.fixture(scope="module")
+def extender(applied: ControlPlane) -> Iterator[Extender]:
+    namespace = unique("pod-policy")
+    applied.kubectl("create", "namespace", namespace)
+    token = applied.token("kube-system", EXTENDER_ACCOUNT)
+    with client_for_token(applied, token, "extender-pods") as client:
+        yield Extender(applied, namespace, client)
+    applied.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _pending_pod(e: Extender, **kw: Any) -> str:
+    """A pod nobody schedules (a scheduler name no scheduler has), with a label, an annotation and
+    kube-scheduler's condition, as a pod the extender refused has them."""
+    name = unique("refused")
+    doc = pod_doc(e.namespace, name, scheduler="nobody", annotations={"kept": "yes"}, **kw)
+    doc["metadata"]["labels"] = {"app": "x"}
+    create(e.cp, doc)
+    scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no room"}
+    e.cp.kubectl(
+        "patch", "pod", name, "-n", e.namespace, "--subresource=status", "--type=strategic",
+        "-p", json.dumps({"status": {"conditions": [scheduled]}}),
+    )  # fmt: skip
+    return name
+
+
+def _retry_condition(message: str = "node n1 has room") -> dict[str, str]:
+    return {
+        "type": CONDITION,
+        "status": "True",
+        "reason": "NodeHasRoom",
+        "message": message,
+        "lastTransitionTime": "2026-11-28T06:00:00Z",
+    }
+
+
+def test_the_extender_sets_its_condition_on_a_pending_pod(extender: Extender) -> None:
+    e = extender
+    name = _pending_pod(e)
+    path = f"/api/v1/namespaces/{e.namespace}/pods/{name}/status"
+    before = e.cp.get("pod", name, "-n", e.namespace)
+    stored = e.client.patch_strategic(path, {"status": {"conditions": [_retry_condition()]}})
+    types = [c["type"] for c in stored["status"]["conditions"]]
+    assert types.count(CONDITION) == 1 and "PodScheduled" in types
+    # Written again (another message): the same condition, replaced in place.
+    stored = e.client.patch_strategic(path, {"status": {"conditions": [_retry_condition("node n2")]}})
+    ours = [c for c in stored["status"]["conditions"] if c["type"] == CONDITION]
+    assert [c["message"] for c in ours] == ["node n2"]
+    assert stored["metadata"]["resourceVersion"] != before["metadata"]["resourceVersion"]
+
+
+@pytest.mark.parametrize(
+    "what, body",
+    [
+        ("PodScheduled", {"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}),
+        ("another condition", {"status": {"conditions": [{"type": "example.com/X", "status": "True"}]}}),
+        ("the nominated node", {"status": {"nominatedNodeName": "n1"}}),
+        ("the phase", {"status": {"phase": "Failed"}}),
+        ("the message", {"status": {"message": "x"}}),
+        ("a label", {"metadata": {"labels": {"app": "y"}}}),
+        ("an annotation", {"metadata": {"annotations": {"kept": "no"}}}),
+        ("a finalizer", {"metadata": {"finalizers": ["example.com/hold"]}}),
+        (
+            "its condition and the phase at once",
+            {"status": {"conditions": [_retry_condition()], "phase": "Failed"}},
+        ),
+    ],
+)
+def test_anything_else_in_a_pods_status_is_denied_with_the_policys_message(
+    extender: Extender, what: str, body: dict[str, Any]
+) -> None:
+    e = extender
+    name = _pending_pod(e)
+    before = e.cp.get("pod", name, "-n", e.namespace)
+    with pytest.raises(ApiError) as caught:
+        e.client.patch_strategic(f"/api/v1/namespaces/{e.namespace}/pods/{name}/status", body)
+    assert WRONG_POD_FIELD in caught.value.message, (what, caught.value.status, caught.value.message)
+    after = e.cp.get("pod", name, "-n", e.namespace)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], what
+
+
+def test_a_bound_pod_is_denied(extender: Extender) -> None:
+    e = extender
+    name = _pending_pod(e, node="no-such-node")
+    with pytest.raises(ApiError) as caught:
+        e.client.patch_strategic(
+            f"/api/v1/namespaces/{e.namespace}/pods/{name}/status",
+            {"status": {"conditions": [_retry_condition()]}},
+        )
+    assert BOUND_POD in caught.value.message, caught.value.message
+
+
+def test_the_extenders_rbac_denies_the_pod_itself(extender: Extender) -> None:
+    e = extender
+    name = _pending_pod(e)
+    with pytest.raises(ApiError) as caught:
+        e.client.patch_strategic(
+            f"/api/v1/namespaces/{e.namespace}/pods/{name}", {"metadata": {"labels": None}}
+        )
+    assert caught.value.status == 403
+
+
+def test_the_pod_policy_names_every_field_of_the_pods_status(extender: Extender) -> None:
+    """A field Kubernetes adds to PodStatus must be named in the policy, or the extender could change it."""
+    openapi = json.loads(extender.cp.kubectl("get", "--raw", "/openapi/v3/api/v1").stdout)
+    fields = set(openapi["components"]["schemas"]["io.k8s.api.core.v1.PodStatus"]["properties"])
+    policy = next(
+        d for d in documents("scheduler-extender-mtls.yaml") if d.get("kind") == "ValidatingAdmissionPolicy"
+    )
+    named = set(re.findall(r"oldObject\.status\.(\w+)", json.dumps(policy["spec"])))
+    assert named == fields, (sorted(fields - named), sorted(named - fields))

@@ -23,10 +23,11 @@ def test_every_conf_manifest_applies_server_side(applied: ControlPlane) -> None:
         assert stored == [obj.split()[0] for obj in result.objects], name
 
 
-def test_the_admission_policy_is_compiled_without_type_errors(applied: ControlPlane) -> None:
-    policy = applied.get("validatingadmissionpolicy", "rdma-cni-node-state")
+@pytest.mark.parametrize("name", ["rdma-cni-node-state", "rdma-cni-scheduler-extender-pods"])
+def test_the_admission_policies_are_compiled_without_type_errors(applied: ControlPlane, name: str) -> None:
+    policy = applied.get("validatingadmissionpolicy", name)
     status = policy.get("status", {})
-    # kube-apiserver type-checks the CEL expressions against the Node schema
+    # kube-apiserver type-checks the CEL expressions against the Node (Pod) schema
     # and reports what it could not check in status.typeChecking.
     assert status.get("typeChecking", {}).get("expressionWarnings") in (None, []), status
     assert policy["spec"]["failurePolicy"] == "Fail"

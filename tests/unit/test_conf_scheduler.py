@@ -27,6 +27,7 @@ import yaml
 
 from rdma_cni.extender.listener import is_loopback
 from rdma_cni.extender.options import parser as extender_parser
+from rdma_cni.extender.retry import CONDITION
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
@@ -259,7 +260,17 @@ def mounts(name: str, container: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "Deployment",
             },
         ),
-        (MTLS, {"ServiceAccount", "ClusterRoleBinding", "Service", "Deployment"}),
+        (
+            MTLS,
+            {
+                "ServiceAccount",
+                "ClusterRoleBinding",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
+                "Service",
+                "Deployment",
+            },
+        ),
     ],
 )
 def test_extender_manifests_validate_strictly(name: str, kinds: set[str], version: str) -> None:
@@ -392,6 +403,24 @@ def test_extender_runs_unprivileged(name: str) -> None:
     assert extender_container(name)["securityContext"]["readOnlyRootFilesystem"] is True
 
 
+def test_the_mtls_extenders_pod_writes_are_confined_by_an_admission_policy() -> None:
+    # The sidecar's account is kube-scheduler's, which writes pods' status itself: no policy there.
+    policy = one(MTLS, "ValidatingAdmissionPolicy")
+    binding = one(MTLS, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["pods", "pods/status"] and rule["operations"] == ["UPDATE"]
+    account = one(MTLS, "ServiceAccount")["metadata"]
+    (condition,) = spec["matchConditions"]
+    assert f"'system:serviceaccount:{account['namespace']}:{account['name']}'" in condition["expression"]
+    # The one condition the extender writes, left out of both sides of the comparison.
+    text = " ".join(v["expression"] for v in spec["variables"])
+    assert text.count(f"'{CONDITION}'") == 2
+    assert not [d for d in load(SIDECAR) if d["kind"] == "ValidatingAdmissionPolicy"]
+
+
 @pytest.mark.parametrize("name", EXTENDERS)
 def test_extender_rbac_is_exactly_what_it_uses(name: str) -> None:
     role = extender_role()
@@ -406,6 +435,7 @@ def test_extender_rbac_is_exactly_what_it_uses(name: str) -> None:
         ("pods", "list"),
         ("pods", "watch"),
         ("pods/binding", "create"),
+        ("pods/status", "patch"),  # the retry condition (rdma_cni/extender/retry.py)
         ("events", "create"),  # BindingRefused (core v1 Events, rdma_cni/kube/events.py)
     }
     (binding,) = [

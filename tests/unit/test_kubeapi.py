@@ -112,6 +112,15 @@ def test_list_full_and_metadata_only(api: ApiServer, client: ApiClient) -> None:
     assert len(page["items"]) == 1 and page["metadata"]["continue"]
 
 
+def test_patch_strategic_says_its_patch_type(api: ApiServer, client: ApiClient) -> None:
+    # The stand-in merges JSON merge patches only: what is checked is the type the client names.
+    api.add_node("node-a")
+    with pytest.raises(kubeapi.ApiError) as info:
+        client.patch_strategic("/api/v1/nodes/node-a", {"metadata": {"annotations": {STATE: "{}"}}})
+    assert api.requests_seen[-1].content_type == "application/strategic-merge-patch+json"
+    assert info.value.status == 415
+
+
 def test_patch_merge_and_post_binding(api: ApiServer, client: ApiClient) -> None:
     api.add_node("node-a")
     node = client.patch_merge("/api/v1/nodes/node-a", {"metadata": {"annotations": {STATE: '{"v":1}'}}})

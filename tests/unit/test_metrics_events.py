@@ -128,6 +128,18 @@ def test_extender_metrics_count_what_was_done(harness: Harness, api: ApiServer) 
     assert event["message"] == f"{refused} [no_fit]"
 
 
+def test_refused_pods_and_their_retries_are_shown(harness: Harness, api: ApiServer) -> None:
+    harness.add_node("full", so.state([("ens1f0", 25_000, 1)], [("u0", [("ens1f0", 25_000, 0)])]))
+    service, sched = harness.start(metrics_listen=("127.0.0.1", 0))
+    assert service.metrics_address is not None
+    pod = harness.add_pod("p", [(10_000, 0)])
+    assert not sched.post("filter", so.args_names(pod, ["full"]))["NodeNames"]
+    after = scrape(service.metrics_address)
+    assert value(after, "rdma_cni_extender_refused_pods") == 1
+    for outcome in ("retried", "gone", "bound", "no_room", "changed", "failed"):
+        assert ("rdma_cni_extender_retries_total", (("outcome", outcome),)) in after, outcome
+
+
 def test_watch_restarts_and_relists_are_counted(harness: Harness, api: ApiServer) -> None:
     harness.add_node("n1", so.state(PFS))
     service, _ = harness.start(metrics_listen=("127.0.0.1", 0))

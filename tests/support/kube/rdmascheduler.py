@@ -156,9 +156,17 @@ def in_cluster_env(cp: ControlPlane, sa_dir: str, token: str) -> dict[str, str]:
 
 
 def start_rdma_scheduler(
-    cp: ControlPlane, manifest_name: str = "scheduler-extender.yaml", tag: str = "rdma"
+    cp: ControlPlane,
+    manifest_name: str = "scheduler-extender.yaml",
+    tag: str = "rdma",
+    *,
+    extender_api_port: int | None = None,
 ) -> RdmaScheduler:
-    """Start the extender and kube-scheduler of ``manifest_name`` (already applied to ``cp``)."""
+    """Start the extender and kube-scheduler of ``manifest_name`` (already applied to ``cp``).
+
+    ``extender_api_port``: the extender reaches kube-apiserver at that loopback port instead (a
+    test's relay in between); kube-scheduler always reaches it directly.
+    """
     assert cp.pki is not None
     docs = manifest(manifest_name)
     deployment = find(docs, "Deployment", "rdma-scheduler")
@@ -172,6 +180,8 @@ def start_rdma_scheduler(
     assert command[0].endswith("/rdma-cni"), command
     args, ports = _rewrite_listen(command[1:])
     env = in_cluster_env(cp, cp.path(f"{tag}-serviceaccount"), token)
+    if extender_api_port is not None:
+        env["KUBERNETES_SERVICE_PORT"] = str(extender_api_port)
     probe = ports["--probe-listen"]
     extender = start_component(
         f"{tag}-extender", [*plugin_command(), *args], cp.path("logs"), lambda: _probe_ready(probe), env=env
