@@ -363,7 +363,11 @@ class CniServer:
 
     def _run_spooled(self, request: Request, budget: float) -> tuple[int, bytes]:
         """Run one spooled DEL as the plugin, within ``budget`` seconds: its exit status and stderr."""
-        status, _out, err = self._run(request, None, None, timeout=min(budget, self.verb_timeout))
+        status, out, err = self._run(request, None, None, timeout=min(budget, self.verb_timeout))
+        with contextlib.suppress(ValueError, AttributeError, UnicodeDecodeError):
+            msg = json.loads(out).get("msg")  # the plugin's own error document says why, unprefixed
+            if status and isinstance(msg, str) and msg:
+                return status, msg.encode()
         return status, err
 
     def release_previous_boot(self) -> None:
@@ -531,6 +535,12 @@ def parser() -> argparse.ArgumentParser:
         "(default, without --network-config: the plugin's)",
     )
     p.add_argument("--lock-file", help="its lockFile (default: the plugin's)")
+    p.add_argument(
+        "--take-over",
+        action="store_true",
+        help="if another server serves the socket, wait for it to stop and take over from it with no call "
+        "refused (a new version started beside the old one); without it, exit with an error",
+    )
     return p
 
 
@@ -564,8 +574,10 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _s, _f: stop.set())
     try:
-        server.start()
+        server.start(wait=stop if args.take_over else None)
     except ServerError as exc:
+        if stop.is_set():
+            return 0  # stopped while it waited to take over: nothing was served
         sys.stderr.write(f"rdma-cni cni-server: error: {exc}\n")
         return 1
     sys.stdout.write(json.dumps({"listening": server.socket_path}) + "\n")

@@ -14,7 +14,10 @@ Who runs an entry, and when (:class:`Spool`):
   at once when it starts, within :data:`POLL_SECONDS` of an entry appearing
   while it runs, and again after a failure on a backoff of its own per
   attachment (:data:`RETRY_FIRST` doubling to :data:`RETRY_MAX`). Never on an
-  ADD's path: an ADD of another attachment never waits for the spool.
+  ADD's path: an ADD of another attachment never waits for the spool, but for
+  the node lock a spooled DEL holds, as it would for any DEL; after a DEL that
+  held it long the runner waits as long before the next, so such an ADD waits
+  for one at most.
 - **An ADD of the same attachment** (same container id and interface) first
   settles that attachment's entries (:meth:`Spool.settle`): it waits for a run
   under way, or runs what is left itself, and is answered "try again later"
@@ -79,6 +82,10 @@ POLL_SECONDS = 1.0
 # A failing attachment is tried again after this long, doubling up to RETRY_MAX.
 RETRY_FIRST = 2.0
 RETRY_MAX = 300.0
+# After a DEL that ran this long (it held the node lock, in an IPAM call that hung, say), the runner
+# waits as long before the next, up to YIELD_MAX: an ADD waiting for the node lock gets it first.
+YIELD_AFTER = 0.5
+YIELD_MAX = 10.0
 # How long a lock held by another run is waited for, in a step.
 _LOCK_STEP = 0.02
 
@@ -369,7 +376,13 @@ class Runner:
                     left += 1
                     continue
                 # A run held elsewhere (an ADD of this attachment settling it) is not waited for.
+                began = time.monotonic()
                 settled = self.spool.settle(name, self.budget, wait=0.0)
+                took = time.monotonic() - began
+                if took >= YIELD_AFTER:
+                    # The kernel hands a free flock to whoever waits; a next DEL started at once
+                    # could take the node lock ahead of an ADD again and again.
+                    self._stop.wait(min(took, YIELD_MAX))
                 if settled.outcome == "done":
                     self.backoff.pop(name, None)
                     done += 1
