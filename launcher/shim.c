@@ -14,10 +14,13 @@
  * attached by SCM_RIGHTS: the server never resolves CNI_NETNS itself.
  * Answer: struct shim_answer + stdout + stderr; exit with its status.
  *
- * With no server listening: VERSION is answered here; DEL is written to the
- * spool (<socket dir>/del-spool) for the agent to run before its next ADD,
- * and succeeds (a pod must always be deletable); ADD, CHECK, GC fail with
- * code 11 (try again later), STATUS with code 50 (plugin not available).
+ * With no server taking the call (none listening, its queue full, the call
+ * dropped): VERSION is answered here; DEL is written to the spool
+ * (<socket dir>/del-spool), creating any directory of that path a reboot
+ * removed, and succeeds (a pod must always be deletable): the agent that
+ * serves the node runs it within seconds, or when it starts
+ * (rdma_cni/agent/delspool.py); ADD, CHECK, GC fail with code 11 (try again
+ * later), STATUS with code 50 (plugin not available).
  *
  * The socket is $RDMA_CNI_SHIM_SOCKET, else /run/rdma-cni/agent/cni.sock.
  */
@@ -291,16 +294,56 @@ static int valid_container_id(const char *id)
     return 1;
 }
 
-/* The spool directory must be ours and private, as the socket's directory is. */
-static int private_dir(const char *dir)
+static char why_buf[512];
+
+/* Every directory above the agent's, from the root down, as the plugin trusts the lock's
+ * directory (rdma_cni/node/statedir.py): a directory owned by root (or us) that no one else
+ * can write into, unless sticky. One that is missing (a reboot emptied /run) is created 0755,
+ * as the plugin and kubelet's hostPath create it. */
+static int trusted_parents(const char *dir, const char **why)
 {
-    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+    char path[256];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) {
+        *why = "the socket path is too long";
         return -1;
+    }
+    for (char *p = path + 1;; p++) {
+        if (*p != '/' && *p != '\0')
+            continue;
+        char saved = *p;
+        *p = '\0';
+        struct stat st;
+        if (stat(path, &st) < 0 && (errno != ENOENT || (mkdir(path, 0755) < 0 && errno != EEXIST) || stat(path, &st) < 0)) {
+            snprintf(why_buf, sizeof why_buf, "cannot create %s: %s", path, strerror(errno));
+            *why = why_buf;
+            return -1;
+        }
+        if (!S_ISDIR(st.st_mode) || (st.st_uid != 0 && st.st_uid != geteuid()) ||
+            ((st.st_mode & 022) && !(st.st_mode & S_ISVTX))) {
+            snprintf(why_buf, sizeof why_buf,
+                     "%s is not a directory owned by root that only root can write into (owner %u, mode %04o)", path,
+                     (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+            *why = why_buf;
+            return -1;
+        }
+        *p = saved;
+        if (saved == '\0')
+            return 0;
+    }
+}
+
+/* The agent's directory and the spool in it: ours and private (0700), as the server makes them. */
+static int private_dir(const char *dir, const char **why)
+{
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+        snprintf(why_buf, sizeof why_buf, "cannot create %s: %s", dir, strerror(errno));
+        *why = why_buf;
+        return -1;
+    }
     struct stat st;
-    if (lstat(dir, &st) < 0)
-        return -1;
-    if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
-        errno = EPERM;
+    if (lstat(dir, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
+        snprintf(why_buf, sizeof why_buf, "%s is not a private directory of root (mode 0700, owned by root)", dir);
+        *why = why_buf;
         return -1;
     }
     return 0;
@@ -341,15 +384,19 @@ static int spool_del(const struct shim_request *h, const struct buf *env, const 
     }
     *slash = '\0';
     /* The socket's directory too: the spool must not appear in a directory others can write. */
-    if ((*sock && private_dir(sock) < 0)) {
-        *why = "the agent's directory is not private (mode 0700, owned by root)";
-        return -1;
+    char *up = strrchr(sock, '/');
+    if (up && up != sock) {
+        *up = '\0';
+        int bad = trusted_parents(sock, why);
+        *up = '/';
+        if (bad)
+            return -1;
     }
+    if (*sock && private_dir(sock, why) < 0)
+        return -1;
     snprintf(dir, sizeof dir, "%s/%s", sock, SPOOL_NAME);
-    if (private_dir(dir) < 0) {
-        *why = "cannot use the spool directory (mode 0700, owned by root)";
+    if (private_dir(dir, why) < 0)
         return -1;
-    }
     char hex[2 * 64 + 1];
     for (size_t i = 0; ifname[i]; i++)
         snprintf(hex + 2 * i, 3, "%02x", (unsigned char)ifname[i]);
@@ -392,26 +439,33 @@ static int spool_del(const struct shim_request *h, const struct buf *env, const 
     return 0;
 }
 
-/* What a verb gets when no server takes it. */
+/* What a verb gets when no server takes it; `state` says why in a few words ("is not running"). */
 static int server_down(const char *command, const struct shim_request *h, const struct buf *env,
-                       const struct buf *in, const char *reason)
+                       const struct buf *in, const char *state, const char *reason)
 {
+    char msg[256];
     if (strcmp(command, "VERSION") == 0) {
         printf("{\"cniVersion\": \"%s\", \"supportedVersions\": [%s]}\n", SHIM_CNI_VERSION, SHIM_SUPPORTED_VERSIONS);
         return 0;
     }
     if (strcmp(command, "DEL") == 0) {
         const char *why = NULL;
-        if (spool_del(h, env, in, &why) < 0)
-            return cni_error(11, "the rdma-cni agent is not running and this DEL could not be spooled; try again later",
-                             why);
-        fprintf(stderr, "rdma-cni shim: the agent is not running (%s): DEL spooled; the agent runs it before its next ADD\n",
-                reason);
+        if (spool_del(h, env, in, &why) < 0) {
+            snprintf(msg, sizeof msg, "the rdma-cni agent %s and this DEL could not be spooled; try again later", state);
+            return cni_error(11, msg, why);
+        }
+        fprintf(stderr,
+                "rdma-cni shim: the agent %s (%s): DEL spooled; the agent serving this node runs it within seconds, "
+                "or when it starts\n",
+                state, reason);
         return 0;
     }
-    if (strcmp(command, "STATUS") == 0)
-        return cni_error(50, "the rdma-cni agent is not running: the plugin is not available", reason);
-    return cni_error(11, "the rdma-cni agent is not running; try again later", reason);
+    if (strcmp(command, "STATUS") == 0) {
+        snprintf(msg, sizeof msg, "the rdma-cni agent %s: the plugin is not available", state);
+        return cni_error(50, msg, reason);
+    }
+    snprintf(msg, sizeof msg, "the rdma-cni agent %s; try again later", state);
+    return cni_error(11, msg, reason);
 }
 
 int main(int argc, char **argv)
@@ -448,8 +502,10 @@ int main(int argc, char **argv)
     char reason[256];
     int s = connect_server(socket_path());
     if (s < 0) {
+        /* A full queue of calls (EAGAIN) is a busy agent, not a missing one. */
+        const char *state = errno == EAGAIN ? "is busy (its queue of calls is full)" : "is not running";
         snprintf(reason, sizeof reason, "%s: %s", socket_path(), strerror(errno));
-        return server_down(command, &h, &env, &in, reason);
+        return server_down(command, &h, &env, &in, state, reason);
     }
     enum sent sent = send_request(s, &h, &env, &in, netns_fd);
     if (netns_fd >= 0)
@@ -457,16 +513,17 @@ int main(int argc, char **argv)
     int status = 1;
     if (sent == SENT_NONE) {
         snprintf(reason, sizeof reason, "%s did not take the request", socket_path());
-        return server_down(command, &h, &env, &in, reason);
+        return server_down(command, &h, &env, &in, "did not take the call", reason);
     }
     if (sent == SENT_ALL && relay_answer(s, &status) == 0)
         return status;
     /* The verb may have run, in part: a DEL is safe to run again later, nothing else is. */
     snprintf(reason, sizeof reason, "%s went away during the call", socket_path());
+    const char *dropped = "closed the call without an answer (too busy, or stopping)";
     if (strcmp(command, "DEL") == 0)
-        return server_down(command, &h, &env, &in, reason);
+        return server_down(command, &h, &env, &in, dropped, reason);
     if (strcmp(command, "VERSION") == 0)
-        return server_down(command, &h, &env, &in, reason);
+        return server_down(command, &h, &env, &in, dropped, reason);
     return cni_error(11, "the rdma-cni agent went away during the call; its outcome is unknown, try again later",
                      reason);
 }

@@ -20,8 +20,11 @@ records, rollback, the IPAM guard, warm start) is the plugin's own, unchanged.
   runtime's timeout would), answers capped.
 - **A caller that goes away** (a runtime killing the shim) gets its verb's
   process group killed, as killing a plugin would.
-- **Spooled DELs** (:mod:`rdma_cni.agent.delspool`) run at start and before
-  every ADD.
+- **Spooled DELs** (:mod:`rdma_cni.agent.delspool`): the server that owns
+  the socket runs them in the background (at start, as they appear, failures
+  on a backoff); an ADD first settles only its own attachment's entries; a
+  DEL served directly retires its attachment's entries; a DEL that finds every
+  slot busy is spooled here and answered as done.
 - **Two agents on a node** (a rollout with surge): one server owns the socket
   path at a time, by an ``flock`` on ``cni.lock``. A server that starts while
   another owns it waits, holding ``cni.next.lock`` to say that it waits, and
@@ -59,7 +62,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from rdma_cni.agent.bootrelease import StatePaths, add_state, network_states, plugin_default, release_all
-from rdma_cni.agent.delspool import run_spool, spool_dir
+from rdma_cni.agent.delspool import Runner, Spool, entry_name, spool_dir
 from rdma_cni.agent.shimconn import REQUEST_SECONDS, hung_up, peer_allowed, read_request
 from rdma_cni.agent.shimwire import Request, WireError, encode_answer
 from rdma_cni.agent.takeover import FileLock
@@ -77,6 +80,8 @@ HANDOVER_SECONDS = 5.0
 # Calls under way when the server stops get this long to finish (below the DaemonSet's grace period).
 DRAIN_SECONDS = 20.0
 TAKEOVER_POLL = 0.05
+# An ADD waits this long at most for its own attachment's spooled DEL (a run under way, or its own run of it).
+GATE_SECONDS = 60.0
 
 
 class ServerError(Exception):
@@ -161,10 +166,12 @@ class CniServer:
         self._slots = threading.BoundedSemaphore(max_connections)
         # Calls told "busy" are bounded too: beyond these, a call is closed unanswered.
         self._busy_slots = threading.BoundedSemaphore(max_connections)
-        self._spool_lock = threading.Lock()
         self._sock: socket.socket | None = None
         directory = os.path.dirname(self.socket_path)
+        self.spool = Spool(spool_dir(self.socket_path), self._run_spooled)
+        self.runner = Runner(self.spool, verb_timeout)
         self._lock = FileLock(os.path.join(directory, "cni.lock"))
+        self._lock_held = False
         # Held while this server waits for the lock: a stopping owner then hands over instead of closing.
         self._next = FileLock(os.path.join(directory, "cni.next.lock"))
         self._path_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket file this server bound
@@ -172,11 +179,6 @@ class CniServer:
         self.drain_seconds = drain_seconds
         self._calls = 0
         self._calls_done = threading.Condition()
-
-    @property
-    def spool(self) -> str:
-        """The directory of spooled DELs."""
-        return spool_dir(self.socket_path)
 
     def start(self, wait: threading.Event | None = None) -> None:
         """Make the directory, take its lock, bind and listen; ServerError when it cannot.
@@ -202,6 +204,9 @@ class CniServer:
         """
         directory = os.path.dirname(self.socket_path)
         _private_dir(directory)
+        # Before anything is served: a spool the server cannot use is the operator's to fix, not
+        # something to find out after the socket has been taken over (nothing half done).
+        _private_dir(self.spool.directory)
         if len(self.socket_path.encode()) + len(".next") > 107:
             raise ServerError(f"the socket path {self.socket_path} is longer than a unix socket allows")
         if not self._boot_checked:
@@ -216,14 +221,17 @@ class CniServer:
                 return False
         except OSError as exc:
             raise ServerError(f"cannot open the lock in {directory}: {exc.strerror}") from None
+        self._lock_held = True
         self._next.release()
         try:
             self._publish()
         except ServerError:
+            self._lock_held = False
             self._lock.release()
             raise
-        _private_dir(self.spool)
-        self.run_spool()
+        # Off the start's path: a spooled DEL (even one that fails, or hangs in its IPAM) never
+        # keeps this server from serving, nor delays an ADD of another attachment.
+        self.runner.start()
         return True
 
     def _publish(self) -> None:
@@ -267,19 +275,28 @@ class CniServer:
         return not free
 
     def close(self) -> None:
-        """Stop listening (calls under way finish); the path is removed only while it is still ours."""
+        """Stop listening (calls under way finish) and the spool's runner.
+
+        The path is removed only while this server still holds ``cni.lock`` and the path names its
+        socket: once the lock is let go, a successor may rename its own socket over the path at any
+        moment, and removing the path then would leave the node with no server.
+        """
+        self.runner.stop()
         if self._sock is not None:
-            if self._owns_path():
+            if self._lock_held and self._owns_path():
                 with contextlib.suppress(OSError):
                     os.unlink(self.socket_path)
             self._sock.close()
             self._sock = None
+        self._lock_held = False
         self._lock.release()
         self._next.release()
 
     def _hand_over(self) -> None:
         """On stop, with a successor waiting: let it take the path, answering calls until it has."""
         assert self._sock is not None
+        self.runner.stop()  # the successor runs the spool from now on
+        self._lock_held = False
         self._lock.release()
         deadline = time.monotonic() + self.handover_seconds
         self._sock.settimeout(0.05)
@@ -295,6 +312,10 @@ class CniServer:
             log.warning(
                 "no other CNI server took %s over within %.0f s", self.socket_path, self.handover_seconds
             )
+            # Our socket is removed (close) only if the lock is ours again: a successor that holds it
+            # may be renaming its own socket over the path right now.
+            with contextlib.suppress(OSError):
+                self._lock_held = self._lock.try_acquire()
         else:
             log.info("handed %s over to the next CNI server", self.socket_path)
 
@@ -338,13 +359,16 @@ class CniServer:
         finally:
             self.close()
             self._drain()
+            self.runner.stop(wait=self.drain_seconds)
 
-    def run_spool(self) -> None:
-        """Run the spooled DELs once (one pass at a time)."""
-        with self._spool_lock:
-            done, left = run_spool(self.spool, lambda req: self._run(req, None, None)[0])
-        if done or left:
-            log.info("spooled DELs: %d run, %d left for the next pass", done, left)
+    def _run_spooled(self, request: Request, budget: float) -> tuple[int, bytes]:
+        """Run one spooled DEL as the plugin, within ``budget`` seconds: its exit status and stderr."""
+        status, out, err = self._run(request, None, None, timeout=min(budget, self.verb_timeout))
+        with contextlib.suppress(ValueError, AttributeError, UnicodeDecodeError):
+            msg = json.loads(out).get("msg")  # the plugin's own error document says why, unprefixed
+            if status and isinstance(msg, str) and msg:
+                return status, msg.encode()
+        return status, err
 
     def release_previous_boot(self) -> None:
         """Release the records of an earlier boot in each of ``states``, through the plugin; never fatal.
@@ -364,9 +388,14 @@ class CniServer:
         if peer_allowed(conn):
             with contextlib.suppress(OSError, WireError):
                 # The request is read (and its fd closed) so that the shim's send completes.
-                _request, fd = read_request(conn)
+                request, fd = read_request(conn)
                 if fd is not None:
                     os.close(fd)
+                if request.command == "DEL" and self.spool.write(request):
+                    # A pod must always be deletable: the spool's runner takes it within seconds.
+                    note = b"rdma-cni agent: every slot was busy: DEL spooled; it runs within seconds\n"
+                    conn.sendall(encode_answer(0, b"", note))
+                    return
                 msg = "the rdma-cni agent is serving too many calls at once; try again later"
                 conn.sendall(encode_answer(1, cni_error(11, msg), b""))
 
@@ -381,9 +410,7 @@ class CniServer:
                 except (OSError, WireError) as exc:
                     log.warning("dropped a call: %s", exc)
                     return
-                if request.command == "ADD":
-                    self.run_spool()
-                status, out, err = self._run(request, fd, conn)
+                status, out, err = self._serve_verb(request, fd, conn)
                 conn.settimeout(REQUEST_SECONDS)
                 with contextlib.suppress(OSError):
                     conn.sendall(encode_answer(status, out, err))
@@ -395,6 +422,28 @@ class CniServer:
                 self._calls -= 1
                 self._calls_done.notify_all()
 
+    def _serve_verb(self, request: Request, fd: int | None, conn: socket.socket) -> tuple[int, bytes, bytes]:
+        """Run a caller's verb, keeping the spool's promise for its attachment (see delspool)."""
+        name = entry_name(request.env.get("CNI_CONTAINERID", ""), request.env.get("CNI_IFNAME", ""))
+        if name is None:
+            return self._run(request, fd, conn)
+        if request.command == "ADD":
+            started = time.monotonic()
+            settled = self.spool.settle(name, GATE_SECONDS, wait=GATE_SECONDS)
+            if settled.outcome != "done":
+                msg = (
+                    "an earlier DEL of this container's interface, spooled while the rdma-cni agent could "
+                    f"not take it, has not finished ({settled.detail}); try again later"
+                )
+                return 1, cni_error(11, msg), b""
+            # The whole call stays within the shim's wait for an answer.
+            left = self.verb_timeout - (time.monotonic() - started)
+            return self._run(request, fd, conn, timeout=max(left, 1.0))
+        status, out, err = self._run(request, fd, conn)
+        if request.command == "DEL" and status == 0:
+            self.spool.retire(name)
+        return status, out, err
+
     def _env(self, request: Request, fd: int | None) -> dict[str, str]:
         env = dict(self.base_env)
         env.update(request.env)
@@ -404,8 +453,10 @@ class CniServer:
             env[VIA_ENV] = f"errno:{request.netns_errno}"
         return env
 
-    def _run(self, request: Request, fd: int | None, conn: socket.socket | None) -> tuple[int, bytes, bytes]:
-        """Run one verb: (exit status, stdout, stderr)."""
+    def _run(
+        self, request: Request, fd: int | None, conn: socket.socket | None, timeout: float | None = None
+    ) -> tuple[int, bytes, bytes]:
+        """Run one verb within ``timeout`` s (default: the verb timeout): (exit status, stdout, stderr)."""
         try:
             proc = subprocess.Popen(
                 self.plugin,
@@ -418,7 +469,8 @@ class CniServer:
         except OSError as exc:
             log.error("cannot start the plugin %s: %s", self.plugin[0], exc)
             return 1, cni_error(11, f"the rdma-cni agent cannot start the plugin: {exc.strerror}"), b""
-        deadline = time.monotonic() + self.verb_timeout
+        limit = self.verb_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         stdin: bytes | None = request.stdin
         out = err = b""
         while True:
@@ -435,11 +487,8 @@ class CniServer:
                 if gone:
                     log.warning("the caller of %s went away: its verb was killed", request.command)
                     return 1, b"", b""
-                log.error("%s ran longer than %.0f s: killed", request.command, self.verb_timeout)
-                msg = (
-                    f"the plugin did not finish {request.command} within {self.verb_timeout:.0f} s; "
-                    "try again later"
-                )
+                log.error("%s ran longer than %.0f s: killed", request.command, limit)
+                msg = f"the plugin did not finish {request.command} within {limit:.0f} s; try again later"
                 return 1, cni_error(11, msg), err[-4096:]
         if len(out) > MAX_OUTPUT:
             return 1, cni_error(999, "the plugin's answer is too large to relay"), b""
@@ -486,6 +535,12 @@ def parser() -> argparse.ArgumentParser:
         "(default, without --network-config: the plugin's)",
     )
     p.add_argument("--lock-file", help="its lockFile (default: the plugin's)")
+    p.add_argument(
+        "--take-over",
+        action="store_true",
+        help="if another server serves the socket, wait for it to stop and take over from it with no call "
+        "refused (a new version started beside the old one); without it, exit with an error",
+    )
     return p
 
 
@@ -519,8 +574,10 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _s, _f: stop.set())
     try:
-        server.start()
+        server.start(wait=stop if args.take_over else None)
     except ServerError as exc:
+        if stop.is_set():
+            return 0  # stopped while it waited to take over: nothing was served
         sys.stderr.write(f"rdma-cni cni-server: error: {exc}\n")
         return 1
     sys.stdout.write(json.dumps({"listening": server.socket_path}) + "\n")

@@ -71,7 +71,9 @@ def write_echo_plugin(path: str) -> str:
 
     Its stdin picks a behaviour: ``{"exit": N}`` exits N, ``{"sleep": S, "pidfile": P}``
     writes its pid to P and sleeps S seconds first, ``{"big": N}`` prints N bytes,
-    ``{"kill": SIG}`` kills itself with SIG.
+    ``{"kill": SIG}`` kills itself with SIG, ``{"calls": P}`` appends a line
+    ``CNI_COMMAND CNI_CONTAINERID CNI_IFNAME`` to P first (``{"exit_file": F}``
+    then exits with the number F holds, when F exists).
     """
     body = textwrap.dedent(
         """\
@@ -86,6 +88,13 @@ def write_echo_plugin(path: str) -> str:
             sys.exit(0)
         if conf.get("kill"):
             os.kill(os.getpid(), conf["kill"])
+        if conf.get("calls"):
+            with open(conf["calls"], "a") as f:
+                names = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_IFNAME")
+                f.write(" ".join(os.environ.get(k, "") for k in names) + "\\n")
+        if conf.get("exit_file") and os.path.exists(conf["exit_file"]):
+            with open(conf["exit_file"]) as f:
+                conf["exit"] = int(f.read())
         if conf.get("pidfile"):
             with open(conf["pidfile"], "w") as f:
                 f.write(str(os.getpid()))

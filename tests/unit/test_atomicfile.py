@@ -98,7 +98,7 @@ def test_does_not_follow_a_planted_temporary_symlink(tmp_path: Path) -> None:
 NOT_WRITES = {
     ("rdma_cni/warm.py", "listen"),
     ("rdma_cni/agent/cniserver.py", "_publish"),
-    ("rdma_cni/agent/delspool.py", "run_spool"),
+    ("rdma_cni/agent/delspool.py", "_set_aside"),
     ("rdma_cni/log.py", "rotate_if_large"),
     ("rdma_cni/cacheprune.py", "_remove"),
 }

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -145,6 +147,49 @@ def test_a_successor_that_never_takes_over_is_given_up_on(
     assert 0.5 <= took < 5
     assert "no other CNI server took" in caplog.text
     assert not os.path.exists(path)
+
+
+def test_a_stopping_server_never_removes_the_socket_its_successor_bound(
+    path: str, echo: str, servers: list[Serving]
+) -> None:
+    old = _start(servers, path, echo, handover_seconds=0.3)
+    assert old.started.wait(10)
+    directory = os.path.dirname(path)
+    marker = FileLock(os.path.join(directory, "cni.next.lock"))
+    assert marker.try_acquire()  # a successor waits...
+    lock = FileLock(os.path.join(directory, "cni.lock"))
+    successor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    successor.bind(path + ".succ")
+    successor.listen(1)
+    real = old.server._owns_path
+    renamed: list[bool] = []
+
+    def rename() -> None:
+        os.rename(path + ".succ", path)
+        renamed.append(True)
+
+    def successor_renames_right_after_the_check() -> bool:
+        # ...takes the lock the moment the old one lets go, is slow to publish its socket, and
+        # renames it over the path exactly when the stopping server has just found the path its own.
+        result = real()
+        lock.try_acquire()
+        if result and sys._getframe(1).f_code.co_name == "close" and not renamed:
+            rename()
+        return result
+
+    old.server._owns_path = successor_renames_right_after_the_check  # type: ignore[method-assign]
+    try:
+        old.stop()
+        if not renamed:
+            rename()  # the successor gets there in the end
+        assert os.path.exists(path), "the stopping server removed the socket its successor had bound"
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect(path)  # the successor's: it answers
+        probe.close()
+    finally:
+        successor.close()
+        marker.release()
+        lock.release()
 
 
 def test_calls_under_way_are_answered_after_the_stop(

@@ -151,10 +151,89 @@ def test_del_that_cannot_be_spooled_asks_for_a_retry(shim: str, sockdir: str) ->
     os.chmod(sockdir, 0o755)  # not private: the spool must not live there
     out = run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "DEL"})
     assert out.code == 1 and out.doc is not None and out.doc["code"] == 11
-    assert "not private" in out.doc["details"]
+    assert out.doc["details"] == f"{sockdir} is not a private directory of root (mode 0700, owned by root)"
     bad = run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "DEL", "CNI_CONTAINERID": "a/../b"})
     assert bad.doc is not None and bad.doc["code"] == 11
     assert "CNI_CONTAINERID" in bad.doc["details"]
+
+
+def test_after_a_reboot_the_shim_makes_the_spools_whole_path(shim: str, tmp_path: Any) -> None:
+    run = tmp_path / "run"  # /run after a reboot: there, but empty
+    run.mkdir(mode=0o755)
+    socket_path = str(run / "rdma-cni" / "agent" / "cni.sock")
+    out = run_shim(shim, socket_path, {**POD_ENV, "CNI_COMMAND": "DEL"}, b"{}")
+    assert out.code == 0, out
+    assert "is not running" in out.stderr and "DEL spooled" in out.stderr
+    # As the plugin makes the lock's directory, and the agent its own: then private.
+    assert stat.S_IMODE(os.stat(run / "rdma-cni").st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(run / "rdma-cni" / "agent").st_mode) == 0o700
+    spool = delspool.spool_dir(socket_path)
+    assert stat.S_IMODE(os.stat(spool).st_mode) == 0o700
+    assert os.listdir(spool) == ["del-ctr0001-6e657431.req"]
+
+
+@pytest.mark.parametrize(
+    ("level", "spoil", "said"),
+    [
+        ("rdma-cni", lambda p: os.chmod(p, 0o775), "that only root can write into (owner 0, mode 0775)"),
+        (
+            "rdma-cni",
+            lambda p: os.chown(p, 65534, 0),
+            "owned by root that only root can write into (owner 65534",
+        ),
+        ("rdma-cni", lambda p: (shutil.rmtree(p), open(p, "w").close()), "is not a directory"),
+        ("rdma-cni/agent", lambda p: os.chmod(p, 0o750), "is not a private directory of root"),
+        (
+            "rdma-cni/agent",
+            lambda p: (shutil.rmtree(p), os.symlink("/tmp", p)),
+            "is not a private directory of root",
+        ),
+        ("rdma-cni/agent/del-spool", lambda p: os.chown(p, 65534, 0), "is not a private directory of root"),
+    ],
+)
+def test_every_level_of_the_spools_path_is_checked(
+    shim: str, tmp_path: Any, level: str, spoil: Any, said: str
+) -> None:
+    run = tmp_path / "run"
+    spool = run / "rdma-cni" / "agent" / "del-spool"
+    os.makedirs(spool, mode=0o700)
+    os.chmod(run / "rdma-cni", 0o755)
+    os.chmod(run / "rdma-cni" / "agent", 0o700)
+    spoil(str(run / level))
+    out = run_shim(shim, str(run / "rdma-cni" / "agent" / "cni.sock"), {**POD_ENV, "CNI_COMMAND": "DEL"})
+    assert out.code == 1 and out.doc is not None and out.doc["code"] == 11, out
+    assert "could not be spooled" in out.doc["msg"]
+    assert str(run / level) in out.doc["details"] and said in out.doc["details"]
+
+
+def test_a_busy_agent_is_not_called_missing(shim: str, sockdir: str) -> None:
+    os.makedirs(sockdir, mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock(sockdir))
+    listener.listen(0)
+    queued = []
+    try:
+        while True:  # fill the queue of calls the agent has not accepted yet
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+            try:
+                c.connect(sock(sockdir))
+            except BlockingIOError:
+                c.close()
+                break
+            queued.append(c)
+        add = run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "ADD"})
+        assert add.code == 1 and add.doc is not None and add.doc["code"] == 11
+        assert add.doc["msg"] == "the rdma-cni agent is busy (its queue of calls is full); try again later"
+        dele = run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "DEL"})
+        assert dele.code == 0
+        assert (
+            "the agent is busy (its queue of calls is full)" in dele.stderr and "DEL spooled" in dele.stderr
+        )
+        assert "not running" not in dele.stderr
+    finally:
+        for c in queued:
+            c.close()
+        listener.close()
 
 
 def test_without_cni_command_the_shim_says_what_it_is(shim: str, sockdir: str) -> None:
@@ -201,43 +280,173 @@ def test_a_namespace_the_shim_cannot_open_is_reported_as_gone(shim: str, sockdir
     assert out.doc is not None and out.doc["env"]["RDMA_CNI_NETNS_VIA"] == "errno:2"
 
 
-def test_spooled_dels_run_at_start_and_before_an_add(
+def _spool_raw(spool: str, name: str, raw: bytes) -> None:
+    """Put a file in the spool as the shim leaves one (0600, this user's)."""
+    os.makedirs(os.path.dirname(spool), mode=0o700, exist_ok=True)
+    os.makedirs(spool, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(spool, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, raw)
+    os.close(fd)
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_spooled_dels_run_in_the_background_at_start_and_as_they_appear(
     shim: str, sockdir: str, serve: Any, tmp_path: Any
 ) -> None:
-    log = tmp_path / "calls"
-    conf = json.dumps({"pidfile": str(log)}).encode()
+    calls = tmp_path / "calls"
+    conf = json.dumps({"calls": str(calls)}).encode()
     assert run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "DEL"}, conf).code == 0
     spool = delspool.spool_dir(sock(sockdir))
-    assert len(os.listdir(spool)) == 1
+    assert os.listdir(spool) == ["del-ctr0001-6e657431.req"]
     serve()
-    assert os.listdir(spool) == [] and log.exists()  # run at start
-    # Spooled while the server runs (as a shim that found it down a moment ago would).
+    _wait(lambda: os.listdir(spool) == [], 10, "the DEL spooled before the start did not run")
+    assert calls.read_text() == "DEL ctr0001 net1\n"
+    # Spooled while the server runs (a shim that found it busy a moment ago): run with no ADD coming.
     failing = shimwire.encode_request(
-        {**POD_ENV, "CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c2"}, b'{"exit": 1}'
+        {**POD_ENV, "CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c2"},
+        json.dumps({"calls": str(calls), "exit": 1}).encode(),
     )
     ok = shimwire.encode_request({**POD_ENV, "CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c3"}, conf)
-    for name, raw in (("del-c2-00.req", failing), ("del-c3-00.req", ok), ("del-c4-00.req", b"junk")):
-        fd = os.open(os.path.join(spool, name), os.O_WRONLY | os.O_CREAT, 0o600)
-        os.write(fd, raw)
-        os.close(fd)
-    log.unlink()
-    assert run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "CHECK"}).code == 0
-    assert not log.exists()  # CHECK does not run the spool
-    assert run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "ADD"}).code == 0
-    assert log.exists()
-    # The failed one stays for the next pass; the junk is set aside, never run.
-    assert sorted(os.listdir(spool)) == [".bad-del-c4-00.req", "del-c2-00.req"]
+    for name, raw in (
+        ("del-c2-6e657431.req", failing),
+        ("del-c3-6e657431.req", ok),
+        ("del-c4-00.req", b"junk"),
+    ):
+        _spool_raw(spool, name, raw)
+    _wait(
+        lambda: sorted(os.listdir(spool)) == [".bad-del-c4-00.req", ".run-del-c2-6e657431.req"],
+        10,
+        f"spooled DELs were not run: {sorted(os.listdir(spool))}",
+    )
+    # The failed one stays (claimed, for the next try); the junk is set aside, never run.
+    assert sorted(calls.read_text().splitlines()[1:]) == ["DEL c2 net1", "DEL c3 net1"]
 
 
-def test_a_spooled_del_runs_without_the_runtimes_namespace_path(sockdir: str, echo: str) -> None:
+def test_a_failing_spooled_del_is_tried_again_on_a_backoff(sockdir: str, tmp_path: Any) -> None:
     spool = delspool.spool_dir(sock(sockdir))
-    os.makedirs(spool, mode=0o700)
+    exit_file, calls = tmp_path / "exit", tmp_path / "calls"
+    exit_file.write_text("1")
+    conf = json.dumps({"calls": str(calls), "exit_file": str(exit_file)}).encode()
+    _spool_raw(
+        spool,
+        "del-c2-6e657431.req",
+        shimwire.encode_request({**POD_ENV, "CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c2"}, conf),
+    )
+    server = CniServer(sock(sockdir), [write_echo_plugin(str(tmp_path / "echo"))])
+    runner = delspool.Runner(server.spool, 10.0, poll=0.05, retry=(0.3, 0.6))
+    runner.start()
+    try:
+        _wait(lambda: calls.exists() and len(calls.read_text().splitlines()) >= 3, 10, "no retries")
+        assert runner.failing == 1 and runner.backoff["del-c2-6e657431.req"][0] >= 2
+        # Retries back off: three tries take at least 0.3 + 0.6 s.
+        exit_file.write_text("0")
+        _wait(lambda: os.listdir(spool) == [], 10, "the DEL was not run once it could succeed")
+        _wait(lambda: runner.failing == 0, 10, "the runner still counts a failing DEL")
+    finally:
+        runner.stop(wait=5)
+
+
+def test_an_add_settles_only_its_own_attachments_spooled_del(
+    shim: str, sockdir: str, serve: Any, tmp_path: Any
+) -> None:
+    calls, exit_file = tmp_path / "calls", tmp_path / "exit"
+    exit_file.write_text("1")
+    spool = delspool.spool_dir(sock(sockdir))
+    conf = json.dumps({"calls": str(calls), "exit_file": str(exit_file)}).encode()
+    for ctr in ("ctr0001", "other"):
+        raw = shimwire.encode_request({**POD_ENV, "CNI_COMMAND": "DEL", "CNI_CONTAINERID": ctr}, conf)
+        _spool_raw(spool, f"del-{ctr}-6e657431.req", raw)
+    running = serve()
+    running.server.runner.stop()  # the background runner out of the way: what the ADD does alone
+    _wait(lambda: not running.server.runner._thread.is_alive(), 10, "the runner did not stop")
+    calls.write_text("")
+    # Its own DEL fails: the ADD is not run, and says why.
+    add = run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "ADD"}, conf)
+    assert add.code == 1 and add.doc is not None and add.doc["code"] == 11, add
+    assert "earlier DEL of this container's interface" in add.doc["msg"]
+    assert calls.read_text() == "DEL ctr0001 net1\n"
+    # Another attachment's ADD never touches the spool.
+    other = run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "third"}, conf)
+    assert other.code == 1 and other.doc is not None and "env" in other.doc  # the plugin's own exit 1
+    assert calls.read_text() == "DEL ctr0001 net1\nADD third net1\n"
+    # Once its DEL can succeed, the ADD runs after it.
+    exit_file.write_text("0")
+    assert run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "ADD"}, conf).code == 0
+    assert calls.read_text().splitlines()[2:] == ["DEL ctr0001 net1", "ADD ctr0001 net1"]
+    assert sorted(os.listdir(spool)) == ["del-other-6e657431.req"]
+
+
+def test_a_del_served_directly_retires_its_spooled_copy(
+    shim: str, sockdir: str, serve: Any, tmp_path: Any
+) -> None:
+    calls, exit_file = tmp_path / "calls", tmp_path / "exit"
+    exit_file.write_text("1")
+    spool = delspool.spool_dir(sock(sockdir))
+    conf = json.dumps({"calls": str(calls), "exit_file": str(exit_file)}).encode()
+    raw = shimwire.encode_request({**POD_ENV, "CNI_COMMAND": "DEL"}, conf)
+    _spool_raw(spool, "del-ctr0001-6e657431.req", raw)
+    running = serve()
+    _wait(lambda: running.server.runner.failing == 1, 10, "the spooled DEL was not tried")
+    assert os.listdir(spool) == [".run-del-ctr0001-6e657431.req"]
+    exit_file.write_text("0")
+    # The runtime's own DEL of that attachment, served: the spooled copy stands for it and goes.
+    assert run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "DEL"}, conf).code == 0
+    assert os.listdir(spool) == []
+    tries = calls.read_text().count("DEL")
+    # A later ADD of the same container id and interface is not undone by a stale copy.
+    assert run_shim(shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "ADD"}, conf).code == 0
+    time.sleep(delspool.RETRY_FIRST + 1.5)
+    assert calls.read_text().count("DEL") == tries
+    assert calls.read_text().endswith("ADD ctr0001 net1\n")
+
+
+def test_a_del_that_finds_every_slot_busy_is_spooled_and_runs_within_seconds(
+    shim: str, sockdir: str, serve: Any, tmp_path: Any
+) -> None:
+    serve(max_connections=1)
+    pidfile, calls = tmp_path / "slow", tmp_path / "calls"
+    slow = subprocess.Popen(
+        [shim],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={
+            **POD_ENV,
+            "CNI_COMMAND": "CHECK",
+            "CNI_CONTAINERID": "slow",
+            "RDMA_CNI_SHIM_SOCKET": sock(sockdir),
+        },
+    )
+    assert slow.stdin is not None
+    slow.stdin.write(json.dumps({"sleep": 2, "pidfile": str(pidfile)}).encode())
+    slow.stdin.close()
+    _wait(pidfile.exists, 20, "the slow call did not start")
+    out = run_shim(
+        shim, sock(sockdir), {**POD_ENV, "CNI_COMMAND": "DEL"}, json.dumps({"calls": str(calls)}).encode()
+    )
+    assert out.code == 0 and out.stdout == "", out
+    assert "every slot was busy: DEL spooled" in out.stderr
+    spool = delspool.spool_dir(sock(sockdir))
+    # No ADD comes: the agent's runner takes it by itself.
+    _wait(lambda: calls.exists() and os.listdir(spool) == [], 15, "the DEL spooled while busy never ran")
+    assert calls.read_text() == "DEL ctr0001 net1\n"
+    assert slow.wait(20) == 0
+
+
+def test_a_spooled_del_runs_without_the_runtimes_namespace_path(sockdir: str) -> None:
+    spool = delspool.spool_dir(sock(sockdir))
     raw = shimwire.encode_request({**POD_ENV, "CNI_COMMAND": "DEL", "CNI_NETNS": "/proc/1/ns/net"}, b"{}")
-    with open(os.path.join(spool, "del-x-00.req"), "wb") as f:
-        f.write(raw)
-    os.chmod(os.path.join(spool, "del-x-00.req"), 0o600)
+    _spool_raw(spool, "del-x-00.req", raw)
     seen: list[dict[str, str]] = []
-    assert delspool.run_spool(spool, lambda req: seen.append(req.env) or 0) == (1, 0)
+    settled = delspool.Spool(spool, lambda req, budget: (seen.append(req.env) or 0, b"")).settle(
+        "del-x-00.req", 10, wait=0
+    )
+    assert settled.outcome == "done" and os.listdir(spool) == []
     assert seen[0]["CNI_NETNS"] == "" and seen[0]["CNI_COMMAND"] == "DEL"
 
 
@@ -483,10 +692,15 @@ def test_unusable_spooled_files_are_set_aside(sockdir: str, tmp_path: Any) -> No
             f.write(raw)
         os.chmod(path, mode)
     ran: list[Any] = []
-    assert delspool.run_spool(spool, lambda req: ran.append(req) or 0) == (0, 0)
+
+    def run(req: Any, budget: float) -> tuple[int, bytes]:
+        ran.append(req)
+        return 0, b""
+
+    assert delspool.Runner(delspool.Spool(spool, run), 10).run_once() == (len(cases), 0)
     assert ran == []
     assert sorted(os.listdir(spool)) == sorted(f".bad-{n}" for n in cases)
-    assert delspool.run_spool(str(tmp_path / "none"), lambda req: 0) == (0, 0)
+    assert delspool.Runner(delspool.Spool(str(tmp_path / "none"), run), 10).run_once() == (0, 0)
 
 
 def test_a_socket_path_too_long_for_unix_sockets(tmp_path: Any, echo: str) -> None:
