@@ -66,7 +66,7 @@ from rdma_cni.agent.shimwire import (
     parse_env,
     parse_header,
 )
-from rdma_cni.shared.atomicfile import write_atomic
+from rdma_cni.shared.atomicfile import move, write_atomic
 
 log = logging.getLogger("rdma_cni.agent.cniserver")
 
@@ -281,7 +281,7 @@ class Spool:
     def _set_aside(self, path: str, name: str, why: str) -> None:
         log.error("spooled DEL %s is unusable (%s): set aside", name, why)
         with contextlib.suppress(FileNotFoundError):
-            os.replace(path, self._path(SET_ASIDE + name))
+            move(path, self._path(SET_ASIDE + name))
 
     def retire(self, name: str) -> None:
         """Drop what is spooled for attachment ``name``: the DEL it stands for was just served.

@@ -93,12 +93,12 @@ def test_does_not_follow_a_planted_temporary_symlink(tmp_path: Path) -> None:
 
 # Renames that are not file writes, each saying why where it is: a listening socket put in place
 # (the warm server's, the CNI server's), a full logFile moved aside (rotation), an unpacked tree
-# moved aside before it is deleted, a spooled DEL that is not one set aside (delspool, being
-# rewritten: would be atomicfile.move). A corrupt record set aside is atomicfile.move.
+# moved aside before it is deleted, a spooled DEL claimed by a hard link (delspool: a link never
+# replaces a claim another runner made). A corrupt record or spooled DEL set aside is atomicfile.move.
 NOT_WRITES = {
     ("rdma_cni/warm.py", "listen"),
     ("rdma_cni/agent/cniserver.py", "_publish"),
-    ("rdma_cni/agent/delspool.py", "_set_aside"),
+    ("rdma_cni/agent/delspool.py", "settle"),
     ("rdma_cni/log.py", "rotate_if_large"),
     ("rdma_cni/cacheprune.py", "_remove"),
 }
