@@ -45,6 +45,7 @@ SERVER_LOCKS = ("cni.lock", "cni.next.lock")  # beside the CNI server's socket (
 STATE_SUBDIRS = ("attachments", "quarantine", "ipam-pending")  # rdma_cni.node.statedir.SUBDIRS
 NODE_STATE_ANNOTATION = "rdma-cni.io/node-state"  # rdma_cni.shared.nodestate.ANNOTATION
 SPOOL_NAME = "del-spool"  # rdma_cni.agent.delspool.SPOOL_NAME, beside the CNI server's socket
+CLAIMED = ".run-"  # rdma_cni.agent.delspool.CLAIMED
 # The warm server checks its binary every 5 s (rdma_cni.warm.TREE_CHECK_SECONDS).
 WARM_EXIT_WAIT = 12.0
 
@@ -109,7 +110,8 @@ def spooled_dels(socket_path: str) -> list[str]:
         names = os.listdir(os.path.join(os.path.dirname(socket_path), SPOOL_NAME))
     except OSError:
         return []
-    return sorted(n for n in names if not n.startswith("."))
+    # A DEL claimed by a run that failed, or by an agent killed mid-run, is ".run-<name>": spooled still.
+    return sorted(n for n in names if not n.startswith(".") or n.startswith(CLAIMED))
 
 
 def serving(socket_path: str) -> bool:

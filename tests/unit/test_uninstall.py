@@ -148,9 +148,12 @@ def test_leaves_a_foreign_binary_and_pending_state_and_says_why(node: Root) -> N
 def test_names_the_dels_spooled_while_no_agent_ran(node: Root) -> None:
     node.hold()
     (node.socket.parent / "del-spool" / "c1@net1").write_bytes(b"spooled")
+    # One claimed by a run that failed (or by an agent killed mid-run) is still owed.
+    (node.socket.parent / "del-spool" / ".run-del-c2-6e657431.req").write_bytes(b"claimed")
+    (node.socket.parent / "del-spool" / ".tmp-12-x").write_bytes(b"a cut write")
     code, _, err = node.main(node.argv())
     assert code == 1
-    assert "1 DEL(s) the shim spooled while no agent ran: start the DaemonSet again" in err
+    assert "2 DEL(s) the shim spooled while no agent ran: start the DaemonSet again" in err
 
 
 def test_a_serving_agent_keeps_its_socket(node: Root) -> None:
@@ -232,3 +235,4 @@ def test_defaults_are_the_plugins() -> None:
     assert uninstall.BOOT_CHECKED == boot.MARKER
     assert uninstall.NODE_STATE_ANNOTATION == nodestate.ANNOTATION
     assert uninstall.SPOOL_NAME == delspool.SPOOL_NAME
+    assert uninstall.CLAIMED == delspool.CLAIMED
