@@ -138,7 +138,7 @@ def test_the_spool_under_random_interleavings(cluster: Cluster, rng: random.Rand
 
     try:
         agents.start()
-        for step in range(scaled(60)):
+        for step in range(scaled(150)):
             draw = rng.random()
             label = f"step {step}"
             if draw < 0.12 and len(agents.procs) < 2:
