@@ -2,8 +2,8 @@
 
 The set-up is datapath_bench's (one simulated VF, the pod read from the HTTPS
 API stand-in, real host-local). This process imports what the warm server
-imports (:func:`rdma_cni.warm.preload`), then forks one child per verb, as
-the server does, and the child runs :func:`rdma_cni.cli.run_cni` with the
+imports (:func:`rdma_cni.launch.warm.preload`), then forks one child per verb, as
+the server does, and the child runs :func:`rdma_cni.cli.main.run_cni` with the
 verb's environment and config. Printed: per verb, the median wall and CPU
 time of the child (the IPAM guard and host-local, which it waits for,
 included), the CPU of host-local alone (run directly, the part nothing can
@@ -38,7 +38,7 @@ HINT_R, HINT_W = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
 
 def keep_hinted_contexts() -> None:
-    """What rdma_cni.warm.Server does with its children's hints."""
+    """What rdma_cni.launch.warm.Server does with its children's hints."""
     from rdma_cni.kube import credentials, tls
 
     try:
@@ -57,14 +57,14 @@ def run_child(
     data = json.dumps(conf).encode()
     start = time.perf_counter()
     pid = os.fork()
-    if pid == 0:  # the child: what rdma_cni.warm's child does, minus the hand-over
+    if pid == 0:  # the child: what rdma_cni.launch.warm's child does, minus the hand-over
         code = 1
         try:
             os.environ.clear()
             os.environ.update(env)
             os.environ["CNI_COMMAND"] = verb
             from rdma_cni import log
-            from rdma_cni.cli import run_cni
+            from rdma_cni.cli.main import run_cni
             from rdma_cni.kube import tls
 
             log.start_kind = "warm"
@@ -124,7 +124,7 @@ def main() -> int:
     pfs = [SimPf(f"profpf{k}", args.vfs, 25000) for k in range(args.pfs)]
     rig = one_pod_rig(tmp, "prof", pfs, "pq", "10.89.0.0/24")
     env, conf = rig.env, rig.conf
-    from rdma_cni.warm import preload
+    from rdma_cni.launch.warm import preload
 
     preload()
     gc.freeze()  # as the warm server does before serving

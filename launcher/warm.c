@@ -1,5 +1,5 @@
 /*
- * Warm start, the launcher's half (the server is rdma_cni/warm.py).
+ * Warm start, the launcher's half (the server is rdma_cni/launch/warm.py).
  *
  * Most of a cold start is Python importing pydantic, requests and pyroute2,
  * which kubelet would pay for every pod. A warm server, started from the

@@ -13,7 +13,7 @@ if len(sys.argv) <= 1:
     # live long and keep it.
     gc.disable()
 
-from rdma_cni.cli import main
+from rdma_cni.cli.main import main
 
 if __name__ == "__main__":
     code = main()

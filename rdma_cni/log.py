@@ -18,10 +18,10 @@ import sys
 _FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 _root = logging.getLogger("rdma_cni")
 # The format names no process: without this every record asks multiprocessing
-# for one, importing it (rdma_cni.startup defers it) into every cold start.
+# for one, importing it (rdma_cni.launch.startup defers it) into every cold start.
 logging.logMultiprocessing = False
 
-# "warm" when a warm server's child runs this invocation (rdma_cni.warm); the
+# "warm" when a warm server's child runs this invocation (rdma_cni.launch.warm); the
 # per-verb log line says which, so an operator can tell the two apart.
 start_kind = "cold"
 

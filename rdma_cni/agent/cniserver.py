@@ -499,7 +499,7 @@ class CniServer:
 def _log_progress() -> None:
     """Let the server's progress (spooled DELs run, kept) reach stderr, not only its warnings.
 
-    The executable's entry point (``rdma_cni.cli``) has already given the ``rdma_cni``
+    The executable's entry point (``rdma_cni.cli.main``) has already given the ``rdma_cni``
     logger a stderr handler at WARNING that does not propagate, so configuring the root
     logger would change nothing: that handler is lowered instead, as the agent's is.
     """

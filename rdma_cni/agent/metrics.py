@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from rdma_cni import exporter
+from rdma_cni.httpd import exporter
 
 __all__ = ["REGISTRY", "api_error", "publish_done", "serve", "watch"]
 

@@ -21,8 +21,8 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TextIO
 
-from rdma_cni import cacheprune
 from rdma_cni.install.handover import jwt_claims
+from rdma_cni.launch import cacheprune
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 EXIT_CODES = {OK: 0, SKIP: 0, WARN: 1, FAIL: 2}
@@ -253,8 +253,8 @@ def check_cache(base: str) -> Finding:
 
 def _inventory(config: str | None) -> tuple[list[dict[str, Any]], str | None, str | None]:
     """The PFs and RDMA netns mode through ``rdma-cni inventory``'s own code."""
+    from rdma_cni.cli.inventory import _collect
     from rdma_cni.cni.errors import CniError
-    from rdma_cni.inventory_cli import _collect
 
     try:
         doc = _collect(config)
@@ -320,7 +320,7 @@ def main(argv: list[str], out: TextIO, environ: Mapping[str, str] | None = None)
     args = parser.parse_args(argv)
     if not args.max_state_age > 0:
         parser.error("--max-state-age must be positive")
-    from rdma_cni.startup import quiet_pydantic
+    from rdma_cni.launch.startup import quiet_pydantic
 
     quiet_pydantic()
     findings = run_checks(args, os.environ if environ is None else environ)

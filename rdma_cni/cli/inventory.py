@@ -7,7 +7,7 @@ import json
 from typing import Any, TextIO
 
 from rdma_cni.cni.errors import CniError
-from rdma_cni.startup import quiet_pydantic
+from rdma_cni.launch.startup import quiet_pydantic
 
 
 def _rdma_view(node_doc: dict[str, Any]) -> None:

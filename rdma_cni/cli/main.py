@@ -85,7 +85,7 @@ def run_cni(environ: Mapping[str, str], stdin: bytes) -> tuple[int, dict[str, An
         if env.command == "VERSION":
             return 0, version_document(_error_version(doc))
         check_version(doc.get("cniVersion"), env.command)
-        from rdma_cni.commands import dispatch
+        from rdma_cni.verbs import dispatch
 
         started = time.monotonic()
         result = dispatch(env, doc)
@@ -161,13 +161,13 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         out.write(f"rdma-cni {__version__}\n")
         return 0
     if name == "inventory":
-        from rdma_cni.inventory_cli import main as run_subcommand
+        from rdma_cni.cli.inventory import main as run_subcommand
     elif name == "install":
         from rdma_cni.install.command import main as run_subcommand
     elif name == "doctor":
-        from rdma_cni.doctor import main as run_subcommand
+        from rdma_cni.cli.doctor import main as run_subcommand
     elif name == "nodes":
-        from rdma_cni.nodes_cli import main as run_subcommand
+        from rdma_cni.cli.nodes import main as run_subcommand
     elif name == "scheduler-extender":
         from rdma_cni.extender.main import main as run_subcommand
     elif name == "cni-server":
@@ -177,7 +177,7 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
     elif name == "release-previous-boot":
         return _release_previous_boot(rest, out)
     elif name == "warm-server":
-        from rdma_cni.warm import main as run_warm
+        from rdma_cni.launch.warm import main as run_warm
 
         return run_warm(rest)
     else:
@@ -205,8 +205,8 @@ def _release_previous_boot(argv: list[str], out: TextIO) -> int:
     args = p.parse_args(argv)
     for handler in logging.getLogger("rdma_cni").handlers:
         handler.setLevel(logging.INFO)  # what was released reaches the agent's log
-    from rdma_cni.commands.gc import release_previous_boot
-    from rdma_cni.startup import defer_unused
+    from rdma_cni.launch.startup import defer_unused
+    from rdma_cni.verbs.gc import release_previous_boot
 
     defer_unused()
     try:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from rdma_cni import exporter
+from rdma_cni.httpd import exporter
 
 __all__ = ["REGISTRY", "bind_refused", "decided", "preempted", "request", "serve", "watch"]
 

@@ -1,6 +1,6 @@
 """The extender's HTTP(S) server: POST /filter /prioritize /preempt /bind, GET /healthz /readyz.
 
-Requests are read by :mod:`rdma_cni.httpserve` (h11, a deadline per phase of
+Requests are read by :mod:`rdma_cni.httpd.serve` (h11, a deadline per phase of
 a connection, a cap on connections that lets half-open ones give way); this
 adds body limits and a budget of bodies in flight, ``Expect: 100-continue``
 answered only once a body fits (:class:`ExtenderServer`). Who
@@ -30,7 +30,7 @@ from rdma_cni.extender.listener import (
 )
 from rdma_cni.extender.rawargs import ArgsDecoder
 from rdma_cni.extender.verbs import Extender, error_answer
-from rdma_cni.httpserve import (
+from rdma_cni.httpd.serve import (
     BUSY,
     HANDSHAKE_TIMEOUT,
     IDLE_TIMEOUT,
@@ -112,7 +112,7 @@ def _nodes_in(doc: Any) -> int:
 class _Handler(BoundedHandler):
     """HTTP/1.1 with keep-alive: what kube-scheduler's Go client and the kubelet's probes send.
 
-    The head is read by :class:`rdma_cni.httpserve.BoundedHandler` (h11); this
+    The head is read by :class:`rdma_cni.httpd.serve.BoundedHandler` (h11); this
     routes it, bounds the body before any of it is read and answers.
     """
 
@@ -262,7 +262,7 @@ class ExtenderServer(BoundedServer):
     """A threaded HTTP server for an :class:`Extender`, optionally TLS, bounded under attack.
 
     Connections, their phases and their deadlines are bounded as every
-    :class:`rdma_cni.httpserve.BoundedServer` is: so a flood of half-open
+    :class:`rdma_cni.httpd.serve.BoundedServer` is: so a flood of half-open
     connections never pushes out kube-scheduler's kept-alive one. Request bodies
     are limited to ``max_body`` bytes each and ``body_budget`` bytes at once, of
     which ``body_reserve`` only for connections that completed a request before.

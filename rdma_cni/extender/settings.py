@@ -12,7 +12,7 @@ that read it (:class:`~rdma_cni.extender.decide.Decider`,
 A new option is a field here and its use in the one module that needs it.
 
 Standard library and ``shared/`` only (the ``ADDR:PORT`` parser is
-:mod:`rdma_cni.exporter`'s, which loads nothing at import), and nothing of
+:mod:`rdma_cni.httpd.exporter`'s, which loads nothing at import), and nothing of
 the HTTP side: the verbs read it.
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rdma_cni.exporter import address_option
+from rdma_cni.httpd.exporter import address_option
 from rdma_cni.shared.errors import InvalidPodRequest
 from rdma_cni.shared.names import annotation_key
 from rdma_cni.shared.podrequest import PodRequest, parse_request

@@ -8,7 +8,7 @@ object replaces the old), serving a registry on a port of its own, and the
 to serve: ``rdma-cni install`` parses its options with the standard library.
 
 The page is served by the extender's own bounded listener
-(:mod:`rdma_cni.httpserve`: a connection cap, a deadline per phase), not by
+(:mod:`rdma_cni.httpd.serve`: a connection cap, a deadline per phase), not by
 ``prometheus_client``'s server, which keeps a thread per connection for as
 long as the client holds it; ``prometheus_client`` only renders the page.
 """
@@ -45,11 +45,11 @@ def serve(
 ) -> Any:
     """Serve ``registry`` on ``address`` in a daemon thread; returns the server (``shutdown()`` stops it).
 
-    ``timeouts`` are :class:`rdma_cni.httpserve.BoundedServer`'s (``request_timeout``, ``idle_timeout``).
+    ``timeouts`` are :class:`rdma_cni.httpd.serve.BoundedServer`'s (``request_timeout``, ``idle_timeout``).
     """
     import threading
 
-    from rdma_cni import metricspage
+    from rdma_cni.httpd import metricspage
 
     server = metricspage.MetricsServer(address, registry, max_connections=max_connections, **timeouts)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()

@@ -5,7 +5,7 @@ RFC 9112 by itself (conflicting ``Content-Length`` headers, a transfer coding
 other than ``chunked``, a missing or repeated ``Host``); :func:`parse_head`
 adds obsolete line folding, both ``Content-Length`` and ``Transfer-Encoding``,
 heads over :data:`MAX_HEAD` bytes or :data:`MAX_HEADERS` fields. Each is a
-:class:`BadRequest` (400, 414, 431). Used by :mod:`rdma_cni.httpserve`.
+:class:`BadRequest` (400, 414, 431). Used by :mod:`rdma_cni.httpd.serve`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Plain HTTP, no TLS: the page is read-only and carries no secrets
 (docs/operations.md). Connections, their phases and their deadlines are bounded
-by :class:`rdma_cni.httpserve.BoundedServer`, so connections that never finish
+by :class:`rdma_cni.httpd.serve.BoundedServer`, so connections that never finish
 their headers hold no more than the cap's threads and give way to a scraper.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from rdma_cni.httpserve import BUSY, BoundedHandler, BoundedServer
+from rdma_cni.httpd.serve import BUSY, BoundedHandler, BoundedServer
 
 __all__ = ["MetricsServer"]
 

@@ -8,11 +8,11 @@ that never completed a request and is not being answered, so a flood of
 stalled connections never holds more threads than the cap nor pushes out a
 client that has been served before (kube-scheduler, Prometheus).
 
-A request's head is read by :mod:`rdma_cni.httphead` (h11); one it refuses is
+A request's head is read by :mod:`rdma_cni.httpd.head` (h11); one it refuses is
 answered 400 (414, 431) and the connection closed. Bodies are read here, by
 their ``Content-Length``, and answers written in one ``sendall``. What a
 request means is the subclasses' (:mod:`rdma_cni.extender.server`,
-:mod:`rdma_cni.metricspage`).
+:mod:`rdma_cni.httpd.metricspage`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from http import HTTPStatus
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from rdma_cni.httphead import HEAD_END, MAX_HEAD, BadRequest, Heads, Request, too_long
+from rdma_cni.httpd.head import HEAD_END, MAX_HEAD, BadRequest, Heads, Request, too_long
 
 __all__ = ["BoundedHandler", "BoundedServer", "Request"]
 

@@ -16,9 +16,10 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TextIO
 
-from rdma_cni import __version__, exporter
+from rdma_cni import __version__
 from rdma_cni.agent.cniserver import DEFAULT_SOCKET
 from rdma_cni.agent.takeover import MetricsPort
+from rdma_cni.httpd import exporter
 from rdma_cni.install.binary import install_binary
 from rdma_cni.install.common import (
     DEFAULT_CNI_BIN_DIR,

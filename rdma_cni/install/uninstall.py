@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from rdma_cni import cacheprune
 from rdma_cni.install.binary import marker_path, sha256_file
 from rdma_cni.install.common import say
+from rdma_cni.launch import cacheprune
 
 # The plugin's defaults (rdma_cni.cni.config, which needs pydantic; a test keeps them equal).
 DEFAULT_STATE_DIR = "/var/lib/cni/rdma-cni"
@@ -46,7 +46,7 @@ STATE_SUBDIRS = ("attachments", "quarantine", "ipam-pending")  # rdma_cni.node.s
 NODE_STATE_ANNOTATION = "rdma-cni.io/node-state"  # rdma_cni.shared.nodestate.ANNOTATION
 SPOOL_NAME = "del-spool"  # rdma_cni.agent.delspool.SPOOL_NAME, beside the CNI server's socket
 CLAIMED = ".run-"  # rdma_cni.agent.delspool.CLAIMED
-# The warm server checks its binary every 5 s (rdma_cni.warm.TREE_CHECK_SECONDS).
+# The warm server checks its binary every 5 s (rdma_cni.launch.warm.TREE_CHECK_SECONDS).
 WARM_EXIT_WAIT = 12.0
 
 

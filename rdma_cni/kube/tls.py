@@ -5,7 +5,7 @@ Both clients build their TLS from :class:`~rdma_cni.kube.credentials.ClusterCred
 needs, :func:`ssl_context` builds the client context.
 
 The plugin's pod GET asks :func:`client_context`, which a warm server
-(:mod:`rdma_cni.warm`) can answer from contexts it keeps: a child that had to
+(:mod:`rdma_cni.launch.warm`) can answer from contexts it keeps: a child that had to
 build one tells the server (:func:`note_context_miss`, through the pipe whose
 fd the server sets in :data:`context_hint_fd`), and the server builds it too
 (:func:`keep_context`) so that later children inherit it. A cold start keeps,

@@ -31,7 +31,7 @@ import time
 TREE_ID_LEN = 16  # launcher/launcher.c: ID_LEN
 COMPLETE = ".complete"  # launcher/launcher.c: COMPLETE
 PROGRAM = "rdma-cni"  # launcher/launcher.c: PROGRAM
-WARM_LOCK = "warm.lock"  # rdma_cni.warm.LOCK_NAME
+WARM_LOCK = "warm.lock"  # rdma_cni.launch.warm.LOCK_NAME
 PRUNING_PREFIX = ".prune-"
 # A week: an upgrade rolled back within days finds its tree still unpacked.
 DEFAULT_MIN_IDLE = 7 * 86400.0

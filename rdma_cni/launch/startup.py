@@ -30,7 +30,7 @@ def defer_import(name: str, functions: tuple[str, ...] = ()) -> None:
     spec = importlib.util.find_spec(name)
     if spec is None:
         return
-    stand_in = types.ModuleType(name, f"stands in for {name} until it is used (rdma_cni.startup)")
+    stand_in = types.ModuleType(name, f"stands in for {name} until it is used (rdma_cni.launch.startup)")
     if spec.submodule_search_locations is not None:
         # A package: its submodules can still be imported through the stand-in.
         stand_in.__path__ = list(spec.submodule_search_locations)

@@ -8,7 +8,7 @@ listens on ``<tree>/warm.sock`` and forks one child per CNI invocation. The
 child takes the caller's stdin, stdout and stderr (passed over the socket)
 and its argv, environment, working directory and umask (read from
 /proc/<pid>, so a caller cannot describe itself as someone else), then runs
-:func:`rdma_cni.cli.main` exactly as a cold start would.
+:func:`rdma_cni.cli.main.main` exactly as a cold start would.
 
 Safety:
 
@@ -51,32 +51,32 @@ import sys
 import time
 from collections.abc import Mapping
 
-from rdma_cni import cacheprune
-from rdma_cni.payload import payload_id
+from rdma_cni.launch import cacheprune
+from rdma_cni.launch.payload import payload_id
 
 SOCKET_NAME = "warm.sock"
 LOCK_NAME = "warm.lock"
 HELLO = b"RDMACNI-WARM-1"
 TREE_CHECK_SECONDS = 5.0
-# Other versions' trees are pruned at start and then this often (rdma_cni.cacheprune).
+# Other versions' trees are pruned at start and then this often (rdma_cni.launch.cacheprune).
 PRUNE_EVERY_SECONDS = 6 * 3600.0
 # Launcher paths remembered at most (a node normally has one or two).
 MAX_LAUNCHERS = 16
 NAMESPACES = ("mnt", "net", "pid", "user", "ipc", "uts")
 # Modules the verbs import lazily; importing them here is the point of the server.
 PRELOAD = (
-    "rdma_cni.startup",
+    "rdma_cni.launch.startup",
     "rdma_cni.cni.config",
     # rdma_cni.cni.config imports it for configs with unknown keys (GC's always
     # carry cni.dev/valid-attachments).
     "difflib",
     # rdma_cni.kube.tls imports it for kubeconfigs with inline client keys.
     "tempfile",
-    "rdma_cni.commands.add",
-    "rdma_cni.commands.delete",
-    "rdma_cni.commands.check",
-    "rdma_cni.commands.status",
-    "rdma_cni.commands.gc",
+    "rdma_cni.verbs.add",
+    "rdma_cni.verbs.delete",
+    "rdma_cni.verbs.check",
+    "rdma_cni.verbs.status",
+    "rdma_cni.verbs.gc",
     "rdma_cni.node.isolation",
     "rdma_cni.kube.podget",  # and what it imports: kube.credentials, kube.tls, kube.status
     # rdma_cni.kube.tls hashes kubeconfigs' certificates to keep TLS contexts
@@ -403,7 +403,7 @@ class Server:
             os.environ.update(caller.environ)
             sys.argv = caller.argv or ["rdma-cni"]
             from rdma_cni import log
-            from rdma_cni.cli import main
+            from rdma_cni.cli.main import main
 
             log.start_kind = "warm"
 

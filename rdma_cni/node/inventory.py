@@ -149,7 +149,7 @@ def scan(
     ``home`` (the node agent) gives a VF's netdev when the kernel proves it is
     in the host (:meth:`rdma_cni.kernel.identity.VfFinder.in_host`): a VF no record
     holds then counts as free only if it is home, as ADD's choice of VFs
-    judges it (:func:`rdma_cni.commands.add.choose_proven`, which proves only
+    judges it (:func:`rdma_cni.verbs.add.choose_proven`, which proves only
     the VFs it picks).
     """
     owners = owners_by_pci(attachments)

@@ -261,7 +261,7 @@ def _guard_launcher() -> tuple[int, str] | None:
         _launcher = None
         path = os.environ.get("RDMA_CNI_LAUNCHER", "")
         if path and getattr(sys, "frozen", False):
-            from rdma_cni.payload import payload_id_of
+            from rdma_cni.launch.payload import payload_id_of
 
             own = os.path.basename(os.path.dirname(sys.executable))
             try:

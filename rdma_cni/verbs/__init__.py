@@ -16,7 +16,7 @@ _MODULES = {"ADD": "add", "DEL": "delete", "CHECK": "check", "STATUS": "status",
 
 def dispatch(env: CniEnv, doc: dict[str, Any]) -> dict[str, Any] | None:
     """Validate the config, set up logging, and run the verb; returns the document to print, if any."""
-    from rdma_cni.startup import defer_unused
+    from rdma_cni.launch.startup import defer_unused
 
     defer_unused()
     from rdma_cni.cni.config import load_netconf
@@ -27,7 +27,7 @@ def dispatch(env: CniEnv, doc: dict[str, Any]) -> dict[str, Any] | None:
     configure(conf.logFile, conf.logLevel, f"{env.command} {env.container_id}/{env.ifname}")
     _previous_boot(env, conf, doc)
     ipam.start_verb()
-    module = import_module(f"rdma_cni.commands.{_MODULES[env.command]}")
+    module = import_module(f"rdma_cni.verbs.{_MODULES[env.command]}")
     return module.run(env, conf, doc)
 
 
@@ -44,7 +44,7 @@ def _previous_boot(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
     if boot.checked(conf.stateDir, boot.boot_id()):
         return
     from rdma_cni.cni.errors import CniError
-    from rdma_cni.commands.gc import OwnNetwork, release_previous_boot
+    from rdma_cni.verbs.gc import OwnNetwork, release_previous_boot
 
     try:
         release_previous_boot(

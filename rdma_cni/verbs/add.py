@@ -25,7 +25,6 @@ from typing import Any
 from rdma_cni.cni.config import NetConf, first_interface_mac
 from rdma_cni.cni.errors import CniError, KernelError, NoCapacity, StateError
 from rdma_cni.cni.protocol import CniEnv, Interface, Result, Route
-from rdma_cni.commands.common import ipam_for, release_vfs, settle
 from rdma_cni.kernel.identity import VfFinder
 from rdma_cni.kernel.netlink import Rtnl, neutral_vf_settings
 from rdma_cni.kernel.netns import Netns
@@ -40,6 +39,7 @@ from rdma_cni.node.podmeta import pod_side_names, resolve_request
 from rdma_cni.node.record import Attachment, PodInfo, RecordStore, VfRecord, ipam_release_conf, node_lock
 from rdma_cni.shared import placement
 from rdma_cni.shared.podrequest import InterfaceRequest
+from rdma_cni.verbs.common import ipam_for, release_vfs, settle
 
 log = logging.getLogger("rdma_cni.add")
 

@@ -12,7 +12,6 @@ from typing import Any
 from rdma_cni.cni.config import NetConf
 from rdma_cni.cni.errors import CheckFailed, InvalidConfig
 from rdma_cni.cni.protocol import CniEnv, Result
-from rdma_cni.commands.common import ipam_for
 from rdma_cni.kernel.identity import VfFinder
 from rdma_cni.kernel.netlink import Rtnl
 from rdma_cni.kernel.netns import Netns
@@ -20,6 +19,7 @@ from rdma_cni.kernel.vfcontrol import vf_control
 from rdma_cni.node.attach import Context, check
 from rdma_cni.node.isolation import RdmaIsolation
 from rdma_cni.node.record import RecordStore, node_lock
+from rdma_cni.verbs.common import ipam_for
 
 
 def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:

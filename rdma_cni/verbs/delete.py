@@ -23,7 +23,6 @@ from typing import Any
 from rdma_cni.cni.config import NetConf
 from rdma_cni.cni.errors import CniError
 from rdma_cni.cni.protocol import CniEnv
-from rdma_cni.commands.common import ipam_for, release_vfs, settle, stray_vfs
 from rdma_cni.kernel.identity import VfFinder
 from rdma_cni.kernel.netlink import Rtnl
 from rdma_cni.kernel.netns import Netns, NotAPodNetns, open_pod_netns
@@ -32,6 +31,7 @@ from rdma_cni.node.attach import Released
 from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.ipam_pending import PendingStore, retry
 from rdma_cni.node.record import Attachment, RecordStore, node_lock
+from rdma_cni.verbs.common import ipam_for, release_vfs, settle, stray_vfs
 
 log = logging.getLogger("rdma_cni.delete")
 

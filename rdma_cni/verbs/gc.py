@@ -25,7 +25,6 @@ from typing import Any
 from rdma_cni.cni.config import NetConf
 from rdma_cni.cni.errors import CniError, GarbageCollectionFailed, InvalidConfig
 from rdma_cni.cni.protocol import CniEnv
-from rdma_cni.commands.common import describe, ipam_for, release_vfs, settle
 from rdma_cni.kernel import sysfs
 from rdma_cni.kernel.identity import VfFinder
 from rdma_cni.kernel.netlink import Rtnl
@@ -38,6 +37,7 @@ from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.ipam_pending import PendingStore, retry
 from rdma_cni.node.isolation import RdmaIsolation
 from rdma_cni.node.record import Attachment, RecordStore, node_lock, remove_orphaned_temporaries
+from rdma_cni.verbs.common import describe, ipam_for, release_vfs, settle
 
 log = logging.getLogger("rdma_cni.gc")
 

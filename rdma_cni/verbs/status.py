@@ -16,10 +16,10 @@ from typing import Any
 from rdma_cni.cni.config import NetConf
 from rdma_cni.cni.errors import CniError, PluginUnavailable
 from rdma_cni.cni.protocol import CniEnv
-from rdma_cni.commands.common import ipam_for
 from rdma_cni.node.inventory import scan
 from rdma_cni.node.ipam_pending import PendingStore
 from rdma_cni.node.record import RecordStore
+from rdma_cni.verbs.common import ipam_for
 
 log = logging.getLogger("rdma_cni.status")
 

@@ -5,7 +5,7 @@ the node's address, on the host network). prometheus_client's own server kept a
 thread per connection for ever, so 1,500 connections that never finished their
 headers held 1,500 threads, and about 3,500 reached the agent's 128 Mi. Both
 pages are now served by the extender's bounded listener; this drives the built
-extender (the agent serves its page through the same code, rdma_cni/exporter.py):
+extender (the agent serves its page through the same code, rdma_cni/httpd/exporter.py):
 thousands of connections that send nothing, half a request line, or headers
 without their end, while a Prometheus-like scraper keeps its connection alive and
 scrapes all along. Judged: the process tree's threads and RSS stay within the
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni import exporter
+from rdma_cni.httpd import exporter
 from tests.faults.knobs import STATS, scaled
 from tests.faults.test_hostile_connections import Watch, _usage
 from tests.integration.test_extender_process import Extender, start

@@ -145,7 +145,7 @@ class Cluster:
 
     def run_inproc(self, command: str, pod_env: dict[str, str] | None, conf: dict[str, Any]) -> Outcome:
         """Run the plugin in this process (for tests that patch a step); os.environ must hold node.env()."""
-        from rdma_cni.cli import run_cni
+        from rdma_cni.cli.main import run_cni
 
         code, doc = run_cni(self.env(command, pod_env), json.dumps(conf).encode())
         return Outcome(code, doc, "")

@@ -149,7 +149,8 @@ def test_a_cold_add_and_del_load_neither_the_nri_plugin_nor_protobuf(cluster: Cl
             {**cluster.env(command, pod), "RDMA_CNI_WARM": "0"},
             os.path.join(cluster.tmp, f"{command}.trace"),
         )
-        assert {"rdma_cni.cli", "rdma_cni.kernel.netlink"} <= modules  # the trace sees the verb's imports
+        # The trace sees the verb's imports.
+        assert {"rdma_cni.cli.main", "rdma_cni.kernel.netlink"} <= modules
         assert loaded_from(modules, AGENT_ONLY) == [], command
         if command == "ADD":
             # ADD reads its pod from the API stand-in, through the plugin's own GET only.

@@ -305,7 +305,7 @@ def test_a_release_that_fails_keeps_its_record_and_the_next_verb_tries_again(clu
 
 
 def test_one_pass_releases_a_bounded_number_and_the_next_goes_on(cluster: Cluster) -> None:
-    from rdma_cni.commands.gc import release_previous_boot
+    from rdma_cni.verbs.gc import release_previous_boot
 
     conf = cluster.conf()
     pods = [cluster.pod([{}]) for _ in range(3)]

@@ -96,11 +96,11 @@ def test_does_not_follow_a_planted_temporary_symlink(tmp_path: Path) -> None:
 # moved aside before it is deleted, a spooled DEL claimed by a hard link (delspool: a link never
 # replaces a claim another runner made). A corrupt record or spooled DEL set aside is atomicfile.move.
 NOT_WRITES = {
-    ("rdma_cni/warm.py", "listen"),
+    ("rdma_cni/launch/warm.py", "listen"),
     ("rdma_cni/agent/cniserver.py", "_publish"),
     ("rdma_cni/agent/delspool.py", "settle"),
     ("rdma_cni/log.py", "rotate_if_large"),
-    ("rdma_cni/cacheprune.py", "_remove"),
+    ("rdma_cni/launch/cacheprune.py", "_remove"),
 }
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni import cacheprune, warm
+from rdma_cni.launch import cacheprune, warm
 
 NOW = 1_800_000_000.0
 DAY = 86400.0

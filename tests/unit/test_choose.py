@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from rdma_cni.cni.errors import NoCapacity
-from rdma_cni.commands import add
 from rdma_cni.node.inventory import Node, Owner, Pf, Vf
 from rdma_cni.node.isolation import RdmaIsolation
 from rdma_cni.shared import nodestate, placement
 from rdma_cni.shared.podrequest import InterfaceRequest
+from rdma_cni.verbs import add
 
 
 def pf(name: str, cap: int | None, vfs: int, taken: dict[int, int] | None = None, rdma: bool = True) -> Pf:

@@ -209,7 +209,7 @@ def test_many_unknown_keys_under_the_limit_cost_little(binary: str, sysfs: Path,
 # stays, dataclasses imports it).
 NOT_AT_START = ("zipfile", "pkgutil", "multiprocessing", "pydantic", "pyroute2", "prometheus_client")
 # A config verb loads pydantic but not importlib.metadata and what it brings,
-# nor the other modules rdma_cni.startup defers (secrets and hashlib for
+# nor the other modules rdma_cni.launch.startup defers (secrets and hashlib for
 # pydantic.types, multiprocessing for pyroute2.config), nor PyInstaller's
 # hooks' zipfile (pkgutil, which pyroute2 imports itself, may load).
 NOT_IN_CONFIG_VERBS = (
@@ -236,7 +236,7 @@ def modules_loaded(binary: str, sysfs: Path, tmp_path: Path, stdin: bytes, **cni
 
 def test_cold_version_loads_no_runtime_hook_modules(binary: str, sysfs: Path, tmp_path: Path) -> None:
     modules = modules_loaded(binary, sysfs, tmp_path, b'{"cniVersion": "1.0.0"}', CNI_COMMAND="VERSION")
-    assert "rdma_cni.cli" in modules  # the trace does see the plugin's imports
+    assert "rdma_cni.cli.main" in modules  # the trace does see the plugin's imports
     assert loaded_from(modules, NOT_AT_START + AGENT_ONLY) == []
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rdma_cni.cli import run_cni
+from rdma_cni.cli.main import run_cni
 from rdma_cni.cni import config as config_module
 from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, NetConf, load_netconf, suggest_field
 from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField

@@ -11,8 +11,8 @@ import socket
 
 import pytest
 
-from rdma_cni import doctor
-from rdma_cni.doctor import FAIL, OK, SKIP, WARN, Finding
+from rdma_cni.cli import doctor
+from rdma_cni.cli.doctor import FAIL, OK, SKIP, WARN, Finding
 
 NOW = 1_800_000_000.0
 
@@ -162,7 +162,7 @@ def test_main_prints_every_check_and_exits_with_the_worst(tmp_path, monkeypatch,
 
 
 def test_cli_dispatches_doctor(monkeypatch) -> None:
-    from rdma_cni import cli
+    from rdma_cni.cli import main as cli
 
     seen = []
     monkeypatch.setattr(doctor, "main", lambda argv, out: seen.append(argv) or 1)

@@ -1,4 +1,4 @@
-"""rdma_cni.exporter: what the agent's and the extender's /metrics share."""
+"""rdma_cni.httpd.exporter: what the agent's and the extender's /metrics share."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from rdma_cni import exporter
+from rdma_cni.httpd import exporter
 
 
 class _Fixed:

@@ -542,7 +542,7 @@ def test_conf_source_needs_write_conf(node: Node) -> None:
 
 
 def test_cli_dispatches_to_install(node: Node) -> None:
-    from rdma_cni.cli import main as cli_main
+    from rdma_cni.cli.main import main as cli_main
 
     out = io.StringIO()
     assert cli_main(["install", *node.args(node.script("v1"))], stdout=out) == 0

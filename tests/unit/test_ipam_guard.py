@@ -214,7 +214,7 @@ def test_an_ipam_call_never_run_has_no_result_and_a_moot_del(tmp_path: Path) -> 
 def test_only_a_launcher_carrying_this_very_build_is_run_as_the_guard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rdma_cni import payload
+    from rdma_cni.launch import payload
     from rdma_cni.node import ipam_guard
 
     launcher = _built_launcher()

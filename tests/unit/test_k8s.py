@@ -906,7 +906,7 @@ def test_a_cold_start_neither_hashes_certificates_nor_imports_hashlib(api: ApiSe
     out = run(
         f"""
         import json, sys
-        from rdma_cni.startup import defer_unused
+        from rdma_cni.launch.startup import defer_unused
         defer_unused()  # as the built binary's entry point does
         from rdma_cni.kube import credentials, podget, tls
         tls.client_context(credentials.load_credentials({str(path)!r}))

@@ -22,9 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PACKAGE = "rdma_cni"
 
 # Layers are folders: a rule names a folder and covers every module in it.
-KERNEL_LAYER = ("kernel", "node", "commands")
+KERNEL_LAYER = ("kernel", "node", "verbs")
 # The executable's entry points dispatch to every half, by design.
-ENTRY_POINTS = ("__main__", "cli", "warm", "install", "nodes_cli")
+ENTRY_POINTS = ("__main__", "cli", "launch", "install")
 SHARED_STDLIB_ONLY = (
     "shared.placement",
     "shared.nodestate",
@@ -34,7 +34,7 @@ SHARED_STDLIB_ONLY = (
     "shared.errors",
 )
 # Every other layer: shared/ is the bottom of the house, imported by both halves, importing neither.
-ABOVE_SHARED = ("cni", "kube", *KERNEL_LAYER, "agent", "extender", *ENTRY_POINTS, "inventory_cli", "exporter")
+ABOVE_SHARED = ("cni", "kube", *KERNEL_LAYER, "agent", "extender", *ENTRY_POINTS, "httpd")
 
 
 def module_name(path: str, root: str = ROOT) -> str:

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rdma_cni import cli, nodes_cli
+from rdma_cni.cli import main as cli
+from rdma_cni.cli import nodes as nodes_cmd
 from rdma_cni.extender.decide import Decider
 from rdma_cni.extender.demand import Demands
 from rdma_cni.extender.reservations import Reservations
@@ -55,7 +56,7 @@ def reset_nodes(api: ApiServer, nodes: dict[str, str | None]) -> None:
 
 def run(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
-    code = nodes_cli.main(list(argv), out)
+    code = nodes_cmd.main(list(argv), out)
     return code, out.getvalue()
 
 
@@ -297,8 +298,8 @@ def test_fits_with_a_network_judges_rails_as_the_extender_does() -> None:
         '[{"rail": "rail-1"}]',
         '{"interfaces": [{}, {}], "different_pfs": true}',
     ):
-        request = nodes_cli._fits(value)
-        doc = nodes_cli.report(objects, now=Decider().now(), demand=nodes_cli.demand_of(request, "net"))
+        request = nodes_cmd._fits(value)
+        doc = nodes_cmd.report(objects, now=Decider().now(), demand=nodes_cmd.demand_of(request, "net"))
         assert doc["network"] == "net"
         extender = Extender(
             decider=Decider(),
@@ -310,20 +311,20 @@ def test_fits_with_a_network_judges_rails_as_the_extender_does() -> None:
         passing = sorted(n["metadata"]["name"] for n in (answer.get("Nodes") or {}).get("items") or [])
         assert doc["fitting_nodes"] == passing, (value, doc, answer)
     # rail-0 fits the v2 node only (a v1 state has no rails); the request shows its constraint.
-    doc = nodes_cli.report(
+    doc = nodes_cmd.report(
         objects,
         now=Decider().now(),
-        demand=nodes_cli.demand_of(nodes_cli._fits('[{"rail": "rail-0"}]'), "net"),
+        demand=nodes_cmd.demand_of(nodes_cmd._fits('[{"rail": "rail-0"}]'), "net"),
     )
     assert doc["fitting_nodes"] == ["v2"]
     assert doc["request"] == [{"min_tx_rate": 0, "max_tx_rate": 0, "rail": "rail-0"}]
     placed = {n["name"]: n["fits"]["placement"] for n in doc["nodes"]}
     assert placed["v2"] == [{"pf": "p0", "vfs": 1, "min_tx_rate": 0}]
     # Without --network the request is judged on every PF, without rails.
-    doc = nodes_cli.report(
+    doc = nodes_cmd.report(
         objects,
         now=Decider().now(),
-        demand=nodes_cli.demand_of(nodes_cli._fits('[{"rail": "rail-0"}]'), None),
+        demand=nodes_cmd.demand_of(nodes_cmd._fits('[{"rail": "rail-0"}]'), None),
     )
     assert doc["fitting_nodes"] == [] and "network" not in doc
 
@@ -380,7 +381,7 @@ def test_json_stays_exact_json_with_hostile_names(api: ApiServer, kubeconfig: st
 def test_node_names_and_errors_are_escaped_too() -> None:
     # Node names come from the API server: a hostile one (or a stand-in's) is escaped as well.
     items = [{"metadata": {"name": "n\x1b[31m\nx", "annotations": {}}}, {"metadata": {"name": 7}}]
-    table = nodes_cli.render_table(nodes_cli.report(items, now=0.0))
+    table = nodes_cmd.render_table(nodes_cmd.report(items, now=0.0))
     assert table.count("\n") == 3 and "\x1b" not in table and "n\\x1b[31m\\nx" in table
 
 

@@ -389,8 +389,8 @@ def test_agent_starts_the_plugin_on_the_socket_or_not_at_all(tmp_path: Path) -> 
 
 
 def test_status_says_when_pods_get_no_devices(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from rdma_cni.commands.status import report_nri
     from rdma_cni.node.record import write_atomic
+    from rdma_cni.verbs.status import report_nri
 
     lock_file = str(tmp_path / "rdma-cni.lock")
     with caplog.at_level(logging.WARNING, logger="rdma_cni.status"):

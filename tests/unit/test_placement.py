@@ -577,7 +577,7 @@ def test_stress_families_are_decided_correctly_and_within_the_budget_but_for_kno
 def test_the_hardest_known_inputs_are_decided_by_the_plugins_budget(
     bench_families: dict[str, list], family: str, number: int
 ) -> None:
-    from rdma_cni.commands.add import PLACEMENT_STEPS
+    from rdma_cni.verbs.add import PLACEMENT_STEPS
 
     inst = bench_families[family][number]
     try:

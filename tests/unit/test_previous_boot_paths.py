@@ -17,12 +17,12 @@ import pytest
 
 from rdma_cni.agent import bootrelease, cniserver
 from rdma_cni.agent.cniserver import CniServer
-from rdma_cni.cli import run_cni
+from rdma_cni.cli.main import run_cni
 from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR
 from rdma_cni.cni.errors import TryAgainLater
-from rdma_cni.commands import gc
 from rdma_cni.node import boot
 from rdma_cni.node.record import Attachment, PodInfo, RecordStore
+from rdma_cni.verbs import gc
 
 REPO = Path(__file__).resolve().parents[2]
 

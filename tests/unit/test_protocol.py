@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from rdma_cni import __version__
-from rdma_cni.cli import run_cni
+from rdma_cni.cli.main import run_cni
 from rdma_cni.cni.errors import (
     CniError,
     DecodeFailure,
@@ -1075,7 +1075,7 @@ _VERB_MODULES = {"ADD": "add", "DEL": "delete", "CHECK": "check", "STATUS": "sta
 def test_unexpected_exception_is_code_199(node: Node, verb: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
 
-    module = importlib.import_module(f"rdma_cni.commands.{_VERB_MODULES[verb]}")
+    module = importlib.import_module(f"rdma_cni.verbs.{_VERB_MODULES[verb]}")
 
     def explode(*args: Any, **kwargs: Any) -> None:
         raise ZeroDivisionError("the flux capacitor is empty")
@@ -1184,7 +1184,7 @@ def test_process_unexpected_exception_and_stray_output(node: Node) -> None:
     snippet = textwrap.dedent(
         """
         import sys
-        import rdma_cni.commands.delete as delete
+        import rdma_cni.verbs.delete as delete
 
         def run(env, conf, doc):
             print("stray print from a verb")
@@ -1192,7 +1192,7 @@ def test_process_unexpected_exception_and_stray_output(node: Node) -> None:
             raise KeyError("no such thing")
 
         delete.run = run
-        from rdma_cni.cli import main
+        from rdma_cni.cli.main import main
         sys.exit(main())
         """
     )
@@ -1247,7 +1247,7 @@ HEAVY = ("pydantic", "pyroute2", "requests", "filelock")
 _IMPORT_PROBE = textwrap.dedent(
     """
     import json, sys
-    from rdma_cni.cli import run_cni
+    from rdma_cni.cli.main import run_cni
     code, doc = run_cni(json.loads(sys.argv[1]), sys.argv[2].encode())
     print(json.dumps({"code": code, "doc": doc, "modules": sorted(sys.modules)}))
     """
@@ -1313,7 +1313,7 @@ def test_entry_point_imports_nothing_heavy(node: Node, cni: dict[str, str], stdi
         for line in proc.stderr.decode().splitlines()
         if line.startswith("import time:")
     }
-    assert "rdma_cni.cli" in imported  # the probe does see our imports
+    assert "rdma_cni.cli.main" in imported  # the probe does see our imports
     assert sorted(m for m in imported if m.split(".")[0] in HEAVY) == []
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rdma_cni.cli import run_cni
+from rdma_cni.cli.main import run_cni
 from rdma_cni.cni.config import load_netconf
 from rdma_cni.cni.errors import CniError, InvalidConfig, InvalidEnvironment, InvalidPodRequest
 from rdma_cni.cni.protocol import parse_env, validate_ifname

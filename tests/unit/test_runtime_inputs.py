@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rdma_cni.cli import run_cni
+from rdma_cni.cli.main import run_cni
 from rdma_cni.cni.config import first_interface_mac, load_netconf, parse_mac
 from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest
 from rdma_cni.cni.protocol import parse_env

@@ -1,4 +1,4 @@
-"""rdma_cni.startup: a deferred module runs only when used, and behaves as itself once it is.
+"""rdma_cni.launch.startup: a deferred module runs only when used, and behaves as itself once it is.
 
 Each case runs in a fresh interpreter: deferring changes sys.modules.
 """
@@ -54,7 +54,7 @@ def test_deferred_module_runs_on_first_use_only(tmp_path: Path) -> None:
     out = run(
         """
         import json, sys
-        from rdma_cni.startup import defer_import
+        from rdma_cni.launch.startup import defer_import
         defer_import("deferme", ("hello",))
         import deferme
         from deferme import hello
@@ -74,7 +74,7 @@ def test_deferred_module_not_used_never_runs(tmp_path: Path) -> None:
     out = run(
         """
         import json, sys
-        from rdma_cni.startup import defer_import
+        from rdma_cni.launch.startup import defer_import
         defer_import("deferme", ("hello",))
         import deferme
         from deferme import hello
@@ -92,7 +92,7 @@ def test_forwarded_function_loads_the_module_when_called(tmp_path: Path) -> None
     out = run(
         """
         import json
-        from rdma_cni.startup import defer_import
+        from rdma_cni.launch.startup import defer_import
         defer_import("deferme", ("hello",))
         from deferme import hello
         print(json.dumps(hello("node")))
@@ -107,7 +107,7 @@ def test_submodule_of_a_deferred_package_and_its_parent_attribute(tmp_path: Path
     out = run(
         """
         import json, sys
-        from rdma_cni.startup import defer_import
+        from rdma_cni.launch.startup import defer_import
         defer_import("deferme.sub")
         import deferme.sub
         stand_in = deferme.sub
@@ -125,7 +125,7 @@ def test_already_imported_or_missing_modules_are_left_alone() -> None:
     out = run(
         """
         import json, sys, json.decoder
-        from rdma_cni.startup import defer_import
+        from rdma_cni.launch.startup import defer_import
         before = sys.modules["json.decoder"]
         defer_import("json.decoder")
         defer_import("no_such_module_rdma_cni")
@@ -140,7 +140,7 @@ def test_quiet_pydantic_validates_a_config_without_importlib_metadata() -> None:
     out = run(
         """
         import json, sys
-        from rdma_cni.startup import quiet_pydantic
+        from rdma_cni.launch.startup import quiet_pydantic
         quiet_pydantic()
         from rdma_cni.cni.config import load_netconf
         conf = load_netconf({"cniVersion": "1.0.0", "name": "net", "ipam": {"type": "host-local"}})
@@ -160,7 +160,7 @@ def test_plugins_enabled_after_all_still_scan_through_the_real_module() -> None:
     out = run(
         """
         import json, sys
-        from rdma_cni.startup import quiet_pydantic
+        from rdma_cni.launch.startup import quiet_pydantic
         quiet_pydantic()
         from rdma_cni.cni.config import load_netconf
         load_netconf({"cniVersion": "1.0.0", "name": "net"})
@@ -177,7 +177,7 @@ def test_defer_unused_keeps_what_the_verbs_never_use_out() -> None:
     out = run(
         """
         import json, logging, sys
-        from rdma_cni.startup import defer_unused
+        from rdma_cni.launch.startup import defer_unused
         defer_unused()
         from rdma_cni import log
         from rdma_cni.cni.config import load_netconf

@@ -1,4 +1,4 @@
-"""Warm start (launcher/warm.c + rdma_cni/warm.py) through the built binary.
+"""Warm start (launcher/warm.c + rdma_cni/launch/warm.py) through the built binary.
 
 Each test has its own cache directory and so its own warm server; the
 per-verb log line says whether an invocation started cold or warm.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni import payload, warm
-from rdma_cni.cli import main
+from rdma_cni.cli.main import main
+from rdma_cni.launch import payload, warm
 from tests.support.processes import cache_id, children_of, wait_gone, warm_servers
 
 BINARY = os.environ.get("RDMA_CNI_BINARY")
@@ -486,10 +486,10 @@ def test_sigterm_stops_the_server_and_removes_its_socket(node: Node) -> None:
 
 PRELOAD_CHECK = """
 import json, os, sys
-from rdma_cni import warm
-from rdma_cni.cli import run_cni
+from rdma_cni.launch import warm
+from rdma_cni.cli.main import run_cni
 heavy = ("pydantic", "http.client", "rdma_cni.node.record", "pyroute2.netlink.rtnl.ifinfmsg",
-         "rdma_cni.commands.add")
+         "rdma_cni.verbs.add")
 assert not any(name in sys.modules for name in heavy)
 warm.preload()
 before = set(sys.modules)
@@ -524,7 +524,7 @@ GET_AFTER_PRELOAD = """
 import json, sys
 sys.path.insert(0, sys.argv[2])
 from rdma_cni.kube import credentials, podget, tls
-from rdma_cni import warm
+from rdma_cni.launch import warm
 from tests.support.apiserver import ApiServer
 warm.preload()
 with ApiServer() as api:

@@ -1,11 +1,10 @@
-"""rdma_cni.httphead: the memo of request heads (refusals are tested through the servers)."""
+"""rdma_cni.httpd.head: the memo of request heads (refusals are tested through the servers)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rdma_cni import httphead
-from rdma_cni.httphead import BadRequest, Heads
+from rdma_cni.httpd.head import MEMO_HEAD, MEMO_HEADS, BadRequest, Heads
 
 
 def _head(extra: bytes = b"") -> bytes:
@@ -23,11 +22,11 @@ def test_a_head_read_again_is_the_same_request() -> None:
 
 def test_the_memo_is_bounded_in_entries_and_entry_size() -> None:
     heads = Heads()
-    for i in range(httphead.MEMO_HEADS * 2 + 3):
+    for i in range(MEMO_HEADS * 2 + 3):
         head = _head(b"X-N: %d\r\n" % i)
         heads.parse(head, len(head) - 2)
-        assert len(heads._known) <= httphead.MEMO_HEADS
-    big = _head(b"X-Big: " + b"y" * httphead.MEMO_HEAD + b"\r\n")
+        assert len(heads._known) <= MEMO_HEADS
+    big = _head(b"X-Big: " + b"y" * MEMO_HEAD + b"\r\n")
     known = len(heads._known)
     heads.parse(big, len(big) - 2)
     assert len(heads._known) == known  # too big to keep
