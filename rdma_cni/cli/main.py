@@ -179,7 +179,9 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
     elif name == "warm-server":
         from rdma_cni.launch.warm import main as run_warm
 
-        return run_warm(rest)
+        # Each child of the server runs this module's main, as a cold start does (the server
+        # imports nothing of the entry points).
+        return run_warm(rest, run=main)
     else:
         sys.stderr.write(f"rdma-cni: unknown subcommand {name!r}\n\n{USAGE}")
         return 2

@@ -8,7 +8,9 @@ listens on ``<tree>/warm.sock`` and forks one child per CNI invocation. The
 child takes the caller's stdin, stdout and stderr (passed over the socket)
 and its argv, environment, working directory and umask (read from
 /proc/<pid>, so a caller cannot describe itself as someone else), then runs
-:func:`rdma_cni.cli.main.main` exactly as a cold start would.
+the executable's entry point exactly as a cold start would: the function
+:func:`rdma_cni.cli.main.main` hands this server when it starts it, so that
+neither module imports the other.
 
 Safety:
 
@@ -49,7 +51,7 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from rdma_cni.launch import cacheprune
 from rdma_cni.launch.payload import payload_id
@@ -210,8 +212,9 @@ class Caller:
 class Server:
     """The accept/fork/reap loop of one tree's warm server."""
 
-    def __init__(self, tree: str, idle: float | None, launcher: str = "") -> None:
+    def __init__(self, tree: str, idle: float | None, launcher: str = "", *, run: Callable[[], int]) -> None:
         self.tree = tree
+        self.run = run  # what each child runs: the executable's entry point, as a cold start would
         self.idle = idle
         self.launchers = Launchers(os.path.basename(tree))
         if launcher:
@@ -403,11 +406,10 @@ class Server:
             os.environ.update(caller.environ)
             sys.argv = caller.argv or ["rdma-cni"]
             from rdma_cni import log
-            from rdma_cni.cli.main import main
 
             log.start_kind = "warm"
 
-            code = main()
+            code = self.run()
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         except BaseException:
@@ -469,8 +471,8 @@ def _stop(signo: int, _frame: object) -> None:
     raise SystemExit(128 + signo)
 
 
-def main(argv: list[str]) -> int:
-    """``rdma-cni warm-server``: started by the launcher, not by people."""
+def main(argv: list[str], run: Callable[[], int]) -> int:
+    """``rdma-cni warm-server``: started by the launcher, not by people; each child calls ``run()``."""
     if argv:
         sys.stderr.write("rdma-cni warm-server takes no arguments\n")
         return 2
@@ -485,7 +487,7 @@ def main(argv: list[str]) -> int:
         return 0  # another server has this tree
     preload()
     # The launcher that spawned us names itself (launcher/warm.c); see Launchers.
-    server = Server(tree, idle_seconds(os.environ), os.environ.get("RDMA_CNI_LAUNCHER", ""))
+    server = Server(tree, idle_seconds(os.environ), os.environ.get("RDMA_CNI_LAUNCHER", ""), run=run)
     server.listen()
     # Stopped with SIGTERM (or SIGINT), remove the socket on the way out.
     for signo in (signal.SIGTERM, signal.SIGINT):

@@ -17,11 +17,13 @@ _PYC = re.compile(r'"[^"]*?/_internal/([^"]+)\.pyc", [^)]*\) = \d+')
 
 # The node agent's NRI plugin and its generated messages: in the tree, only the agent loads them.
 AGENT_ONLY = ("google", "rdma_cni.agent")
-# The long-running components' API client and /metrics: a verb's pod GET is rdma_cni.kube.podget.
+# The long-running components' API client, HTTP serving and /metrics: a verb's pod GET is
+# rdma_cni.kube.podget.
 LONG_RUNNING_ONLY = (
     "rdma_cni.kube.client",
     "rdma_cni.kube.pool",
     "rdma_cni.kube.events",
+    "rdma_cni.httpd",
     "prometheus_client",
 )
 

@@ -117,7 +117,7 @@ def test_the_warm_server_prunes_at_start(tmp_path: Path, monkeypatch: pytest.Mon
     base = tmp_path / "cache"
     tree = unpack(base, CURRENT, NOW)
     old = unpack(base, OLD, 0.0)  # 1970: long idle
-    server = warm.Server(str(tree), None)
+    server = warm.Server(str(tree), None, run=lambda: 0)  # serves no child here
     monkeypatch.setattr(server, "wanted", lambda: False)
     try:
         server.serve_forever()  # not wanted: returns after its first round

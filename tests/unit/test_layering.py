@@ -23,8 +23,10 @@ PACKAGE = "rdma_cni"
 
 # Layers are folders: a rule names a folder and covers every module in it.
 KERNEL_LAYER = ("kernel", "node", "verbs")
-# The executable's entry points dispatch to every half, by design.
-ENTRY_POINTS = ("__main__", "cli", "launch", "install")
+# The executable's entry points dispatch to every half, by design: the dispatcher and the operator
+# subcommands (cli/), the installer (install/). The packed binary's start-up (launch/: the warm
+# server above all) is not one of them: it never reaches the agent or the extender.
+ENTRY_POINTS = ("__main__", "cli", "install")
 SHARED_STDLIB_ONLY = (
     "shared.placement",
     "shared.nodestate",
@@ -34,7 +36,24 @@ SHARED_STDLIB_ONLY = (
     "shared.errors",
 )
 # Every other layer: shared/ is the bottom of the house, imported by both halves, importing neither.
-ABOVE_SHARED = ("cni", "kube", *KERNEL_LAYER, "agent", "extender", *ENTRY_POINTS, "httpd")
+ABOVE_SHARED = ("cni", "kube", *KERNEL_LAYER, "agent", "extender", *ENTRY_POINTS, "launch", "httpd", "log")
+# What `ls rdma_cni` shows (docs/architecture.md's map): every folder a layer, and no loose module
+# but these. A new module goes into the folder of its layer; a new folder is a new layer, with its rules.
+LAYERS = {
+    "shared": "both halves",
+    "cni": "both halves",
+    "kube": "both halves",
+    "kernel": "node half",
+    "node": "node half",
+    "verbs": "node half",
+    "agent": "node half",
+    "extender": "cluster half",
+    "httpd": "the long-running components' HTTP serving (the agent's and the extender's)",
+    "cli": "entry points",
+    "install": "entry points",
+    "launch": "the packed binary's start-up",
+}
+LOOSE_MODULES = ("__init__", "__main__", "log")
 
 
 def module_name(path: str, root: str = ROOT) -> str:
@@ -173,6 +192,8 @@ RULES = [
     ),
     # The arrows point down: shared/ (the pod request above all) takes nothing from cni/ or higher.
     Rule("shared modules never import a layer above them", ("shared",), ABOVE_SHARED),
+    # The entry point hands the warm server what its children run (cli/main's main): no circle.
+    Rule("the packed binary's start-up never imports the entry points", ("launch",), ENTRY_POINTS),
 ]
 
 
@@ -228,6 +249,14 @@ def test_every_kernel_layer_module_exists(graph: Graph) -> None:
     # A renamed kernel module would silently fall out of the extender rule.
     for name in KERNEL_LAYER:
         assert _matches_any(name, graph), f"{PACKAGE}.{name} is gone: update KERNEL_LAYER"
+
+
+def test_the_top_of_the_package_is_its_layers() -> None:
+    top = os.path.join(ROOT, PACKAGE)
+    folders = {n for n in os.listdir(top) if os.path.isfile(os.path.join(top, n, "__init__.py"))}
+    loose = {n.removesuffix(".py") for n in os.listdir(top) if n.endswith(".py")}
+    assert sorted(folders) == sorted(LAYERS), "a new folder is a new layer: add it to LAYERS and its rules"
+    assert sorted(loose) == sorted(LOOSE_MODULES), "a new module goes into the folder of its layer"
 
 
 def _matches_any(name: str, graph: Graph) -> bool:
@@ -376,6 +405,17 @@ def test_clean_fake_package_passes(tmp_path: object) -> None:
             {"shared/podrequest.py": "from rdma_cni.cni.errors import InvalidPodRequest\n"},
             7,
             "rdma_cni.shared.podrequest reaches rdma_cni.cni.errors",
+        ),
+        # the warm server importing the entry point its children run, as it once did
+        (
+            {
+                "cli/__init__.py": "",
+                "cli/main.py": "def main():\n    from rdma_cni.launch import warm\n",
+                "launch/__init__.py": "",
+                "launch/warm.py": "def child():\n    from rdma_cni.cli.main import main\n",
+            },
+            8,
+            "rdma_cni.launch.warm reaches rdma_cni.cli.main",
         ),
     ],
 )

@@ -561,7 +561,7 @@ def test_server_keeps_the_tls_contexts_its_children_name(
     monkeypatch.setattr(tls, "_CONTEXTS", kept)
     tree = tmp_path / "tree"
     tree.mkdir()
-    server = warm.Server(str(tree), None)
+    server = warm.Server(str(tree), None, run=main)
     try:
         server._keep_contexts()  # nothing said yet: nothing to do
         with ApiServer() as api:
