@@ -93,7 +93,7 @@ def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mtls]:
             operator.run(block)
         extender = MtlsExtender(cp, root / "operator")
         extender.start()
-        relays = ServiceRelays(extender.port)
+        relays = ServiceRelays(cp, extender.port)
         scheduler = DefaultScheduler(cp, operator, relays)
         scheduler.start()
         namespace = unique("mtls")

@@ -149,16 +149,24 @@ class Operator:
 
 
 class ServiceRelays:
-    """kube-proxy's part: each ClusterIP of the extender's Service relayed on 127.0.0.1 to the extender."""
+    """kube-proxy's part: the extender Service's ClusterIP relayed on 127.0.0.1 to the extender, while
+    the Service has that address; any other address is a loopback port nothing listens on."""
 
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, cp: ControlPlane, target_port: int) -> None:
+        self.cp = cp
         self.target = ("127.0.0.1", target_port)
         self.relays: dict[str, Relay] = {}
+        self.nowhere: dict[str, int] = {}
 
-    def port_for(self, cluster_ip: str) -> int:
-        if cluster_ip not in self.relays:
-            self.relays[cluster_ip] = Relay(self.target)
-        return self.relays[cluster_ip].port
+    def port_for(self, ip: str) -> int:
+        if ip in self.relays:
+            return self.relays[ip].port
+        proc = self.cp.kubectl("get", "service", SERVICE, "-n", "kube-system", "-o", "json", check=False)
+        if proc.returncode == 0 and json.loads(proc.stdout)["spec"].get("clusterIP") == ip:
+            self.relays[ip] = Relay(self.target)
+            return self.relays[ip].port
+        # No Service has it: nothing answers there (kube-proxy has no rule for it).
+        return self.nowhere.setdefault(ip, free_port())
 
     def drop(self, cluster_ip: str) -> None:
         """The Service of ``cluster_ip`` is gone: nothing answers there any more."""
