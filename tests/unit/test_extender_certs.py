@@ -263,3 +263,30 @@ def test_the_housekeeping_thread_reloads_by_itself(pki: dict[str, Path], tmp_pat
     finally:
         service.stopping.set()
         service.server.server_close()
+
+
+def test_a_file_gone_keeps_the_old_context_and_an_unreadable_expiry_is_said(
+    pki: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    live = tmp_path / "live"
+    live.mkdir()
+    for name in ("cert", "key"):
+        shutil.copy(pki[name], live / name)
+    tls = ServingTls(str(live / "cert"), str(live / "key"), None)
+    before = tls.context
+    # A Secret deleted: the files go (a pod's mounted files stay, but a hand-made mount may not).
+    (live / "key").unlink()
+    assert not tls.check() and tls.failing and tls.context is before
+    assert "No such file" in tls.last_error or "cannot load" in tls.last_error
+    # Files that load but whose expiry cannot be read: served, the metric left as it was, said.
+    from rdma_cni.extender import certs
+
+    def unreadable(path: str) -> list[float]:
+        raise CertificateError(f"{path}: no validity")
+
+    monkeypatch.setattr(certs, "read_not_after", unreadable)
+    caplog.set_level(logging.WARNING, logger="rdma_cni.extender")
+    shutil.copy(pki["key"], live / "key")
+    assert tls.check() and not tls.failing
+    assert tls.expiry == {"serving": _openssl_end(pki["cert"])}
+    assert "cannot read the expiry of" in caplog.text
