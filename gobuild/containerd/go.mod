@@ -1,3 +1,8 @@
+// Builds containerd 2.x, its runc shim and ctr for the node test tier
+// (scripts/build_components.sh --node) from the published
+// github.com/containerd/containerd/v2 module: the runtime kubelet drives there,
+// with NRI on by default. Nothing of its source is kept here: go.sum pins what
+// the module proxy serves.
 module rdma-cni.io/gobuild/containerd
 
 go 1.26.6

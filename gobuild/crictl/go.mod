@@ -1,3 +1,6 @@
+// Builds crictl for the node test tier (scripts/build_components.sh --node)
+// from the published sigs.k8s.io/cri-tools module, at the release matching the
+// Kubernetes minor the tier runs. go.sum pins what the module proxy serves.
 module rdma-cni.io/gobuild/crictl
 
 go 1.26.6

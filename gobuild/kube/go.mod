@@ -1,8 +1,9 @@
 // Builds kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
 // from the published k8s.io/kubernetes module for the cluster test tier
-// (scripts/build_components.sh). k8s.io/kubernetes names its staging modules
-// at v0.0.0 and replaces them with local paths, which Go ignores in a
-// dependency: each is pinned here to the tag published with v1.37.2.
+// (scripts/build_components.sh), and kubelet for the node tier (its --node).
+// k8s.io/kubernetes names its staging modules at v0.0.0 and replaces them with
+// local paths, which Go ignores in a dependency: each is pinned here to the
+// tag published with v1.37.2.
 module rdma-cni.io/gobuild/kube
 
 go 1.26.0
@@ -225,7 +226,6 @@ tool k8s.io/kubernetes/cmd/kube-controller-manager
 
 tool k8s.io/kubernetes/cmd/kube-scheduler
 
-tool (
-	k8s.io/kubernetes/cmd/kubectl
-	k8s.io/kubernetes/cmd/kubelet
-)
+tool k8s.io/kubernetes/cmd/kubectl
+
+tool k8s.io/kubernetes/cmd/kubelet

@@ -1,3 +1,9 @@
+// Builds Multus for the node test tier (scripts/build_components.sh --node)
+// from the published gopkg.in/k8snetworkplumbingwg/multus-cni.v4 module: the
+// thick plugin (multus-daemon, multus-shim, install_multus and passthru, which
+// its DaemonSet's init container installs) and the thin one (multus,
+// thin_entrypoint). The tier applies the module's own thick-plugin manifest
+// with an image made from these. go.sum pins what the module proxy serves.
 module rdma-cni.io/gobuild/multus
 
 go 1.26.0
