@@ -237,10 +237,15 @@ def restore_sysctls(saved: dict[str, str]) -> None:
             f.write(value)
 
 
-def remove_tree(path: str) -> None:
-    """Remove a run's folder, whatever containers left in it (read-only bits, busy mounts unmounted first)."""
+def unmount_below(path: str) -> None:
+    """Unmount (lazily) every mount point below ``path`` in this namespace, deepest first."""
     with open("/proc/self/mountinfo") as f:
         points = [line.split()[4] for line in f]
     for point in sorted((p for p in points if p.startswith(path.rstrip("/") + "/")), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a run's folder, whatever containers left in it (mounts below it unmounted first)."""
+    unmount_below(path)
     shutil.rmtree(path, ignore_errors=True)

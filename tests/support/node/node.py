@@ -28,7 +28,7 @@ from tests.support.kube.applyconf import apply_file
 from tests.support.kube.controlplane import REPO, Binary, ControlPlane
 from tests.support.kube.process import ComponentFailed
 from tests.support.kube.rdmascheduler import RdmaScheduler, start_rdma_scheduler
-from tests.support.node import host, images, multus
+from tests.support.node import capture, host, images, multus
 from tests.support.node.runtime import Containerd, Kubelet
 from tests.support.simnode import SimNode, SimPf, ip
 from tests.support.waiting import wait_for
@@ -61,7 +61,10 @@ CONF_FILES = (
 # another name and subnet, and rdma-scheduler's --networks lists both.
 SECOND_NETWORK = "rdma-rail-b"
 SECOND_SUBNET = "192.168.144.0/20"
-NETWORKS = f"default/rdma-net,default/{SECOND_NETWORK}"
+# A third, whose delegate records what Multus passes it (tests/support/node/capture.py).
+CAPTURE_NETWORK = "rdma-capture"
+CAPTURE_SUBNET = "192.168.160.0/20"
+NETWORKS = f"default/rdma-net,default/{SECOND_NETWORK},default/{CAPTURE_NETWORK}"
 VFS_PER_PF = 20
 PF_SPEED = 100000  # Mbit/s
 
@@ -99,6 +102,8 @@ class Node:
     sysctls: dict[str, str] = field(default_factory=dict)
     daemonset_text: str = ""  # conf/daemonset.yaml as applied
     multus_images_replaced: list[str] = field(default_factory=list)
+    # The simulated RDMA character devices: VF netdev -> (major, minor) of its uverbs node.
+    rdma_devices: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -155,6 +160,33 @@ class Node:
     def all_vfs(self) -> set[str]:
         return {self.sim.vf_netdev(k, i) for k, i in self.sim.all_vfs()}
 
+    def vfs_back_from_gone_namespaces(self, vfs: list[tuple[int, int]], *, reboot: bool) -> None:
+        """Wait until the namespaces holding ``vfs`` are gone, then bring each VF back to the host
+        as the kernel would: a veth dies with its namespace (its wire too), a real VF comes back,
+        under a name of the kernel's (here one the node never uses) or, after a reboot, under
+        the name its driver gives it at boot (its host name)."""
+        wires = {self.sim.vf_wire(k, i) for k, i in vfs}
+        wait_for(
+            lambda: not wires & SimNode.host_links(), 60, "the pods' namespaces gone, their VFs with them"
+        )
+        for k, i in vfs:
+            if reboot:
+                self.sim.make_vf_netdev(k, i)
+            else:
+                name, wire = f"{self.sim.prefix}h{k}x{i}", self.sim.vf_wire(k, i)
+                ip("link", "add", name, "type", "veth", "peer", "name", wire)
+                ip("link", "set", wire, "up")
+
+    def vfs_of(self, sandbox: str) -> list[tuple[int, int]]:
+        """The simulated VFs (PF index, VF index) the records of ``sandbox`` hold."""
+        pfs = [pf.name for pf in self.sim.pfs]
+        return [
+            (pfs.index(v["pf"]), int(v["vf"]))
+            for r in self.record_docs()
+            if r["container_id"] == sandbox
+            for v in r["vfs"]
+        ]
+
     def pf_settings(self) -> dict[str, dict[str, Any]]:
         """PF-side settings per ``pf/vf``, from the simulated node's VF control file."""
         return {
@@ -195,7 +227,8 @@ class Node:
         """The agent containers' logs (every agent pod's, through the CRI), for failure messages."""
         out = []
         for item in self.containerd.crictl_json("ps", "-a", "--name", "^install$")["containers"]:
-            out.append(self.containerd.crictl("logs", "--tail", "60", item["id"], check=False).stderr)
+            got = self.containerd.crictl("logs", "--tail", "200", item["id"], check=False)
+            out.append(got.stdout + got.stderr)
         return "\n".join(out)
 
 
@@ -252,9 +285,12 @@ def bring_up(node: Node) -> None:
     for name in CONF_FILES:
         apply_file(cp, name)
     cp.kubectl("apply", "-f", "-", input=json.dumps(second_network()))
+    cp.kubectl(
+        "apply", "-f", "-", input=json.dumps(second_network(CAPTURE_NETWORK, CAPTURE_SUBNET, capture.TYPE))
+    )
 
     sim.up()
-    give_rdma_devices(sim)
+    node.rdma_devices = give_rdma_devices(sim)
 
     build_images(node)
     containerd.start()
@@ -264,8 +300,9 @@ def bring_up(node: Node) -> None:
     os.makedirs("/opt/cni/bin", exist_ok=True)
     for plugin in os.listdir(DEBIAN_PLUGINS):
         shutil.copy2(os.path.join(DEBIAN_PLUGINS, plugin), os.path.join("/opt/cni/bin", plugin))
+    capture.install()
     os.makedirs("/etc/cni/net.d", exist_ok=True)
-    with open("/etc/cni/net.d/10-node-default.conflist", "w") as f:
+    with open("/etc/cni/net.d/10-node-default.conf", "w") as f:
         json.dump(default_network(node.bridge, addresses), f)
 
     host.make_cgroup_root(cgroup_root)
@@ -280,12 +317,17 @@ def bring_up(node: Node) -> None:
     wait_for(lambda: os.path.exists("/etc/cni/net.d/00-multus.conf"), 180, "Multus' 00-multus.conf")
 
     node.daemonset_text = shipped_daemonset(IMAGE)
-    cp.kubectl(
-        "apply", "--server-side", "--field-manager=rdma-cni-operator", "-f", "-", input=node.daemonset_text
-    )
+    apply_daemonset(node)
     wait_agent_ready(node)
     wait_for(lambda: node_state(node) is not None, 120, "the agent's node state on its Node")
     node.scheduler = start_rdma_scheduler(cp, networks=NETWORKS)
+
+
+def apply_daemonset(node: Node) -> None:
+    """Apply conf/daemonset.yaml as the tier applies it (server-side, as an operator would)."""
+    node.kubectl(
+        "apply", "--server-side", "--field-manager=rdma-cni-operator", "-f", "-", input=node.daemonset_text
+    )
 
 
 def shipped_daemonset(image: str) -> str:
@@ -297,34 +339,38 @@ def shipped_daemonset(image: str) -> str:
     return text.replace(line, f"image: {image}")
 
 
-def second_network() -> dict[str, Any]:
-    """conf/'s NetworkAttachmentDefinition as :data:`SECOND_NETWORK`, on :data:`SECOND_SUBNET`."""
+def second_network(
+    name: str = SECOND_NETWORK, subnet: str = SECOND_SUBNET, plugin: str = "rdma-cni"
+) -> dict[str, Any]:
+    """conf/'s NetworkAttachmentDefinition as ``name``, on ``subnet``, run by ``plugin``."""
     with open(os.path.join(REPO, "conf", "network-attachment-definition.yaml")) as f:
         (nad,) = [d for d in yaml.safe_load_all(f) if d]
     config = json.loads(nad["spec"]["config"])
-    config["name"] = SECOND_NETWORK
-    config["ipam"]["ranges"] = [[{"subnet": SECOND_SUBNET}]]
-    nad["metadata"]["name"] = SECOND_NETWORK
+    config["name"] = name
+    config["type"] = plugin
+    config["ipam"]["ranges"] = [[{"subnet": subnet}]]
+    nad["metadata"]["name"] = name
     nad["spec"]["config"] = json.dumps(config)
     return dict(nad)
 
 
 def default_network(bridge: str, addresses: host.Addresses) -> dict[str, Any]:
     """The node's default network from Debian's plugins: a bridge of the run's own, no address on the
-    host side, no route, no masquerade (nothing reaches the machine's network), host-local addresses."""
+    host side, no route, no masquerade (nothing reaches the machine's network), host-local addresses.
+
+    A single-plugin configuration, not a list: Multus v4.3.0 gives a list's DEL a copy stripped of
+    everything but each plugin's type and IPAM type (k8snetworkplumbingwg/multus-cni#1449), so
+    bridge's DEL fails ("no IP ranges specified") and every pod's address leaks.
+    """
     second = int(addresses.prefix.split(".")[2])
     return {
         "cniVersion": "1.0.0",
         "name": "node-default",
-        "plugins": [
-            {
-                "type": "bridge",
-                "bridge": bridge,
-                "isGateway": False,
-                "ipMasq": False,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": f"10.244.{second}.0/24"}]]},
-            }
-        ],
+        "type": "bridge",
+        "bridge": bridge,
+        "isGateway": False,
+        "ipMasq": False,
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": f"10.244.{second}.0/24"}]]},
     }
 
 
