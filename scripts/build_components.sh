@@ -32,15 +32,17 @@ fi
 
 # The version a module pins, read from our go.mod (one place to change it).
 pinned() {  # <go.mod> <module path>
-	awk -v m="$2" '$1 == m && $2 ~ /^v/ { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$1"
+	awk -v m="$2" '$1 == m && $2 ~ /^v/ { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$1" 2>/dev/null || true
 }
 kube_version=$(pinned gobuild/kube/go.mod k8s.io/kubernetes)
 etcd_version=$(pinned gobuild/etcd/go.mod go.etcd.io/etcd/server/v3)
-containerd_version=$(pinned gobuild/containerd/go.mod github.com/containerd/containerd/v2)
-multus_version=$(pinned gobuild/multus/go.mod gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
-crictl_version=$(pinned gobuild/crictl/go.mod sigs.k8s.io/cri-tools)
-if [ -z "$kube_version" ] || [ -z "$etcd_version" ] || [ -z "$containerd_version" ] ||
-	[ -z "$multus_version" ] || [ -z "$crictl_version" ]; then
+if $node; then
+	containerd_version=$(pinned gobuild/containerd/go.mod github.com/containerd/containerd/v2)
+	multus_version=$(pinned gobuild/multus/go.mod gopkg.in/k8snetworkplumbingwg/multus-cni.v4)
+	crictl_version=$(pinned gobuild/crictl/go.mod sigs.k8s.io/cri-tools)
+fi
+if [ -z "$kube_version" ] || [ -z "$etcd_version" ] || { $node &&
+	{ [ -z "$containerd_version" ] || [ -z "$multus_version" ] || [ -z "$crictl_version" ]; }; }; then
 	echo "build_components: cannot read the pinned versions from gobuild/*/go.mod" >&2
 	exit 1
 fi
@@ -140,23 +142,25 @@ multus_specs=(multus-daemon=$multus_pkg/cmd/multus-daemon multus-shim=$multus_pk
 crictl_specs=(crictl=sigs.k8s.io/cri-tools/cmd/crictl)
 
 # The sandbox ("pause") image's binary, as Kubernetes builds it (build/pause/Makefile: static,
-# -Os), from the C source in the pinned Kubernetes module, at the tag that Makefile names.
-pause_version() {
-	local dir
-	dir=$(cd gobuild/kube && "$go" list -m -f '{{.Dir}}' k8s.io/kubernetes) || return 1
-	echo "v$(awk '$1 == "TAG" && $2 == "?=" { print $3; exit }' "$dir/build/pause/Makefile")"
-}
+# -Os), from the C source in the pinned Kubernetes module. Its version is the TAG that Makefile
+# names (checked at build time, so --list needs neither Go nor the module).
+pause_version=v3.10.2
 build_pause() {
-	local version=$1 dir tmp
-	[ -x "$(out pause "$version")" ] && return 0
+	[ -x "$(out pause "$pause_version")" ] && return 0
+	local dir tmp tag
 	dir=$(cd gobuild/kube && "$go" mod download -json k8s.io/kubernetes | awk -F'"' '$2 == "Dir" { print $4 }')
 	[ -n "$dir" ] || return 1
+	tag=v$(awk '$1 == "TAG" && $2 == "?=" { print $3; exit }' "$dir/build/pause/Makefile")
+	if [ "$tag" != "$pause_version" ]; then
+		echo "build_components: Kubernetes $kube_version builds pause $tag, not $pause_version: update pause_version" >&2
+		return 1
+	fi
 	tmp=$(mktemp -d "$cache/.node-pause-build.XXXXXX")
-	if ! "${CC:-cc}" -Os -Wall -Werror -static -DVERSION="$version" -o "$tmp/pause" "$dir/build/pause/linux/pause.c"; then
+	if ! "${CC:-cc}" -Os -Wall -Werror -static -DVERSION="$pause_version" -o "$tmp/pause" "$dir/build/pause/linux/pause.c"; then
 		rm -rf "$tmp"
 		return 1
 	fi
-	mkdir -p "$cache/pause-$version" && mv "$tmp/pause" "$(out pause "$version")" && rmdir "$tmp"
+	mkdir -p "$cache/pause-$pause_version" && mv "$tmp/pause" "$(out pause "$pause_version")" && rmdir "$tmp"
 }
 
 build_node() {
@@ -170,7 +174,7 @@ build_node() {
 		"${crictl_specs[@]}" || return 1
 	# Last: the rest of it compiles only if `make components` has not already.
 	build_module gobuild/kube "$kube_version" "$(kube_ldflags)" "${kubelet_specs[@]}" || return 1
-	build_pause "$(pause_version)"
+	build_pause
 }
 
 list_specs() {  # <version> <name=package>...
@@ -193,10 +197,6 @@ list() {
 		echo "$name $kube_version $(out "$name" "$kube_version")"
 	done
 }
-if $node; then
-	# Read from the module's own Makefile (downloaded by the build; --list needs it there too).
-	pause_version=$(pause_version 2>/dev/null) || pause_version=unknown
-fi
 if $list_only; then
 	list
 	exit 0
@@ -208,7 +208,6 @@ if $node; then
 		echo "build_components: the node's build failed" >&2
 		exit 1
 	fi
-	pause_version=$(pause_version)
 	list
 	exit 0
 fi

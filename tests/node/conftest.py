@@ -8,13 +8,10 @@ record, no lease (:func:`node_at_rest`). Needs root, ``make build``, ``make comp
 
 from __future__ import annotations
 
-import glob
 import itertools
-import json
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -88,12 +85,7 @@ def release_as_a_reboot_would(node: Node) -> None:
     releases them)."""
     gone = [(k, i) for k, i in node.sim.all_vfs() if node.sim.vf_wire(k, i) not in SimNode.host_links()]
     node.vfs_back_from_gone_namespaces(gone, reboot=False)
-    for path in glob.glob("/var/lib/cni/rdma-cni/attachments/*.json"):
-        with open(path) as f:
-            record = json.load(f)
-        record["boot_id"] = str(uuid.uuid4())
-        with open(path, "w") as f:
-            json.dump(record, f)
+    node.mark_as_an_earlier_boot()
     for agent in node.agent_pods():
         node.kubectl("delete", "pod", agent["metadata"]["name"], "-n", "kube-system", "--wait=true")
     wait_agent_ready(node)

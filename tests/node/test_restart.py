@@ -10,11 +10,12 @@ back to the host under its own name, as its driver names it at boot), ``/run`` i
 tmpfs: containerd's state, the agent's socket and DEL spool, Multus' socket, NRI's), and the
 PF-side VF settings are reset; ``/var/lib`` stays (containerd's root, kubelet's pods, the
 plugin's records and host-local's leases). The one thing of a reboot a test cannot have, a new
-kernel boot id, is given to the records instead: they are marked as written by an earlier boot
-(as the runtime tier does). containerd and kubelet start again; kubelet starts the DaemonSets'
-pods anew and stops the old sandboxes containerd still knows. Their DELs do not reach rdma-cni:
-Multus' daemon is a pod that is not up yet, and its shim answers DEL itself, with success
-(multus-cni v4.3.0 ``pkg/server/api/shim.go``). The agent's CNI server releases the old
+kernel boot id, is given to the plugin's state instead: the records, and its note of the boot
+last checked, name another boot (as the runtime tier does). containerd and kubelet start again;
+kubelet starts the DaemonSets' pods anew and stops the old sandboxes containerd still knows.
+Their DELs do not reach rdma-cni: Multus' daemon is a pod that is not up yet, and its shim
+answers DEL itself, with success (multus-cni v4.3.0 ``pkg/server/api/shim.go``). The agent's
+CNI server releases the old
 records when it starts, as records of an earlier boot; the pod, still in the API, runs again in
 a new sandbox with new VFs, and nothing of its old one is held.
 """
@@ -22,12 +23,10 @@ a new sandbox with new VFs, and nothing of its old one is held.
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import shutil
 import subprocess
-import uuid
 from typing import Any
 
 from tests.node.conftest import wait_at_rest
@@ -129,12 +128,7 @@ def reboot(node: Node) -> None:
     # nothing holds is freed, its veths with it) and the containers' root filesystems.
     host.unmount_below("/run")
     node.vfs_back_from_gone_namespaces(away, reboot=True)
-    for path in glob.glob("/var/lib/cni/rdma-cni/attachments/*.json"):
-        with open(path) as f:
-            record = json.load(f)
-        record["boot_id"] = str(uuid.uuid4())  # written by an earlier boot
-        with open(path, "w") as f:
-            json.dump(record, f)
+    node.mark_as_an_earlier_boot()
     state = node.sim.vf_state()
     state["pfs"] = {}  # VFs are created anew at boot, their settings neutral
     with open(node.sim.vfcontrol, "w") as f:

@@ -14,11 +14,13 @@ included.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +47,7 @@ NODE_COMPONENTS = (
 )
 DEBIAN_PLUGINS = "/usr/lib/cni"  # containernetworking-plugins (make deps)
 SIM_ROOT = "/run/rdma-cni/simnode"  # inside a directory the DaemonSet mounts, at the same path
+STATE_DIR = "/var/lib/cni/rdma-cni"  # the plugin's default stateDir, on the node
 SHIPPED_IMAGE = "localhost/rdma-cni:0.1.0"  # conf/daemonset.yaml's image: conf/Containerfile's build
 IMAGE = "localhost/rdma-cni-simnode:0.1.0"  # that image, plus the simulated node's environment
 MULTUS_IMAGE = "localhost/multus-cni:node-thick"
@@ -135,13 +138,13 @@ class Node:
 
     def records(self) -> list[str]:
         """The plugin's allocation records on the node (its default stateDir)."""
-        d = "/var/lib/cni/rdma-cni/attachments"
+        d = os.path.join(STATE_DIR, "attachments")
         return sorted(n for n in os.listdir(d) if n.endswith(".json")) if os.path.isdir(d) else []
 
     def record_docs(self) -> list[dict[str, Any]]:
         out = []
         for name in self.records():
-            with open(os.path.join("/var/lib/cni/rdma-cni/attachments", name)) as f:
+            with open(os.path.join(STATE_DIR, "attachments", name)) as f:
                 out.append(json.load(f))
         return out
 
@@ -186,6 +189,22 @@ class Node:
             if r["container_id"] == sandbox
             for v in r["vfs"]
         ]
+
+    def mark_as_an_earlier_boot(self) -> None:
+        """What a reboot would change in the plugin's state directory: the kernel's boot id. Every
+        record, and the note of the last boot whose records were checked (``boot-checked``: once
+        per boot), now name another boot, so the next check releases those records."""
+        earlier = str(uuid.uuid4())
+        for path in glob.glob(os.path.join(STATE_DIR, "attachments", "*.json")):
+            with open(path) as f:
+                record = json.load(f)
+            record["boot_id"] = earlier
+            with open(path, "w") as f:
+                json.dump(record, f)
+        checked = os.path.join(STATE_DIR, "boot-checked")
+        if os.path.exists(checked):
+            with open(checked, "w") as f:
+                f.write(earlier + "\n")
 
     def pf_settings(self) -> dict[str, dict[str, Any]]:
         """PF-side settings per ``pf/vf``, from the simulated node's VF control file."""
