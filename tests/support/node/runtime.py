@@ -11,8 +11,9 @@ kind otherwise, as for the runtime tier). NRI is left as 2.x ships it: on.
 kubelet (:func:`kubelet_config`): ``failCgroupV1: false`` (KEP-5573: since 1.35 kubelet refuses
 a cgroup v1 host unless told, and this machine's kernel mounts v1), ``cgroupDriver: cgroupfs``
 (no systemd here), a ``cgroupRoot`` of the run's own, every listener on the node's loopback
-address, eviction and image GC thresholds that a shared disk cannot trip, and the node named
-after its address (tests/support/node/host.py, :class:`~tests.support.node.host.Addresses`).
+address, eviction and image GC thresholds that a shared disk cannot trip, swap allowed (and
+given to no pod) only on a host that has it, and the node named after its address
+(tests/support/node/host.py, :class:`~tests.support.node.host.Addresses`).
 """
 
 from __future__ import annotations
@@ -119,9 +120,20 @@ class Containerd:
         self.ctr("images", "import", "--no-unpack=false", archive)
 
 
+def swap_on() -> bool:
+    """True when the machine has swap in use (/proc/swaps lists a device or file)."""
+    with open("/proc/swaps") as f:
+        return len(f.read().strip().splitlines()) > 1
+
+
 def kubelet_config(node_ip: str, cgroup_root: str, ca: str) -> dict[str, Any]:
     """The KubeletConfiguration of the tier's node (see the module's docstring for each setting)."""
+    swap: dict[str, Any] = {}
+    if swap_on():
+        # kubelet refuses a host with swap unless told; pods get none of it (NoSwap).
+        swap = {"failSwapOn": False, "memorySwap": {"swapBehavior": "NoSwap"}}
     return {
+        **swap,
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         # KEP-5573: kubelet >= 1.35 refuses cgroup v1 unless this is false (it then warns).
