@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from typing import Any
 
 from tests.node.conftest import wait_at_rest
 from tests.support.node import capture, pods
@@ -30,7 +31,9 @@ SELECTIONS = [
 ]
 
 
-def test_what_multus_passes_each_attachment_on_add_and_del(node: Node, namespace: str) -> None:
+def record_one_pod(node: Node, namespace: str, fixture: str, mode: str) -> list[dict[str, Any]]:
+    """Run the wire pod through ADD and DEL and return what Multus passed, held to ``fixture``
+    (rewritten from the run under ``RDMA_CNI_NODE_RECORD``)."""
     shutil.rmtree(capture.DIR, ignore_errors=True)
     pods.create(node, pods.pod_manifest(namespace, "wire", SELECTIONS, [{}, {}]))
     pod = pods.wait_running(node, namespace, ["wire"])["wire"]
@@ -41,18 +44,22 @@ def test_what_multus_passes_each_attachment_on_add_and_del(node: Node, namespace
 
     got = [capture.normalized(c, sandbox, pod["metadata"]["uid"], namespace) for c in capture.calls()]
     if os.environ.get("RDMA_CNI_NODE_RECORD"):
-        with open(FIXTURE, "w") as f:
-            json.dump({"multus": "v4.3.0", "mode": "thick", "pod": SELECTIONS, "calls": got}, f, indent=1)
+        with open(fixture, "w") as f:
+            json.dump({"multus": "v4.3.0", "mode": mode, "pod": SELECTIONS, "calls": got}, f, indent=1)
             f.write("\n")
-    with open(FIXTURE) as f:
-        fixture = json.load(f)
-    assert fixture["pod"] == SELECTIONS
-    # In the annotation's order on ADD, the reverse on DEL; each with its own interface name,
-    # and only the one whose selection has cni-args gets args.cni.
+    with open(fixture) as f:
+        recorded = json.load(f)
+    assert recorded["pod"] == SELECTIONS and recorded["mode"] == mode
+    # In the annotation's order on ADD, the reverse on DEL; each with its own interface name.
     assert [(c["env"]["CNI_COMMAND"], c["env"]["CNI_IFNAME"]) for c in got] == [
         ("ADD", "net1"),
         ("ADD", "rail2"),
         ("DEL", "rail2"),
         ("DEL", "net1"),
     ]
-    assert got == fixture["calls"]
+    assert got == recorded["calls"]
+    return got
+
+
+def test_what_multus_passes_each_attachment_on_add_and_del(node: Node, namespace: str) -> None:
+    record_one_pod(node, namespace, FIXTURE, "thick")

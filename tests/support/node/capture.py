@@ -54,11 +54,15 @@ def calls() -> list[dict[str, Any]]:
 
 def normalized(call: dict[str, Any], sandbox: str, uid: str, namespace: str) -> dict[str, Any]:
     """``call`` with the sandbox id, pod uid and namespace, the network namespace's path, MACs and
-    addresses as placeholders."""
+    addresses as placeholders, and ``CNI_ARGS``' items in order."""
     text = json.dumps(call, sort_keys=True)
     text = text.replace(sandbox, "<sandbox>").replace(uid, "<pod-uid>")
     text = text.replace(f"K8S_POD_NAMESPACE={namespace};", "K8S_POD_NAMESPACE=<namespace>;")
     text = re.sub(r"/var/run/netns/cni-[0-9a-f-]+", "<netns>", text)
     text = re.sub(r'"([0-9a-f]{2}:){5}[0-9a-f]{2}"', '"<mac>"', text)
     text = re.sub(r'("address": )"[0-9.]+/\d+"', r'\1"<address>"', text)
-    return dict(json.loads(text))
+    out = dict(json.loads(text))
+    # containerd's CNI_ARGS come from a map (their order varies), and the thin plugin passes
+    # them on after its own: the items sorted, repeats kept.
+    out["env"]["CNI_ARGS"] = ";".join(sorted(out["env"]["CNI_ARGS"].split(";")))
+    return out

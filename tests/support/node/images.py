@@ -6,9 +6,10 @@
 - rdma-cni's: ``conf/Containerfile`` built by ``podman build`` on the offline stand-in for its
   ``debian:12-slim`` base (:func:`tests.runtime.images.glibc_base_tar`), then one layer that
   only sets the simulated node's environment (:func:`rdma_cni_image`);
-- Multus': its thick image's layout (``/usr/src/multus-cni/bin/`` with the daemon, the shim,
-  ``install_multus`` and ``passthru``, as ``images/Dockerfile.thick`` copies them) on the same
-  base, from the binaries built from its module;
+- Multus': its images' layout (``/usr/src/multus-cni/bin/`` with the daemon, the shims,
+  ``install_multus`` and ``passthru``, as ``images/Dockerfile.thick`` copies them, and
+  ``/install_multus`` and ``/thin_entrypoint`` as ``images/Dockerfile`` does) on the same base,
+  from the binaries built from its module: one image for both of its manifests;
 - a busybox image for the test pods (:func:`tests.runtime.images.rootfs_tar`).
 
 Archives are OCI image layouts (ours) or docker archives (``podman save``), both of which
@@ -138,6 +139,9 @@ def multus_archive(path: str, name: str, binaries: dict[str, str]) -> str:
     for binary in MULTUS_BINARIES:
         with open(binaries[binary], "rb") as f:
             files[f"{MULTUS_BIN.lstrip('/')}/{binary}"] = (f.read(), 0o755)
+    # The thin image (images/Dockerfile) also has its entry points at the root.
+    for binary in ("install_multus", "thin_entrypoint"):
+        files[binary] = files[f"{MULTUS_BIN.lstrip('/')}/{binary}"]
     layer = _tar(files, dirs=("usr/src", "usr/src/multus-cni", MULTUS_BIN.lstrip("/")))
     oci_archive(
         path,

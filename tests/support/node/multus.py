@@ -23,7 +23,9 @@ from tests.support.kube.controlplane import REPO
 
 MODULE = "gopkg.in/k8snetworkplumbingwg/multus-cni.v4"
 THICK_MANIFEST = "deployments/multus-daemonset-thick.yml"
+THIN_MANIFEST = "deployments/multus-daemonset.yml"
 UPSTREAM_IMAGE = "ghcr.io/k8snetworkplumbingwg/multus-cni:snapshot-thick"
+UPSTREAM_THIN_IMAGE = "ghcr.io/k8snetworkplumbingwg/multus-cni:snapshot"
 
 
 def module_dir(go: str = "/usr/local/go/bin/go") -> str:
@@ -43,7 +45,18 @@ def module_dir(go: str = "/usr/local/go/bin/go") -> str:
 def thick_manifest(image: str) -> tuple[list[dict[str, Any]], list[str]]:
     """Multus' thick-plugin manifest with ``image`` for its own; returns the documents and
     every image reference replaced (the test checks there was nothing else to change)."""
-    with open(os.path.join(module_dir(), THICK_MANIFEST)) as f:
+    return manifest(THICK_MANIFEST, image)
+
+
+def thin_manifest(image: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """Multus' thin-plugin manifest (``multus`` itself the node's CNI plugin, no daemon) with
+    ``image`` for its own; as :func:`thick_manifest`."""
+    return manifest(THIN_MANIFEST, image)
+
+
+def manifest(name: str, image: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """One of Multus' deployment manifests with ``image`` for every container's."""
+    with open(os.path.join(module_dir(), name)) as f:
         docs = [doc for doc in yaml.safe_load_all(f) if doc]
     replaced = []
     for doc in docs:
