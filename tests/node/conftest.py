@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -36,9 +37,16 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{next(_names)}"
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @pytest.fixture(scope="session")
 def node() -> Iterator[Node]:
     """The node, up (its DaemonSets Ready, the agent's state published, rdma-scheduler serving)."""
+    # A SIGTERM (a CI timeout) tears the node down too: its shims and containers would outlive
+    # this process otherwise, and keep its namespace, cgroups and the sysctls kubelet set.
+    signal.signal(signal.SIGTERM, _interrupt)
     machine = host.machine_root()
     before = host.host_plugin_state(machine)
     # Short: the node's sockets (containerd's shims, NRI) live below it in /run.
