@@ -41,8 +41,7 @@ def test_the_node_runs_the_shipped_daemonsets(node: Node) -> None:
     assert got["securityContext"] == want["securityContext"]
 
     # The agent put the image's static shim on the node's CNI path, and serves it.
-    binary = os.environ.get("RDMA_CNI_BINARY") or os.path.join(REPO, "dist", "rdma-cni")
-    assert filecmp.cmp("/opt/cni/bin/rdma-cni", os.path.join(os.path.dirname(binary), "rdma-cni-shim"), False)
+    assert node.image_shim and filecmp.cmp("/opt/cni/bin/rdma-cni", node.image_shim, False)
     assert os.path.exists("/run/rdma-cni/agent/cni.sock")
 
     # Multus from its own manifest (only its images replaced), thick: its shim installed by its

@@ -1,8 +1,9 @@
 """conf/daemonset.yaml as kubelet would run it, under podman: the image's entrypoint with the manifest's
 security context, volumes, environment and command, read from the manifest itself.
 
-The image is built from conf/Containerfile by ``podman build --from``, on a stand-in for its
-``debian:12-slim`` base made offline (:func:`tests.runtime.images.glibc_base_tar`). The pod's
+The image is conf/Containerfile's image stage, built by ``podman build`` on a stand-in for its
+``debian:12-slim`` base made offline (:func:`tests.runtime.images.glibc_base_tar`), with this
+tree's dist/ in place of its build stage (``--build-context build=``; the node tier builds both). The pod's
 host paths are directories of a stand-in host root; its service account token is the API
 stand-in's; its node is the simulated node (the sysfs seams are the only additions to the
 manifest's environment). The container must install the plugin, publish the node's state to the
@@ -190,29 +191,50 @@ def image(tier: Tier, host: str) -> Iterator[tuple[Podman, str]]:
         base = os.path.join(tier.root, "base.tar")
         Path(base).write_bytes(glibc_base_tar())
         runtime("import", base, BASE_IMAGE)
+        # The image stage only: ``--build-context build=`` stands in the build stage's output
+        # with this tree's dist/ (the node tier builds both stages from source).
         context = os.path.join(tier.root, "context")
-        for source in containerfile_sources():  # a small context: the repository holds .venv
-            os.makedirs(os.path.join(context, os.path.dirname(source)), exist_ok=True)
-            built = BINARY if source == "dist/rdma-cni" else os.path.join(REPO, source)
-            assert os.path.isfile(built), f"{source} is not built: make build"
-            shutil.copy(built, os.path.join(context, source))
+        for source in containerfile_sources():
+            os.makedirs(os.path.join(context, "dist"), exist_ok=True)
+            shutil.copy(built_file(source), os.path.join(context, "dist", os.path.basename(source)))
         (name,) = {c["image"] for c in daemonset_pod()["containers"]}
-        runtime("build", "--from", BASE_IMAGE, "-f", str(CONTAINERFILE), "-t", name, context, timeout=300)
+        runtime(
+            "build",
+            "--build-arg",
+            f"BASE={BASE_IMAGE}",
+            "--build-context",
+            f"build={context}",
+            "-f",
+            str(CONTAINERFILE),
+            "-t",
+            name,
+            context,
+            timeout=300,
+        )
         yield runtime, name
     finally:
         runtime.stop()
 
 
 def containerfile_sources() -> dict[str, str]:
-    """What conf/Containerfile copies into the image: context path -> path in the image."""
+    """What conf/Containerfile's image stage copies from its build stage: path there -> in the image."""
     out = {}
     for line in CONTAINERFILE.read_text().splitlines():
-        words = [w for w in line.split() if not w.startswith("--")]
-        if words[:1] == ["COPY"]:
-            *sources, target = words[1:]
-            out.update({src: target if len(sources) == 1 else os.path.join(target, src) for src in sources})
-    assert out, "conf/Containerfile copies nothing"
+        words = line.split()
+        if words[:1] == ["COPY"] and "--from=build" in words:
+            source, target = [w for w in words[1:] if not w.startswith("--")]
+            out[source] = target
+    assert set(out) == {"/dist/rdma-cni", "/dist/rdma-cni-shim"}, out
     return out
+
+
+def built_file(source: str) -> str:
+    """This tree's build of a file the build stage makes (``/dist/rdma-cni``: the binary tested)."""
+    if source == "/dist/rdma-cni":
+        return BINARY
+    path = os.path.join(REPO, source.lstrip("/"))
+    assert os.path.isfile(path), f"{path} is not built: make build"
+    return path
 
 
 def wait_for(what: str, check: Any, timeout: float, logs: Any, alive: Any) -> Any:
@@ -270,9 +292,7 @@ def test_the_daemonset_starts_as_shipped(
 
         # Installed: a file of the image on the host's CNI path, a kubeconfig from the token.
         installed = os.path.join(host, "opt/cni/bin/rdma-cni")
-        copied = [
-            BINARY if src == "dist/rdma-cni" else os.path.join(REPO, src) for src in containerfile_sources()
-        ]
+        copied = [built_file(src) for src in containerfile_sources()]
         assert any(filecmp.cmp(installed, f, shallow=False) for f in copied), "not a file of the image"
         kubeconfig = Path(host, "etc/cni/net.d/rdma-cni.d/rdma-cni.kubeconfig")
         assert oct(kubeconfig.stat().st_mode & 0o777) == "0o600"

@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import string
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -465,15 +466,46 @@ def test_kubeconfig_template_placeholders_are_marked() -> None:
     assert names == {"RDMA_CNI_API_SERVER", "RDMA_CNI_CA_DATA", "RDMA_CNI_TOKEN"}
 
 
-def test_containerfile_packages_the_binary() -> None:
-    lines = [
-        line.strip()
-        for line in (CONF / "Containerfile").read_text(encoding="utf-8").splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
+def _containerfile_stages() -> list[list[str]]:
+    """conf/Containerfile's instructions (comments and continuations joined), split at each FROM."""
+    text = (CONF / "Containerfile").read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = " ".join(
+        line.rstrip("\\").strip() if line.endswith("\\") else line.strip() + "\n" for line in lines
+    )
+    stages: list[list[str]] = [[]]
+    for instruction in (i.strip() for i in joined.split("\n") if i.strip()):
+        if instruction.upper().startswith("FROM "):
+            stages.append([])
+        stages[-1].append(instruction)
+    return stages
+
+
+def test_containerfile_builds_from_source_in_two_stages() -> None:
+    args, build, image = _containerfile_stages()
+    defaults = dict(a.removeprefix("ARG ").split("=", 1) for a in args)
+    assert defaults == {
+        "BUILDER": "docker.io/library/golang:1.26-bookworm",
+        "BASE": "docker.io/library/debian:12-slim",
+    }
+    assert build[0] == "FROM ${BUILDER} AS build" and image[0] == "FROM ${BASE}"
+    # The build stage runs the project's own build on what it copies from the context: every
+    # path it copies is in the repository, and it copies every input of `make build`.
+    copied = [w.rstrip("/") for i in build if i.startswith("COPY ") for w in i.split()[1:-1]]
+    tracked = subprocess.run(["git", "ls-files"], cwd=CONF.parent, capture_output=True, text=True, check=True)
+    top = {path.split("/")[0] for path in tracked.stdout.split()}
+    assert set(copied) <= top, set(copied) - top
+    makefile = (CONF.parent / "Makefile").read_text(encoding="utf-8")
+    for needed in ("setup.cfg", "pyproject.toml", "build.spec", "rdma_cni", "launcher", "scripts"):
+        assert needed in copied and needed in makefile, needed
+    assert any(i.startswith("RUN make build") for i in build)
+    # The image stage takes the two executables from the build stage, nothing from the context.
+    copies = [i.split() for i in image if i.startswith("COPY ")]
+    assert [c[1:2] + c[-2:] for c in copies] == [
+        ["--from=build", "/dist/rdma-cni", "/usr/local/bin/rdma-cni"],
+        ["--from=build", "/dist/rdma-cni-shim", "/usr/local/bin/rdma-cni-shim"],
     ]
-    from_lines = [line for line in lines if line.upper().startswith("FROM ")]
-    assert len(from_lines) == 1 and "debian:12" in from_lines[0]
-    assert any(line.startswith("COPY") and "dist/rdma-cni /usr/local/bin/rdma-cni" in line for line in lines)
+    lines = image
     (entrypoint,) = [line for line in lines if line.startswith("ENTRYPOINT")]
     assert json.loads(entrypoint.removeprefix("ENTRYPOINT")) == [
         "/usr/local/bin/rdma-cni",

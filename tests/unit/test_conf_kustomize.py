@@ -25,6 +25,10 @@ KUBECTLS = sorted(glob.glob("/var/cache/rdma-cni-build/kubectl-*/kubectl"))
 BASE_FILES = ["rbac.yaml", "daemonset.yaml", "metrics.yaml"]
 IMAGE = "localhost/rdma-cni"
 DIGEST_IMAGE = "registry.example.com/rdma-cni@sha256:" + "0" * 64
+SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler"
+# Kubernetes' newest patch of each supported minor (the Go module proxy's k8s.io/kubernetes tags,
+# 2026-11-28); the last is the one the cluster tier builds and runs.
+SCHEDULER_TAGS = {"1.34": "v1.34.4", "1.35": "v1.35.4", "1.36": "v1.36.3", "1.37": "v1.37.2"}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "Namespace", "ValidatingAdmissionPolicy",
                   "ValidatingAdmissionPolicyBinding"}  # fmt: skip
 
@@ -117,8 +121,29 @@ def test_the_image_digest_overlay_pins_every_rdma_cni_container() -> None:
             if container["image"].split(":")[0] == IMAGE:
                 container["image"] = DIGEST_IMAGE
                 changed += 1
+            elif container["image"].split(":")[0] == SCHEDULER_IMAGE:
+                container["image"] = f"{SCHEDULER_IMAGE}@sha256:" + "0" * 64
+                changed += 1
         assert pinned[k] == expected, k
-    assert changed >= 2  # the DaemonSet's and the extender's
+    assert changed >= 3  # the DaemonSet's, the extender's and kube-scheduler's
+
+
+def test_the_sidecar_kube_scheduler_is_the_tested_one_and_its_minors_are_listed() -> None:
+    # The manifest's tag, the sidecar overlay's parameter and the Kubernetes the cluster tier
+    # builds are one version; the overlay's comment and docs/deploy.md list each supported minor.
+    manifest = (CONF / "scheduler-extender.yaml").read_text(encoding="utf-8")
+    overlay_text = (OVERLAYS / "sidecar" / "kustomization.yaml").read_text(encoding="utf-8")
+    overlay = yaml.safe_load(overlay_text)
+    (entry,) = overlay["images"]
+    tested = SCHEDULER_TAGS["1.37"]
+    assert entry == {"name": SCHEDULER_IMAGE, "newTag": tested}
+    assert f"image: {SCHEDULER_IMAGE}:{tested}" in manifest
+    gomod = (ROOT / "gobuild" / "kube" / "go.mod").read_text(encoding="utf-8")
+    assert f"k8s.io/kubernetes {tested}" in gomod
+    deploy = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    for minor, tag in SCHEDULER_TAGS.items():
+        assert f"{minor}: {tag}" in overlay_text, minor
+        assert f"| {minor} | `{tag}` |" in deploy, minor
 
 
 @needs_kubectl

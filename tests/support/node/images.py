@@ -3,9 +3,11 @@
 - the sandbox image: ``pause`` as Kubernetes builds it (``build/pause/linux/pause.c`` of the
   pinned Kubernetes module, compiled static by ``make node-components``), under the name
   containerd 2.4 uses by default (``registry.k8s.io/pause:3.10.2``);
-- rdma-cni's: ``conf/Containerfile`` built by ``podman build`` on the offline stand-in for its
-  ``debian:12-slim`` base (:func:`tests.runtime.images.glibc_base_tar`), then one layer that
-  only sets the simulated node's environment (:func:`rdma_cni_image`);
+- rdma-cni's: ``conf/Containerfile`` built from source by ``podman build``, both stages: the build
+  stage on a debootstrapped stand-in for ``golang:1.26-bookworm`` (``scripts/builderroot.sh``),
+  the image on the offline stand-in for its ``debian:12-slim`` base
+  (:func:`tests.runtime.images.glibc_base_tar`); then one layer that only sets the simulated
+  node's environment (:func:`rdma_cni_image`);
 - Multus': its images' layout (``/usr/src/multus-cni/bin/`` with the daemon, the shims,
   ``install_multus`` and ``passthru``, as ``images/Dockerfile.thick`` copies them, and
   ``/install_multus`` and ``/thin_entrypoint`` as ``images/Dockerfile`` does) on the same base,
@@ -152,18 +154,6 @@ def multus_archive(path: str, name: str, binaries: dict[str, str]) -> str:
     return name
 
 
-def containerfile_sources(containerfile: str) -> list[str]:
-    """The context paths ``containerfile``'s COPY lines name."""
-    out = []
-    with open(containerfile) as f:
-        for line in f:
-            words = [w for w in line.split() if not w.startswith("--")]
-            if words[:1] == ["COPY"]:
-                out += words[1:-1]
-    assert out, f"{containerfile} copies nothing"
-    return out
-
-
 class ImageBuilder:
     """podman on storage of its own, for ``podman build`` of conf/Containerfile and ``podman save``."""
 
@@ -202,31 +192,66 @@ class ImageBuilder:
         shutil.rmtree(self.runroot, ignore_errors=True)
 
 
-def rdma_cni_image(
-    builder: ImageBuilder, repo: str, binary: str, shipped_name: str, name: str, env: dict[str, str], out: str
-) -> None:
-    """Build conf/Containerfile as ``shipped_name`` (on the base stand-in), then ``name`` from it with
-    ``env`` set (the simulated node's seams: the one difference), saved as a docker archive ``out``.
+def builder_standin(builder: ImageBuilder, repo: str) -> str:
+    """Import ``scripts/builderroot.sh``'s root (Debian 12 with Go at /usr/local/go, made once and
+    cached) as the stand-in for conf/Containerfile's BUILDER; its name."""
+    root = subprocess.run(
+        [os.path.join(repo, "scripts", "builderroot.sh")], capture_output=True, text=True, timeout=1800
+    )
+    assert root.returncode == 0, f"scripts/builderroot.sh -> {root.returncode}: {root.stderr[-2000:]}"
+    name = "localhost/rdma-cni-builder-standin:node"
+    archive = os.path.join(builder.root, "builder.tar")
+    subprocess.run(
+        ["tar", "-C", root.stdout.strip(), "--exclude=./.complete", "-cf", archive, "."], check=True
+    )
+    path = "/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    builder("import", "--change", f"ENV PATH={path}", archive, name, timeout=600)
+    os.unlink(archive)
+    return name
 
-    The context holds only what the Containerfile copies (the repository holds .venv); its
-    ``dist/rdma-cni`` is ``binary``.
+
+def rdma_cni_image(
+    builder: ImageBuilder, repo: str, shipped_name: str, name: str, env: dict[str, str], out: str
+) -> str:
+    """Build conf/Containerfile from source as ``shipped_name``, both stages, on stand-ins for its
+    BUILDER and BASE made without a registry; then ``name`` from it with ``env`` set (the simulated
+    node's seams: the one difference), saved as a docker archive ``out``.
+
+    The context is the repository itself (``.containerignore`` keeps generated files out; the
+    Containerfile copies only what the build needs). Returns the path of the shim copied out of
+    the image, for the tests that find it installed on the node.
     """
-    work = os.path.join(builder.root, "context")
     base_tar = os.path.join(builder.root, "base.tar")
     with open(base_tar, "wb") as f:
         f.write(glibc_base_tar())
     base = "localhost/rdma-cni-base-standin:node"
     builder("import", base_tar, base)
     containerfile = os.path.join(repo, "conf", "Containerfile")
-    for source in containerfile_sources(containerfile):
-        built = binary if source == "dist/rdma-cni" else os.path.join(repo, source)
-        assert os.path.isfile(built), f"{source} is not built: make build"
-        os.makedirs(os.path.join(work, os.path.dirname(source)), exist_ok=True)
-        shutil.copy(built, os.path.join(work, source))
-    builder("build", "--from", base, "-f", containerfile, "-t", shipped_name, work)
+    # The build stage reaches Debian's mirror, PyPI and Go's module proxy from the host's network.
+    builder(
+        "build",
+        "--network=host",
+        "--build-arg",
+        f"BUILDER={builder_standin(builder, repo)}",
+        "--build-arg",
+        f"BASE={base}",
+        "-f",
+        containerfile,
+        "-t",
+        shipped_name,
+        repo,
+        timeout=1800,
+    )
+    shim = os.path.join(os.path.dirname(out), "image-rdma-cni-shim")
+    container = builder("create", shipped_name).strip()
+    try:
+        builder("cp", f"{container}:/usr/local/bin/rdma-cni-shim", shim)
+    finally:
+        builder("rm", container)
     layer = os.path.join(builder.root, "Containerfile.simnode")
     with open(layer, "w") as f:
         f.write(f"FROM {shipped_name}\n")
         f.writelines(f"ENV {key}={value}\n" for key, value in sorted(env.items()))
     builder("build", "-f", layer, "-t", name, builder.root)
     builder("save", "--format", "docker-archive", "-o", out, name)
+    return shim

@@ -104,6 +104,7 @@ class Node:
     scheduler: RdmaScheduler | None = None
     sysctls: dict[str, str] = field(default_factory=dict)
     daemonset_text: str = ""  # conf/daemonset.yaml as applied
+    image_shim: str = ""  # the shim copied out of the image conf/Containerfile built
     multus_images_replaced: list[str] = field(default_factory=list)
     # The simulated RDMA character devices: VF netdev -> (major, minor) of its uverbs node.
     rdma_devices: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -430,9 +431,8 @@ def build_images(node: Node) -> None:
     )
     builder = images.ImageBuilder(os.path.join(node.root, "podman"))
     try:
-        binary = os.environ.get("RDMA_CNI_BINARY") or os.path.join(REPO, "dist", "rdma-cni")
-        images.rdma_cni_image(
-            builder, REPO, binary, SHIPPED_IMAGE, IMAGE, node.sim.env(), os.path.join(out, "rdma-cni.tar")
+        node.image_shim = images.rdma_cni_image(
+            builder, REPO, SHIPPED_IMAGE, IMAGE, node.sim.env(), os.path.join(out, "rdma-cni.tar")
         )
     finally:
         builder.close()
