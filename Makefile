@@ -132,8 +132,9 @@ cluster: build components
 # The node's real parts, built the same way into the same cache: kubelet (the
 # control plane's Kubernetes), containerd 2.x with its runc shim and ctr, Multus'
 # thick and thin plugins, crictl, and Kubernetes' pause (a no-op when built).
-node-components:  ## kubelet, containerd 2.x, Multus, crictl, pause
+node-components:  ## kubelet, containerd 2.x, Multus, crictl, pause; the image builder's stand-in root
 	bash scripts/build_components.sh --node
+	scripts/builderroot.sh >/dev/null
 
 # The node tier: kubelet and containerd 2.x on the simulated node, registered with
 # the control plane; Multus from its own manifest, conf/daemonset.yaml as shipped.
