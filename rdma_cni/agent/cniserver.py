@@ -75,6 +75,7 @@ from rdma_cni.agent.shimconn import REQUEST_SECONDS, peer_allowed, read_request
 from rdma_cni.agent.shimwire import Request, WireError, encode_answer
 from rdma_cni.agent.takeover import FileLock
 from rdma_cni.agent.verbpool import MAX_WORKERS, WorkerPool, cni_error
+from rdma_cni.agent.verbworker import plugin_environment
 
 log = logging.getLogger("rdma_cni.agent.cniserver")
 
@@ -104,25 +105,6 @@ def default_plugin() -> list[str]:
     if getattr(sys, "frozen", False):
         return [sys.executable]
     return [sys.executable, "-m", "rdma_cni"]
-
-
-def plugin_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """What a verb inherits from the server: its environment, less what is the caller's or the bundle's.
-
-    The caller's ``CNI_*`` variables are the only ones a verb gets from outside. The built
-    binary's bootloader sets ``LD_LIBRARY_PATH`` to its own libraries (and ``_PYI_*`` for its
-    children): a verb must start as a runtime starts the plugin, and the IPAM plugins it runs
-    must load their own libraries, not the bundle's.
-    """
-    env = {
-        k: v
-        for k, v in environ.items()
-        if not k.startswith(("CNI_", "_PYI_", "_MEI")) and k not in ("RDMA_CNI_NETNS_VIA", "LD_LIBRARY_PATH")
-    }
-    env.pop("LD_LIBRARY_PATH_ORIG", None)
-    if environ.get("LD_LIBRARY_PATH_ORIG"):
-        env["LD_LIBRARY_PATH"] = environ["LD_LIBRARY_PATH_ORIG"]
-    return env
 
 
 def _private_dir(path: str) -> None:
@@ -579,8 +561,12 @@ def main(argv: list[str]) -> int:
         return 1
     # Said once a verb would be warm: the workers imported, forked and warmed up.
     while not server.wait_ready(0.5):
-        if stop.is_set():
+        failed = server.pool.never_started()
+        if stop.is_set() or failed:
             server.close()
+            if failed:
+                sys.stderr.write(f"rdma-cni cni-server: error: the verb workers cannot start: {failed}\n")
+                return 1
             return 0
     sys.stdout.write(json.dumps({"listening": server.socket_path}) + "\n")
     sys.stdout.flush()

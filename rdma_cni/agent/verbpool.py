@@ -143,6 +143,7 @@ class WorkerPool:
         self._settling: list[Worker] = []  # answered, not yet said clean: the pool thread reads them
         self._closing = False
         self._failure: str | None = None  # why there is no zygote, while there is none
+        self._started = False  # a zygote has been ready once
         self._ready = threading.Event()
         self._zygote: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
@@ -159,6 +160,11 @@ class WorkerPool:
                 return
             self._thread = threading.Thread(target=self._maintain, name="cni-workers", daemon=True)
             self._thread.start()
+
+    def never_started(self) -> str | None:
+        """Why no zygote has started yet, once a try has failed (None once one has, or before any try)."""
+        with self._cond:
+            return None if self._started else self._failure
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Whether the spare workers are ready (imported, forked and warmed), waiting up to ``timeout``."""
@@ -394,6 +400,7 @@ class WorkerPool:
         self._zygote, self._control = zygote, ours
         with self._cond:
             self._failure = None
+            self._started = True
         log.info("CNI verb workers: zygote %d ready", zygote.pid)
         return True
 
@@ -470,7 +477,7 @@ class WorkerPool:
             self._cond.notify_all()
 
     def _retire_idle(self) -> None:
-        """Let workers beyond the spare ones go once unused for :attr:`idle_seconds` (longest unused first)."""
+        """Let workers beyond the spare ones go, unused for :attr:`idle_seconds` (longest unused first)."""
         now = time.monotonic()
         with self._cond:
             excess = min(self._alive - self.spare, len(self._idle))

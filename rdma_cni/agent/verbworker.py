@@ -74,6 +74,25 @@ VIA_ENV = "RDMA_CNI_NETNS_VIA"  # rdma_cni.kernel.netns.NETNS_VIA_ENV
 RunVerb = Callable[[Mapping[str, str], bytes], tuple[int, bytes]]
 
 
+def plugin_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a verb inherits from the server: its environment, less what is the caller's or the bundle's.
+
+    The caller's ``CNI_*`` variables are the only ones a verb gets from outside. The built
+    binary's bootloader sets ``LD_LIBRARY_PATH`` to its own libraries (and ``_PYI_*`` for its
+    children): a verb must start as a runtime starts the plugin, and the IPAM plugins it runs
+    must load their own libraries, not the bundle's.
+    """
+    env = {
+        k: v
+        for k, v in environ.items()
+        if not k.startswith(("CNI_", "_PYI_", "_MEI")) and k not in (VIA_ENV, "LD_LIBRARY_PATH")
+    }
+    env.pop("LD_LIBRARY_PATH_ORIG", None)
+    if environ.get("LD_LIBRARY_PATH_ORIG"):
+        env["LD_LIBRARY_PATH"] = environ["LD_LIBRARY_PATH_ORIG"]
+    return env
+
+
 def parser() -> argparse.ArgumentParser:
     """The options of ``rdma-cni cni-workers`` (started by the CNI server, not by people)."""
     p = argparse.ArgumentParser(
@@ -256,7 +275,9 @@ class Verbs:
 
     def __init__(self, run: RunVerb) -> None:
         self.run = run
-        self.base_env = dict(os.environ)
+        # Started through the built binary's bootloader, this process's environment has what the
+        # bootloader added for itself: a verb starts from what the server handed over.
+        self.base_env = plugin_environment(os.environ) if getattr(sys, "frozen", False) else dict(os.environ)
         # Where fd 2 points during a verb: what the verb writes to stderr is its answer's stderr.
         self.capture = os.memfd_create("verb-stderr", os.MFD_CLOEXEC)
 
