@@ -147,11 +147,22 @@ def reserve(
     if item is not None:
         retry(pendings, item, doc, env, conf.stateDir)
     isolation = RdmaIsolation(conf.rdmaIsolation)
-    node = scan(pfs=conf.pfs, capacity=conf.capacityMbps, attachments=store.all(set_aside=True), vfctl=vfctl)
+    # Only the chosen VFs' PF-side settings matter (their originals go into the record): each PF's
+    # VF table is read once a VF of it is chosen, and the VFs held are not looked at in detail.
+    node = scan(
+        pfs=conf.pfs,
+        capacity=conf.capacityMbps,
+        attachments=store.all(set_aside=True),
+        vfctl=None,
+        held_details=False,
+    )
     interfaces = list(request.interfaces)
     chosen = choose_proven(
         node, interfaces, isolation, source, finder, rails=conf.rails, different_pfs=request.different_pfs
     )
+    tables = {pf: vfctl.read(pf) for pf in {vf.pf for vf in chosen}}
+    for vf in chosen:
+        vf.settings = (tables[vf.pf] or {}).get(vf.index)
     att = plan(env, conf, finder, chosen, names, interfaces, isolation, mac)
     # What releases it without this network's configuration: after a reboot (rdma_cni.node.boot).
     att.boot_id = boot.boot_id()
