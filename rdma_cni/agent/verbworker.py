@@ -312,7 +312,10 @@ class Verbs:
         try:
             with rdma_log.verb_scope():
                 status, out = self.run(env, request.stdin)
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt: what a plugin would have died of
+        except SystemExit as exc:  # a plugin process would have exited with it
+            problem = "a verb raised SystemExit"
+            status = exc.code if isinstance(exc.code, int) else 1
+        except BaseException as exc:  # KeyboardInterrupt, MemoryError: what a plugin would have died of
             problem = f"a verb raised {type(exc).__name__}"
             with contextlib.suppress(Exception):
                 import traceback

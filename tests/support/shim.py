@@ -77,12 +77,17 @@ def write_echo_plugin(path: str) -> str:
     writes its pid to P and sleeps S seconds first, ``{"big": N}`` prints N bytes,
     ``{"kill": SIG}`` kills itself with SIG, ``{"calls": P}`` appends a line
     ``CNI_COMMAND CNI_CONTAINERID CNI_IFNAME`` to P first (``{"exit_file": F}``
-    then exits with the number F holds, when F exists), ``{"thread": true}`` leaves a
-    thread running, ``{"raise": true}`` raises SystemExit.
+    then exits with the number F holds, when F exists). What a worker must not keep after a
+    verb: ``{"thread": true}`` leaves a thread running, ``{"leak": true}`` a file open,
+    ``{"child": true}`` a child running, ``{"setns": PATH}`` the thread in another network
+    namespace, ``{"handler": true}`` a logging handler; ``{"raise": N}`` raises SystemExit(N).
+    ``ECHO_MAX_VERBS`` in the zygote's environment bounds the verbs a worker serves.
     """
     body = textwrap.dedent(
         """\
         import json, os, sys, threading, time
+
+        LEAKED = []
 
         def verb(environ, raw):
             try:
@@ -96,9 +101,22 @@ def write_echo_plugin(path: str) -> str:
             if conf.get("kill"):
                 os.kill(os.getpid(), conf["kill"])
             if conf.get("raise"):
-                raise SystemExit(3)
+                raise SystemExit(conf["raise"])
             if conf.get("thread"):
                 threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+            if conf.get("leak"):
+                LEAKED.append(open(os.devnull))
+            if conf.get("child"):
+                import subprocess
+                subprocess.Popen(["sleep", "5"])
+            if conf.get("setns"):
+                import ctypes
+                fd = os.open(conf["setns"], os.O_RDONLY)
+                ctypes.CDLL(None).setns(fd, 0x40000000)
+                os.close(fd)
+            if conf.get("handler"):
+                import logging
+                logging.getLogger("rdma_cni").handlers.append(logging.NullHandler())
             if conf.get("calls"):
                 with open(conf["calls"], "a") as f:
                     names = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_IFNAME")
@@ -116,12 +134,20 @@ def write_echo_plugin(path: str) -> str:
                 st = os.stat(via)
                 ns = [st.st_dev, st.st_ino]
             sys.stderr.write("plugin stderr\\n")
-            doc = {"env": dict(environ), "stdin": raw.decode(), "netns": ns, "pid": os.getpid()}
+            import logging
+            doc = {
+                "env": dict(environ),
+                "stdin": raw.decode(),
+                "netns": ns,
+                "pid": os.getpid(),
+                "handlers": len(logging.getLogger("rdma_cni").handlers),
+            }
             return conf.get("exit", 0), (json.dumps(doc) + "\\n").encode()
 
         if sys.argv[1:2] == ["cni-workers"]:
-            from rdma_cni.agent.verbworker import main
-            sys.exit(main(sys.argv[2:], run=verb, preload=lambda: None))
+            from rdma_cni.agent import verbworker
+            verbworker.MAX_VERBS = int(os.environ.get("ECHO_MAX_VERBS", verbworker.MAX_VERBS))
+            sys.exit(verbworker.main(sys.argv[2:], run=verb, preload=lambda: None))
         code, out = verb(dict(os.environ), sys.stdin.buffer.read())
         sys.stdout.buffer.write(out)
         sys.exit(code)
