@@ -76,6 +76,7 @@ from rdma_cni.agent.shimwire import Request, WireError, encode_answer
 from rdma_cni.agent.takeover import FileLock
 from rdma_cni.agent.verbpool import MAX_WORKERS, WorkerPool, cni_error
 from rdma_cni.agent.verbworker import plugin_environment
+from rdma_cni.shared.quote import escape
 
 log = logging.getLogger("rdma_cni.agent.cniserver")
 
@@ -450,11 +451,20 @@ class CniServer:
         limit = self.verb_timeout if timeout is None else timeout
         started = time.monotonic()
         status, out, err = self.pool.run(request, fd, conn, limit)
+        if conn is None:
+            how = "spooled"
+        elif fd is not None:
+            how = "its namespace passed as an fd"
+        else:
+            how = "no namespace passed"
+        # One line per verb: what an operator (and the runtime tier) reads of the calls served. The
+        # names are the caller's, not yet checked by the plugin: escaped and bounded.
         log.info(
-            "served %s %s/%s: exit %d in %.1f ms",
-            request.command,
-            request.env.get("CNI_CONTAINERID", "-"),
-            request.env.get("CNI_IFNAME", "-"),
+            "served %s %s/%s (%s): exit %d in %.1f ms",
+            escape(request.command[:16]),
+            escape(request.env.get("CNI_CONTAINERID", "-")[:200]),
+            escape(request.env.get("CNI_IFNAME", "-")[:64]),
+            how,
             status,
             (time.monotonic() - started) * 1000,
         )
