@@ -461,9 +461,9 @@ class CniServer:
         # names are the caller's, not yet checked by the plugin: escaped and bounded.
         log.info(
             "served %s %s/%s (%s): exit %d in %.1f ms",
-            escape(request.command[:16]),
-            escape(request.env.get("CNI_CONTAINERID", "-")[:200]),
-            escape(request.env.get("CNI_IFNAME", "-")[:64]),
+            escape(request.command[:16] or "-"),
+            escape(request.env.get("CNI_CONTAINERID", "")[:200] or "-"),
+            escape(request.env.get("CNI_IFNAME", "")[:64] or "-"),
             how,
             status,
             (time.monotonic() - started) * 1000,
