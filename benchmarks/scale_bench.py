@@ -213,9 +213,10 @@ def main() -> int:
                         waits, holds = lock_stats(log, offset)
                         if holds:
                             p50, p95 = statistics.median(holds), percentile(holds, 0.95)
+                            worst = f"hold max {max(holds):.1f}, wait max {max(waits):.0f}"
                             print(
                                 f"|   node lock ({verb}) | {len(holds)} | | | hold p50 {p50:.1f} "
-                                f"| hold p95 {p95:.1f} | hold max {max(holds):.1f}, wait max {max(waits):.0f} |"
+                                f"| hold p95 {p95:.1f} | {worst} |"
                             )
             print(f"load average {os.getloadavg()[0]:.2f} after the round")
         go = statistics.median(results[("host-device (Go)", "ADD")]) + statistics.median(

@@ -225,8 +225,10 @@ def main() -> int:
     if args.previous:
         prev = os.path.abspath(args.previous)
         builds["previous build"] = (os.path.join(prev, "rdma-cni"), os.path.join(prev, "rdma-cni-shim"))
-    print(f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on {platform.node()}, "
-          f"{os.cpu_count()} CPUs, {platform.release()}; load average {os.getloadavg()[0]:.2f} at the start")
+    print(
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on {platform.node()}, "
+        f"{os.cpu_count()} CPUs, {platform.release()}; load average {os.getloadavg()[0]:.2f} at the start"
+    )
     tmp = tempfile.mkdtemp(prefix="rdma-cni-shim-bench-")
     rig = one_pod_rig(tmp, "shimbench", [SimPf("shimpf0", 1, 25000)], "sb", "10.89.0.0/24")
     # The server has the node's environment (as the DaemonSet has); the shim only what a runtime sets.
@@ -280,9 +282,8 @@ def main() -> int:
                     mode.once(verb)
         load_warm = os.getloadavg()[0]
         print(f"\n### Warm, {args.runs} interleaved cycles (load average {load_warm:.2f} at the end)\n")
-        print(
-            "| plugin | ADD ms | DEL ms | ADD+DEL ms | against Go | CPU ms ADD / DEL | page faults ADD / DEL |"
-        )
+        print("| plugin | ADD ms | DEL ms | ADD+DEL ms | against Go | CPU ms ADD / DEL ", end="")
+        print("| page faults ADD / DEL |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         go = med(modes[0].wall["ADD"]) + med(modes[0].wall["DEL"])
         for mode in modes:
@@ -301,14 +302,17 @@ def main() -> int:
                 m = memory(pid)
                 for k in total:
                     total[k] += m[k]
-                print(f"| {label} | {pid} {describe(pid)} | {m['Rss']:.1f} | {m['Pss']:.1f} | {m['Uss']:.1f} |")
+                sizes = f"{m['Rss']:.1f} | {m['Pss']:.1f} | {m['Uss']:.1f}"
+                print(f"| {label} | {pid} {describe(pid)} | {sizes} |")
             print(f"| {label} | all | {total['Rss']:.1f} | {total['Pss']:.1f} | {total['Uss']:.1f} |")
         for agent in agents.values():
             agent.stop()
         agents.clear()
 
-        print(f"\n### First verbs after an agent starts ({args.starts} fresh agents per build, own cache each)\n")
-        print("| build | listening after s | first ADD ms | first DEL ms | first ADD / warm ADD | first ADD+DEL / warm |")
+        starts = args.starts
+        print(f"\n### First verbs after an agent starts ({starts} fresh agents per build, own cache each)\n")
+        print("| build | listening after s | first ADD ms | first DEL ms | first ADD / warm ADD ", end="")
+        print("| first ADD+DEL / warm |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
         for label, (binary, shim) in builds.items():
             warm_mode = next(m for m in modes if m.name == f"shim -> agent, {label}")
@@ -321,9 +325,10 @@ def main() -> int:
                     first_del, _ = mode.once("DEL", record=False)
                 finally:
                     agent.stop()
+                both = (first_add + first_del) / (warm_add + warm_del)
                 print(
                     f"| {label} | {agent.ready_after:.2f} | {first_add:.1f} | {first_del:.1f} "
-                    f"| {first_add / warm_add:.2f}x | {(first_add + first_del) / (warm_add + warm_del):.2f}x |"
+                    f"| {first_add / warm_add:.2f}x | {both:.2f}x |"
                 )
         print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
     finally:
