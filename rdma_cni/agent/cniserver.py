@@ -217,6 +217,9 @@ class CniServer:
         try:
             self._publish()
         except ServerError:
+            # The workers stop first: a zygote the pool's thread is starting holds a copy of the
+            # lock's file (fork) until it execs, and this server will not serve.
+            self.pool.close()
             self._lock_held = False
             self._lock.release()
             raise
