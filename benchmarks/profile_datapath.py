@@ -1,10 +1,13 @@
-"""Where a warm ADD and DEL spend their CPU: the verbs run as a warm server's child runs them.
+"""Where a warm ADD and DEL spend their CPU: the verbs run as a warm server's child, or as the agent's
+workers, run them.
 
 The set-up is datapath_bench's (one simulated VF, the pod read from the HTTPS
 API stand-in, real host-local). This process imports what the warm server
 imports (:func:`rdma_cni.launch.warm.preload`), then forks one child per verb, as
 the server does, and the child runs :func:`rdma_cni.cli.main.run_cni` with the
-verb's environment and config. Printed: per verb, the median wall and CPU
+verb's environment and config; with ``--in-process`` it runs every verb itself,
+as one of the agent's verb workers does (:class:`rdma_cni.agent.verbworker.Verbs`,
+its API connection kept), and the figures are this process's. Printed: per verb, the median wall and CPU
 time of the child (the IPAM guard and host-local, which it waits for,
 included), the CPU of host-local alone (run directly, the part nothing can
 cut), and with ``--profile`` the cProfile of all runs merged, by cumulative
@@ -25,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -89,6 +93,41 @@ def run_child(
     return wall, (usage.ru_utime + usage.ru_stime) * 1000
 
 
+def run_in_process(
+    verbs: Any,
+    verb: str,
+    env: dict[str, str],
+    conf: dict[str, object],
+    profile_to: str | None,
+    cpu_timer: bool,
+) -> tuple[float, float]:
+    """Run one verb in this process as a worker does; its (wall ms, CPU ms, children included)."""
+    from rdma_cni.agent.shimwire import Request
+
+    request = Request(
+        env={**{k: v for k, v in env.items() if k.startswith("CNI_")}, "CNI_COMMAND": verb},
+        stdin=json.dumps(conf).encode(),
+    )
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    if profile_to:
+        prof = cProfile.Profile(time.process_time) if cpu_timer else cProfile.Profile()
+        answer = prof.runcall(verbs.run_one, request, None)
+        prof.dump_stats(profile_to)
+    else:
+        answer = verbs.run_one(request, None)
+    wall = (time.perf_counter() - start) * 1000
+    own2, children2 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    if answer.encoded[8:12] != b"\0\0\0\0":
+        raise SystemExit(f"{verb} failed: {answer.encoded[24:].decode(errors='replace')}")
+    user = (own2.ru_utime - own.ru_utime + children2.ru_utime - children.ru_utime) * 1000
+    system = (own2.ru_stime - own.ru_stime + children2.ru_stime - children.ru_stime) * 1000
+    SPLIT[verb].append(
+        (user, system, own2.ru_minflt - own.ru_minflt + children2.ru_minflt - children.ru_minflt)
+    )
+    return wall, user + system
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=20)
@@ -99,6 +138,11 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--pfs", type=int, default=1, help="simulated PFs (the node the verbs scan)")
     parser.add_argument("--vfs", type=int, default=1, help="VFs per PF")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the verbs in this process, as the agent's verb workers do, not in a forked child each",
+    )
     parser.add_argument(
         "--launcher",
         default="dist/rdma-cni",
@@ -117,9 +161,10 @@ def main() -> int:
         )
         if not probe.stdout.endswith(b"\nR 0 0 0 0\n"):
             raise SystemExit(f"{args.launcher} has no IPAM guard mode: make build, or --launcher ''")
-        from rdma_cni.node import ipam as ipam_module
+        from rdma_cni.node import ipam_guard
 
-        ipam_module._launcher = (os.open(args.launcher, os.O_RDONLY | os.O_CLOEXEC), args.launcher)
+        # Where the guard's launcher is kept (rdma_cni.node.ipam_guard): it is run through this fd.
+        ipam_guard._launcher = (os.open(args.launcher, os.O_RDONLY | os.O_CLOEXEC), args.launcher)
     tmp = tempfile.mkdtemp(prefix="rdma-cni-prof-")
     pfs = [SimPf(f"profpf{k}", args.vfs, 25000) for k in range(args.pfs)]
     rig = one_pod_rig(tmp, "prof", pfs, "pq", "10.89.0.0/24")
@@ -128,6 +173,17 @@ def main() -> int:
 
     preload()
     gc.freeze()  # as the warm server does before serving
+    verbs = None
+    if args.in_process:
+        from rdma_cni.agent.verbworker import Verbs
+        from rdma_cni.cli.main import cni_answer
+        from rdma_cni.kube import podget
+
+        gc.disable()  # as in a worker: collected between verbs, off their path
+        os.environ.update({k: v for k, v in env.items() if not k.startswith("CNI_")})
+        podget.keep_connections(True)
+        verbs = Verbs(cni_answer)
+        verbs.warm_up()
     wall: dict[str, list[float]] = {"ADD": [], "DEL": []}
     cpu: dict[str, list[float]] = {"ADD": [], "DEL": []}
     profiles: dict[str, list[str]] = {"ADD": [], "DEL": []}
@@ -136,7 +192,11 @@ def main() -> int:
         for i in range(args.runs + 1):
             for verb in ("ADD", "DEL"):
                 out = os.path.join(tmp, f"{verb}-{i}.prof") if args.profile else None
-                w, c = run_child(verb, env, conf, out, args.cpu)
+                if verbs is not None:
+                    w, c = run_in_process(verbs, verb, env, conf, out, args.cpu)
+                    gc.collect()
+                else:
+                    w, c = run_child(verb, env, conf, out, args.cpu)
                 if i == 0:
                     continue  # the first ADD asks host-local VERSION and fills caches
                 wall[verb].append(w)

@@ -1,12 +1,16 @@
 """Scale: a node with 64 VFs (4 PFs x 16) and 64 single-VF pods added at once, then deleted at once.
 
-rdma-cni (the built binary, as shipped: warm start) runs 64 ADDs launched
-together, each pod read from the HTTPS API stand-in, then 64 DELs; beside
+rdma-cni runs 64 ADDs launched together, each pod read from the HTTPS API
+stand-in, then 64 DELs: through the shim and the agent's CNI server as
+shipped (``dist/rdma-cni-shim``, ``rdma-cni cni-server``), through the fat
+binary (``--mode fat``: the launcher and its warm server), and with
+``--previous DIR`` through a previous build's shim and agent too; beside
 it, Debian's Go host-device plugin moves the same 64 veth "VFs" into the
 same 64 network namespaces with the same host-local IPAM, also 64 at once.
-Reports errors, wall time, per-call p50/p95/max and rdma-cni's node lock
-waits and hold times (from its log). Then the cost of each extra interface:
-a pod with 8 interfaces against one with 1, ADD and DEL, sequentially.
+``--bursts N`` repeats the whole round, modes interleaved. Reports errors,
+wall time, per-call p50/p95/max and rdma-cni's node lock waits and hold
+times (from its log). Then the cost of each extra interface: a pod with 8
+interfaces against one with 1, ADD and DEL, sequentially (the fat binary).
 Root needed. A script, not a timed test.
 """
 
@@ -21,10 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.datapath_bench import private_cache, stop_private_cache, wait_for_warm_server
+from benchmarks.shim_bench import Agent
 from tests.support.apiserver import ApiServer
 from tests.support.simnode import SimNode, SimPf, add_netns, del_netns, ip
 
@@ -84,9 +91,14 @@ def lock_stats(log: str, since: int) -> tuple[list[float], list[float]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--binary", default="dist/rdma-cni")
+    parser.add_argument("--shim", default="dist/rdma-cni-shim")
+    parser.add_argument("--previous", help="a directory with a previous build's rdma-cni and rdma-cni-shim")
+    parser.add_argument("--bursts", type=int, default=1, help="rounds of every mode, interleaved")
+    parser.add_argument("--no-fat", action="store_true", help="leave the fat binary's bursts out")
     parser.add_argument("--runs", type=int, default=10, help="sequential cycles for the 8-vs-1 comparison")
     args = parser.parse_args()
     binary = os.path.abspath(args.binary)
+    agents: list[Agent] = []
     tag = f"s{os.getpid() % 10000}"
     tmp = tempfile.mkdtemp(prefix="rdma-cni-scale-")
     node = SimNode(
@@ -140,6 +152,14 @@ def main() -> int:
             }
             return [binary], env, conf
 
+        def through(agent: Agent, shim: str) -> Callable[[str, int], tuple[list[str], dict[str, str], bytes]]:
+            def make(verb: str, n: int) -> tuple[list[str], dict[str, str], bytes]:
+                _cmd, env, stdin = ours(verb, n)
+                env = {k: v for k, v in env.items() if k.startswith("CNI_")}
+                return [shim], {**env, "PATH": base["PATH"], "RDMA_CNI_SHIM_SOCKET": agent.socket}, stdin
+
+            return make
+
         def theirs(verb: str, n: int) -> tuple[list[str], dict[str, str], bytes]:
             k, i = divmod(n, VFS_PER_PF)
             doc = {
@@ -162,31 +182,49 @@ def main() -> int:
         )
         wait_for_warm_server(tree)
         count = len(names)
+        server_env = {k: v for k, v in base.items() if not k.startswith("CNI_")}
+        modes: dict[str, Callable[[str, int], tuple[list[str], dict[str, str], bytes]]] = {
+            "host-device (Go)": theirs
+        }
+        rig = SimpleNamespace(conf=json.loads(conf))
+        builds = {"this build": (binary, os.path.abspath(args.shim))}
+        if args.previous:
+            prev = os.path.abspath(args.previous)
+            builds["previous build"] = (os.path.join(prev, "rdma-cni"), os.path.join(prev, "rdma-cni-shim"))
+        for label, (build, shim) in builds.items():
+            agent = Agent(build, tmp, label.replace(" ", "-"), rig, server_env)  # type: ignore[arg-type]
+            agents.append(agent)
+            modes[f"rdma-cni shim -> agent, {label}"] = through(agent, shim)
+        if not args.no_fat:
+            modes["rdma-cni fat binary (warm start)"] = ours
         print(f"| {count} pods at once, 1 VF each | calls | errors | wall ms | p50 ms | p95 ms | max ms |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-        results = {}
-        for label, make in (("host-device (Go)", theirs), ("rdma-cni (warm start)", ours)):
-            for verb in ("ADD", "DEL"):
-                offset = os.path.getsize(log) if os.path.exists(log) else 0
-                wall, durations, errors = launch_all([make(verb, n) for n in range(count)])
-                results[(label, verb)] = wall
-                print(row(f"{label} {verb}", wall, durations, errors))
-                for error in errors[:3]:
-                    print(f"    {error}", file=sys.stderr)
-                if make is ours:
-                    waits, holds = lock_stats(log, offset)
-                    p50, p95 = statistics.median(holds), percentile(holds, 0.95)
-                    print(
-                        f"|   node lock ({verb}) | {len(holds)} | | | hold p50 {p50:.1f} "
-                        f"| hold p95 {p95:.1f} | hold max {max(holds):.1f}, wait max {max(waits):.0f} |"
-                    )
-        print(f"load average {os.getloadavg()[0]:.2f} after the runs")
-        cycle = {label: results[(label, "ADD")] + results[(label, "DEL")] for label, _ in results}
-        mine, go = cycle["rdma-cni (warm start)"], cycle["host-device (Go)"]
-        print(
-            f"\nwall ADD+DEL of {count}: rdma-cni {mine:.0f} ms, host-device {go:.0f} ms, "
-            f"ratio {mine / go:.2f}x"
+        results: dict[tuple[str, str], list[float]] = {}
+        for _ in range(args.bursts):
+            for label, make in modes.items():
+                for verb in ("ADD", "DEL"):
+                    offset = os.path.getsize(log) if os.path.exists(log) else 0
+                    wall, durations, errors = launch_all([make(verb, n) for n in range(count)])
+                    results.setdefault((label, verb), []).append(wall)
+                    print(row(f"{label} {verb}", wall, durations, errors))
+                    for error in errors[:3]:
+                        print(f"    {error}", file=sys.stderr)
+                    if make is not theirs:
+                        waits, holds = lock_stats(log, offset)
+                        if holds:
+                            p50, p95 = statistics.median(holds), percentile(holds, 0.95)
+                            worst = f"hold max {max(holds):.1f}, wait max {max(waits):.0f}"
+                            print(
+                                f"|   node lock ({verb}) | {len(holds)} | | | hold p50 {p50:.1f} "
+                                f"| hold p95 {p95:.1f} | {worst} |"
+                            )
+            print(f"load average {os.getloadavg()[0]:.2f} after the round")
+        go = statistics.median(results[("host-device (Go)", "ADD")]) + statistics.median(
+            results[("host-device (Go)", "DEL")]
         )
+        for label in modes:
+            mine = statistics.median(results[(label, "ADD")]) + statistics.median(results[(label, "DEL")])
+            print(f"wall ADD+DEL of {count}, {label}: {mine:.0f} ms ({mine / go:.2f}x host-device's)")
 
         # Cost per extra interface: 8 interfaces against 1, sequential, medians.
         per: dict[str, dict[str, list[float]]] = {
@@ -209,6 +247,8 @@ def main() -> int:
             extra = (statistics.median(per["eight"][verb]) - statistics.median(per["one"][verb])) / 7
             print(f"{verb}: {extra:.1f} ms per extra interface (warm start, {args.runs} runs each)")
     finally:
+        for agent in agents:
+            agent.stop()
         stop_private_cache(cache, tree)
         for name in names:
             del_netns(name)

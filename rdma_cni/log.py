@@ -9,11 +9,13 @@ never holds more than twice that.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import stat
 import sys
+from collections.abc import Iterator
 
 _FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 _root = logging.getLogger("rdma_cni")
@@ -88,3 +90,20 @@ def configure(log_file: str | None, level: str, context: str) -> None:
             return
         handler.setFormatter(logging.Formatter(_FORMAT.replace("%(name)s", f"%(name)s {context}")))
         _root.addHandler(handler)
+
+
+@contextlib.contextmanager
+def verb_scope() -> Iterator[None]:
+    """Undo a verb's logging set-up when it ends: for a process that runs many (the agent's workers).
+
+    :func:`configure` adds the verb's ``logFile`` handler and sets its level; a plugin process
+    ends with its verb, a worker must not take either into the next one.
+    """
+    handlers, level = list(_root.handlers), _root.level
+    try:
+        yield
+    finally:
+        for handler in [h for h in _root.handlers if h not in handlers]:
+            _root.removeHandler(handler)
+            handler.close()
+        _root.setLevel(level)

@@ -2,24 +2,32 @@
 
 The thick design: /opt/cni/bin holds a small static shim, which runs on any
 host glibc, and the plugin itself runs here, in the agent's userspace (the
-DaemonSet image's), started exactly as a runtime starts it: the same
-executable, the runtime's ``CNI_*`` variables and stdin, its stdout, stderr and
-exit status relayed back. Every guarantee of the plugin (the node lock,
-records, rollback, the IPAM guard, warm start) is the plugin's own, unchanged.
+DaemonSet image's): the runtime's ``CNI_*`` variables and stdin, its stdout,
+stderr and exit status relayed back. Each verb runs in a worker of
+:mod:`rdma_cni.agent.verbpool` (pre-imported processes forked from one
+zygote, each running one verb at a time in-process: no exec, no interpreter
+start, no copy of the imports per verb) exactly as the plugin's entry point
+runs it, so every guarantee of the plugin (the node lock, records, rollback,
+the IPAM guard) is the plugin's own, unchanged. The server reports itself
+ready (:meth:`CniServer.wait_ready`, the agent's readiness) only once the
+pool's spare workers are: no verb on a node is a cold one.
 
 - **Who may connect:** the socket's directory is 0700, the socket 0600, and
   a peer whose uid (SO_PEERCRED) is neither root nor ours is dropped unanswered.
 - **The pod's namespace** comes as an fd the shim opened in the runtime's
-  mount view; the plugin opens it as ``/proc/<this pid>/fd/<n>`` (named in
-  ``RDMA_CNI_NETNS_VIA``, see :mod:`rdma_cni.kernel.netns`), so this side never
-  resolves a host path and ``CNI_NETNS`` keeps the runtime's value for results,
-  records and logs.
-- **Bounds:** at most ``max_connections`` calls at once (one more is answered
-  with code 11 at once), 10 s to send a request, sizes checked before reading,
-  ``verb_timeout`` per verb (the plugin's process group is then killed, as a
-  runtime's timeout would), answers capped.
+  mount view; it goes on to the worker the same way, which opens it as
+  ``/proc/self/fd/<n>`` (named in ``RDMA_CNI_NETNS_VIA``, see
+  :mod:`rdma_cni.kernel.netns`), so this side never resolves a host path and
+  ``CNI_NETNS`` keeps the runtime's value for results, records and logs.
+- **Bounds:** at most ``max_connections`` calls taken at once (one more is
+  answered with code 11 at once), at most the pool's ``workers`` of them
+  running (the others wait their turn, within their timeout), 10 s to send a
+  request, sizes checked before reading, ``verb_timeout`` per verb (the
+  worker's process group is then killed, as a runtime's timeout would kill
+  a plugin's), answers capped.
 - **A caller that goes away** (a runtime killing the shim) gets its verb's
-  process group killed, as killing a plugin would.
+  worker killed, as killing a plugin would; one still waiting for a worker
+  is not run at all.
 - **Spooled DELs** (:mod:`rdma_cni.agent.delspool`): the server that owns
   the socket runs them in the background (at start, as they appear, failures
   on a backoff); an ADD first settles only its own attachment's entries; a
@@ -36,6 +44,7 @@ records, rollback, the IPAM guard, warm start) is the plugin's own, unchanged.
   answers what is left in its backlog and closes; calls under way are given
   :data:`DRAIN_SECONDS` to finish. With no successor it closes at once (the
   shim spools DELs and answers ADDs "try again later" until a server is back).
+  Each server has its workers; the waiting one's are ready before it takes over.
 - **Records of an earlier boot** (which no runtime would DEL or GC, the spool
   being lost with ``/run``) are released at the first try to start, before
   the socket is served (and while an old server still serves, during a
@@ -55,7 +64,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -63,18 +71,20 @@ from collections.abc import Mapping, Sequence
 
 from rdma_cni.agent.bootrelease import StatePaths, add_state, network_states, plugin_default, release_all
 from rdma_cni.agent.delspool import Runner, Spool, entry_name, spool_dir
-from rdma_cni.agent.shimconn import REQUEST_SECONDS, hung_up, peer_allowed, read_request
+from rdma_cni.agent.shimconn import REQUEST_SECONDS, peer_allowed, read_request
 from rdma_cni.agent.shimwire import Request, WireError, encode_answer
 from rdma_cni.agent.takeover import FileLock
+from rdma_cni.agent.verbpool import MAX_WORKERS, WorkerPool, cni_error
+from rdma_cni.agent.verbworker import plugin_environment
+from rdma_cni.shared.quote import escape
 
 log = logging.getLogger("rdma_cni.agent.cniserver")
 
 DEFAULT_SOCKET = "/run/rdma-cni/agent/cni.sock"
-VIA_ENV = "RDMA_CNI_NETNS_VIA"  # rdma_cni.kernel.netns.NETNS_VIA_ENV (the agent does not import the plugin)
 # Below the shim's wait (300 s) so that the shim hears the timeout as an answer.
 VERB_TIMEOUT = 270.0
-MAX_OUTPUT = 4 << 20
-DEFAULT_MAX_CONNECTIONS = 32
+# Calls taken at once (waiting for a worker or running): a burst of 64 pods on a node is taken whole.
+DEFAULT_MAX_CONNECTIONS = 128
 # With a successor waiting, a stopping server accepts until the successor owns the path, this long at most.
 HANDOVER_SECONDS = 5.0
 # Calls under way when the server stops get this long to finish (below the DaemonSet's grace period).
@@ -89,32 +99,13 @@ class ServerError(Exception):
 
 
 def default_plugin() -> list[str]:
-    """The plugin to run: the built executable this process came from, else this package."""
+    """The plugin whose workers run the verbs: this process's built executable, else the package."""
     launcher = os.environ.get("RDMA_CNI_LAUNCHER")
     if launcher and getattr(sys, "frozen", False):
         return [launcher]
     if getattr(sys, "frozen", False):
         return [sys.executable]
     return [sys.executable, "-m", "rdma_cni"]
-
-
-def plugin_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """What a verb inherits from the server: its environment, less what is the caller's or the bundle's.
-
-    The caller's ``CNI_*`` variables are the only ones a verb gets from outside. The built
-    binary's bootloader sets ``LD_LIBRARY_PATH`` to its own libraries (and ``_PYI_*`` for its
-    children): a verb must start as a runtime starts the plugin, and the IPAM plugins it runs
-    must load their own libraries, not the bundle's.
-    """
-    env = {
-        k: v
-        for k, v in environ.items()
-        if not k.startswith(("CNI_", "_PYI_", "_MEI")) and k not in (VIA_ENV, "LD_LIBRARY_PATH")
-    }
-    env.pop("LD_LIBRARY_PATH_ORIG", None)
-    if environ.get("LD_LIBRARY_PATH_ORIG"):
-        env["LD_LIBRARY_PATH"] = environ["LD_LIBRARY_PATH_ORIG"]
-    return env
 
 
 def _private_dir(path: str) -> None:
@@ -131,13 +122,8 @@ def _private_dir(path: str) -> None:
         )
 
 
-def cni_error(code: int, msg: str) -> bytes:
-    """A CNI error document, for the answers the server gives itself."""
-    return (json.dumps({"cniVersion": "1.1.0", "code": code, "msg": msg}) + "\n").encode()
-
-
 class CniServer:
-    """Listens on ``socket_path`` and runs each call through ``plugin`` (a command line)."""
+    """Listens on ``socket_path`` and runs each call in a worker of ``plugin`` (a command line)."""
 
     def __init__(
         self,
@@ -145,6 +131,7 @@ class CniServer:
         plugin: Sequence[str] | None = None,
         *,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        workers: int = MAX_WORKERS,
         verb_timeout: float = VERB_TIMEOUT,
         environ: Mapping[str, str] | None = None,
         states: Sequence[StatePaths] = (),
@@ -163,6 +150,9 @@ class CniServer:
         self.plugin = list(plugin or default_plugin())
         self.verb_timeout = verb_timeout
         self.base_env = plugin_environment(os.environ if environ is None else environ)
+        # Started at the first try to start, so that the workers import while the boot release runs.
+        self.pool = WorkerPool(self.plugin, self.base_env, size=workers)
+        self._served = False  # serve() ran: it closes the pool once the calls under way are done
         self._slots = threading.BoundedSemaphore(max_connections)
         # Calls told "busy" are bounded too: beyond these, a call is closed unanswered.
         self._busy_slots = threading.BoundedSemaphore(max_connections)
@@ -209,6 +199,7 @@ class CniServer:
         _private_dir(self.spool.directory)
         if len(self.socket_path.encode()) + len(".next") > 107:
             raise ServerError(f"the socket path {self.socket_path} is longer than a unix socket allows")
+        self.pool.start()
         if not self._boot_checked:
             # Once, at the first try: before this server serves (an ADD then places with what an
             # earlier boot held free), and off a surge handover's path (the old server still serves).
@@ -226,6 +217,9 @@ class CniServer:
         try:
             self._publish()
         except ServerError:
+            # The workers stop first: a zygote the pool's thread is starting holds a copy of the
+            # lock's file (fork) until it execs, and this server will not serve.
+            self.pool.close()
             self._lock_held = False
             self._lock.release()
             raise
@@ -255,6 +249,10 @@ class CniServer:
             os.umask(old)
         self._sock = sock
         self._path_id = (st.st_dev, st.st_ino)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Whether the workers are ready: a verb served now is not a cold one (waits up to ``timeout``)."""
+        return self.pool.wait_ready(timeout)
 
     def _owns_path(self) -> bool:
         try:
@@ -291,6 +289,8 @@ class CniServer:
         self._lock_held = False
         self._lock.release()
         self._next.release()
+        if not self._served:
+            self.pool.close()
 
     def _hand_over(self) -> None:
         """On stop, with a successor waiting: let it take the path, answering calls until it has."""
@@ -343,6 +343,7 @@ class CniServer:
     def serve(self, stop: threading.Event) -> None:
         """Accept calls until ``stop`` is set (each runs in a thread of its own), then hand over or close."""
         assert self._sock is not None, "start() first"
+        self._served = True
         self._sock.settimeout(0.5)
         try:
             while not stop.is_set():
@@ -360,6 +361,7 @@ class CniServer:
             self.close()
             self._drain()
             self.runner.stop(wait=self.drain_seconds)
+            self.pool.close()
 
     def _run_spooled(self, request: Request, budget: float) -> tuple[int, bytes]:
         """Run one spooled DEL as the plugin, within ``budget`` seconds: its exit status and stderr."""
@@ -444,56 +446,32 @@ class CniServer:
             self.spool.retire(name)
         return status, out, err
 
-    def _env(self, request: Request, fd: int | None) -> dict[str, str]:
-        env = dict(self.base_env)
-        env.update(request.env)
-        if fd is not None:
-            env[VIA_ENV] = f"/proc/{os.getpid()}/fd/{fd}"
-        elif request.netns_errno and request.env.get("CNI_NETNS"):
-            env[VIA_ENV] = f"errno:{request.netns_errno}"
-        return env
-
     def _run(
         self, request: Request, fd: int | None, conn: socket.socket | None, timeout: float | None = None
     ) -> tuple[int, bytes, bytes]:
-        """Run one verb within ``timeout`` s (default: the verb timeout): (exit status, stdout, stderr)."""
-        try:
-            proc = subprocess.Popen(
-                self.plugin,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=self._env(request, fd),
-                start_new_session=True,
-            )
-        except OSError as exc:
-            log.error("cannot start the plugin %s: %s", self.plugin[0], exc)
-            return 1, cni_error(11, f"the rdma-cni agent cannot start the plugin: {exc.strerror}"), b""
+        """Run one verb in a worker within ``timeout`` s (default: the verb timeout): (exit status, stdout,
+        stderr). ``conn`` is the caller's (None for a spooled DEL): a caller gone gets its verb killed."""
         limit = self.verb_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        stdin: bytes | None = request.stdin
-        out = err = b""
-        while True:
-            try:
-                out, err = proc.communicate(stdin, timeout=0.2)
-                break
-            except subprocess.TimeoutExpired:
-                stdin = None  # already written
-            gone = conn is not None and hung_up(conn)
-            if gone or time.monotonic() > deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                out, err = proc.communicate()
-                if gone:
-                    log.warning("the caller of %s went away: its verb was killed", request.command)
-                    return 1, b"", b""
-                log.error("%s ran longer than %.0f s: killed", request.command, limit)
-                msg = f"the plugin did not finish {request.command} within {limit:.0f} s; try again later"
-                return 1, cni_error(11, msg), err[-4096:]
-        if len(out) > MAX_OUTPUT:
-            return 1, cni_error(999, "the plugin's answer is too large to relay"), b""
-        status = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        return status, out, err[-(64 << 10) :]
+        started = time.monotonic()
+        status, out, err = self.pool.run(request, fd, conn, limit)
+        if conn is None:
+            how = "spooled"
+        elif fd is not None:
+            how = "its namespace passed as an fd"
+        else:
+            how = "no namespace passed"
+        # One line per verb: what an operator (and the runtime tier) reads of the calls served. The
+        # names are the caller's, not yet checked by the plugin: escaped and bounded.
+        log.info(
+            "served %s %s/%s (%s): exit %d in %.1f ms",
+            escape(request.command[:16] or "-"),
+            escape(request.env.get("CNI_CONTAINERID", "")[:200] or "-"),
+            escape(request.env.get("CNI_IFNAME", "")[:64] or "-"),
+            how,
+            status,
+            (time.monotonic() - started) * 1000,
+        )
+        return status, out, err
 
 
 def _log_progress() -> None:
@@ -517,9 +495,19 @@ def parser() -> argparse.ArgumentParser:
         prog="rdma-cni cni-server", description="Run the CNI verbs the rdma-cni shim hands over."
     )
     p.add_argument("--socket", default=DEFAULT_SOCKET, help="default: %(default)s")
-    p.add_argument("--plugin", metavar="PATH", help="the plugin executable to run (default: this executable)")
     p.add_argument(
-        "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="default: %(default)s"
+        "--plugin",
+        metavar="PATH",
+        help="the plugin executable whose workers run the verbs (default: this executable)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="calls taken at once, running or waiting for a worker (default: %(default)s)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=MAX_WORKERS, help="verbs run at once, at most (default: %(default)s)"
     )
     p.add_argument(
         "--network-config",
@@ -559,6 +547,9 @@ def main(argv: list[str]) -> int:
     if args.max_connections < 1:
         sys.stderr.write("rdma-cni cni-server: error: --max-connections must be at least 1\n")
         return 2
+    if args.workers < 1:
+        sys.stderr.write("rdma-cni cni-server: error: --workers must be at least 1\n")
+        return 2
     for name, value in (("--state-dir", args.state_dir), ("--lock-file", args.lock_file)):
         if value is not None and not os.path.isabs(value):
             sys.stderr.write(f"rdma-cni cni-server: error: {name} must be an absolute path\n")
@@ -568,6 +559,7 @@ def main(argv: list[str]) -> int:
         args.socket,
         [args.plugin] if args.plugin else None,
         max_connections=args.max_connections,
+        workers=args.workers,
         states=_states(args),
     )
     stop = threading.Event()
@@ -580,6 +572,15 @@ def main(argv: list[str]) -> int:
             return 0  # stopped while it waited to take over: nothing was served
         sys.stderr.write(f"rdma-cni cni-server: error: {exc}\n")
         return 1
+    # Said once a verb would be warm: the workers imported, forked and warmed up.
+    while not server.wait_ready(0.5):
+        failed = server.pool.never_started()
+        if stop.is_set() or failed:
+            server.close()
+            if failed:
+                sys.stderr.write(f"rdma-cni cni-server: error: the verb workers cannot start: {failed}\n")
+                return 1
+            return 0
     sys.stdout.write(json.dumps({"listening": server.socket_path}) + "\n")
     sys.stdout.flush()
     server.serve(stop)

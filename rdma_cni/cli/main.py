@@ -54,7 +54,8 @@ Operator subcommands:
                                                   release the records an earlier boot left (docs/deploy.md)
   rdma-cni --version
 
-The launcher also starts `rdma-cni warm-server` by itself (see docs/architecture.md).
+The launcher also starts `rdma-cni warm-server` by itself, and the CNI server `rdma-cni cni-workers`
+(see docs/architecture.md).
 """
 
 
@@ -155,6 +156,19 @@ def main(
     return code
 
 
+def cni_answer(environ: Mapping[str, str], stdin: bytes) -> tuple[int, bytes]:
+    """One CNI invocation as the executable answers it: (exit status, what it prints on stdout).
+
+    What the agent's verb workers (:mod:`rdma_cni.agent.verbworker`) run for each call the
+    shim hands over, in place of a process running :func:`main`: the same set-up, the same
+    document, the same code.
+    """
+    rdma_log.setup_stderr()
+    with contextlib.redirect_stdout(sys.stderr):
+        code, doc = run_cni(environ, stdin[: MAX_CONFIG_BYTES + 1])
+    return code, b"" if doc is None else (json.dumps(doc) + "\n").encode()
+
+
 def _subcommand(argv: list[str], out: TextIO) -> int:
     name, rest = argv[0], argv[1:]
     if name in ("-h", "--help", "help"):
@@ -181,6 +195,11 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         return run_server(rest)
     elif name == "release-previous-boot":
         return _release_previous_boot(rest, out)
+    elif name == "cni-workers":
+        from rdma_cni.agent.verbworker import main as run_workers
+
+        # Started by the CNI server: its workers run this module's CNI entry for each call.
+        return run_workers(rest, run=cni_answer)
     elif name == "warm-server":
         from rdma_cni.launch.warm import main as run_warm
 

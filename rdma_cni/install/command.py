@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rdma_cni import __version__
 from rdma_cni.agent.cniserver import DEFAULT_SOCKET
@@ -38,6 +38,9 @@ from rdma_cni.install.kubeconfig import write_kubeconfig
 from rdma_cni.install.netconf import write_conf
 from rdma_cni.install.uninstall import add_options as add_uninstall_options
 from rdma_cni.install.uninstall import run as run_uninstall
+
+if TYPE_CHECKING:
+    from rdma_cni.agent.cniserver import CniServer
 
 
 def _set_ready(path: str | None, ready: bool) -> None:
@@ -313,13 +316,15 @@ def _run(args: argparse.Namespace, opts: Options, out: TextIO, err: TextIO) -> i
     # the atomic writes finish instead of leaving temporary files behind.
     with _stop_on_signals(stop):
         server = None
+        cni = None
         if args.mode == "shim" and args.watch:
             # Serving before the shim is in place: no call finds a shim without a server (or, in a
             # rollout with surge, the old agent serves until this one takes the socket over).
             from rdma_cni.agent.bootrelease import network_states
 
             try:
-                server = _start_cni_server(args.cni_socket, network_states(args.network_config), stop, out)
+                states = network_states(args.network_config)
+                server, cni = _start_cni_server(args.cni_socket, states, stop, out)
             except InstallError as exc:
                 err.write(f"rdma-cni install: error: {exc}\n")
                 err.flush()
@@ -327,7 +332,7 @@ def _run(args: argparse.Namespace, opts: Options, out: TextIO, err: TextIO) -> i
         elif args.mode == "shim":
             say(out, "--mode shim without --watch: run `rdma-cni cni-server` to serve the shim's calls")
         try:
-            code = _install_and_watch(args, opts, stop, out, err)
+            code = _install_and_watch(args, opts, stop, out, err, cni)
         finally:
             stop.set()
             if server is not None:
@@ -342,9 +347,18 @@ def _run(args: argparse.Namespace, opts: Options, out: TextIO, err: TextIO) -> i
 
 
 def _install_and_watch(
-    args: argparse.Namespace, opts: Options, stop: threading.Event, out: TextIO, err: TextIO
+    args: argparse.Namespace,
+    opts: Options,
+    stop: threading.Event,
+    out: TextIO,
+    err: TextIO,
+    cni: CniServer | None = None,
 ) -> int | None:
-    """The install pass, the agent, and ``--watch``; an exit code to return early, None when stopped."""
+    """The install pass, the agent, and ``--watch``; an exit code to return early, None when stopped.
+
+    With the CNI server (``cni``), Ready waits for its verb workers: the first verb on the node is
+    then as fast as any (they import while the installer writes its files).
+    """
     try:
         run_once(opts, out)
     except (InstallError, OSError) as exc:
@@ -360,6 +374,12 @@ def _install_and_watch(
             err.write(f"rdma-cni install: error: {exc}\n")
             err.flush()
             return 1
+    if cni is not None and not cni.wait_ready(0):
+        say(out, "waiting for the CNI verb workers before reporting ready")
+        while not cni.wait_ready(0.5):
+            if stop.is_set():
+                return None
+        say(out, "CNI verb workers ready")
     # Ready without waiting for what another agent still holds (see rdma_cni/agent/takeover.py).
     _set_ready(opts.ready_file, True)
     if not args.watch or stop.is_set():
@@ -378,8 +398,10 @@ def _install_and_watch(
 
 def _start_cni_server(
     socket_path: str, states: Sequence[tuple[str, str]], stop: threading.Event, out: TextIO
-) -> threading.Thread:
+) -> tuple[threading.Thread, CniServer]:
     """Serve the shim's calls in a thread until ``stop``; InstallError when the socket cannot be served.
+
+    Returns the thread, and the server (whose workers the agent's readiness waits for).
 
     ``states``: the ``stateDir`` and ``lockFile`` of the node's networks, whose records of an
     earlier boot the server releases before it serves. Another agent serving the socket (the old
@@ -414,7 +436,7 @@ def _start_cni_server(
         say(out, f"serving CNI verbs for the shim on {server.socket_path} (plugin {server.plugin[0]})")
     else:
         say(out, f"another agent serves {server.socket_path}: taking it over when it stops")
-    return thread
+    return thread, server
 
 
 def _start_agent(

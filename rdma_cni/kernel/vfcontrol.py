@@ -11,10 +11,13 @@ announces itself in the log on every use so it cannot hide in production.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from rdma_cni.cni.errors import KernelError
@@ -89,6 +92,10 @@ class FileVfControl:
     File shape: ``{"pfs": {pf: {vf: settings}}, "calls": [...], "refuse": {...}}``.
     ``refuse`` maps ``"min_tx_rate"`` (any non-zero min rate) or ``"<pf>/<vf>"``
     to an errno, to reproduce drivers that refuse a setting.
+
+    A change is read, modified and written under an ``flock`` of ``<path>.lock``: verbs of
+    different attachments set their VFs at once (outside the node lock), as the kernel
+    takes settings of different VFs at once.
     """
 
     def __init__(self, path: str) -> None:
@@ -112,7 +119,20 @@ class FileVfControl:
             out[vf] = VfInfo.from_settings(vf, {**neutral_vf_settings(), **table.get(str(vf), {})})
         return out
 
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def apply(self, pf: str, vf: int, settings: dict[str, Any]) -> None:
+        with self._exclusive():
+            self._apply(pf, vf, settings)
+
+    def _apply(self, pf: str, vf: int, settings: dict[str, Any]) -> None:
         doc = self._load()
         doc.setdefault("calls", []).append({"pf": pf, "vf": vf, "settings": settings})
         refuse = doc.get("refuse", {})

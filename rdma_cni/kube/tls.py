@@ -8,8 +8,9 @@ The plugin's pod GET asks :func:`client_context`, which a warm server
 (:mod:`rdma_cni.launch.warm`) can answer from contexts it keeps: a child that had to
 build one tells the server (:func:`note_context_miss`, through the pipe whose
 fd the server sets in :data:`context_hint_fd`), and the server builds it too
-(:func:`keep_context`) so that later children inherit it. A cold start keeps,
-reads and hashes nothing for this.
+(:func:`keep_context`) so that later children inherit it. The agent's verb
+workers, which run many verbs each, keep the contexts they build themselves
+(:data:`keep_built`). A cold start keeps, reads and hashes nothing for this.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ _MAX_CONTEXTS = 8
 # there (see note_context_miss); -1 otherwise.
 context_hint_fd = -1
 _missed: str | None = None
+# Set by a process that runs many verbs (the agent's verb workers): it keeps the contexts it builds.
+keep_built = False
 
 
 def _material(creds: ClusterCredentials) -> tuple[bytes, ClusterCredentials] | None:
@@ -85,12 +88,14 @@ def _build_context(creds: ClusterCredentials) -> ssl.SSLContext:
 def client_context(creds: ClusterCredentials) -> ssl.SSLContext:
     """The client TLS context for ``creds``: one built for the same content before, else a new one."""
     global _missed
-    # Only a warm server keeps contexts, and only its children can say they
-    # built one: a cold start reads and hashes nothing for them.
-    material = _material(creds) if _CONTEXTS or context_hint_fd >= 0 else None
+    # Only a warm server and the agent's workers keep contexts, and only a warm server's children
+    # can say they built one: a cold start reads and hashes nothing for them.
+    material = _material(creds) if _CONTEXTS or context_hint_fd >= 0 or keep_built else None
     context = _CONTEXTS.get(material[0]) if material is not None else None
     if context is not None:
         return context
+    if keep_built and material is not None:
+        return _store(*material)
     _missed = creds.source if material is not None else None
     return _build_context(creds)
 
@@ -100,12 +105,17 @@ def keep_context(creds: ClusterCredentials) -> bool:
     material = _material(creds)
     if material is None or material[0] in _CONTEXTS:
         return False
-    key, inline = material
+    _store(*material)
+    return True
+
+
+def _store(key: bytes, inline: ClusterCredentials) -> ssl.SSLContext:
+    """Build the context of ``inline`` (the bytes ``key`` names) and keep it, the oldest dropped first."""
     context = _build_context(inline)
     if len(_CONTEXTS) >= _MAX_CONTEXTS:
         del _CONTEXTS[next(iter(_CONTEXTS))]  # the oldest: a kubeconfig since rotated, most likely
     _CONTEXTS[key] = context
-    return True
+    return context
 
 
 def note_context_miss(kubeconfig: str) -> None:

@@ -143,8 +143,13 @@ def scan(
     attachments: Iterable[Attachment],
     vfctl: VfControl | None,
     home: Callable[[str], Link | None] | None = None,
+    held_details: bool = True,
 ) -> Node:
     """Read the node. ``pfs`` limits the PFs considered (None: every SR-IOV PF).
+
+    ``held_details=False`` (ADD, under the node lock) leaves out the netdev, driver and RDMA
+    devices of VFs a record holds: they are not free whatever those are, and on a node full of
+    pods reading them was most of the scan.
 
     ``home`` (the node agent) gives a VF's netdev when the kernel proves it is
     in the host (:meth:`rdma_cni.kernel.identity.VfFinder.in_host`): a VF no record
@@ -181,6 +186,10 @@ def scan(
             if not pci:
                 continue
             owner = owners.get(pci)
+            if owner is not None and not held_details:
+                pf.vfs.append(Vf(name, i, pci, None, "", [], (table or {}).get(i), owner))
+                seen.add(pci)
+                continue
             if home is not None and owner is None:
                 link = home(pci)
                 netdev = link.name if link is not None else None
@@ -197,7 +206,7 @@ def scan(
                     driver=sysfs.pci_driver(pci),
                     rdma_devices=rdma,
                     settings=(table or {}).get(i),
-                    owner=owners.get(pci),
+                    owner=owner,
                 )
             )
             seen.add(pci)

@@ -248,6 +248,11 @@ GUARD_ARG = "--ipam-guard"
 _launcher: tuple[int, str] | bool | None = False
 
 
+def kept_fds() -> set[int]:
+    """The descriptor this process keeps open once it has looked its launcher up (none before)."""
+    return {_launcher[0]} if isinstance(_launcher, tuple) else set()
+
+
 def _guard_launcher() -> tuple[int, str] | None:
     """The packed launcher this plugin was started by, if it carries this very build.
 

@@ -1,4 +1,4 @@
-"""The allocation record (which VF belongs to which attachment) and the node-wide lock.
+"""The allocation record (which VF belongs to which attachment), the node-wide lock and each attachment's.
 
 One JSON file per (CNI_CONTAINERID, CNI_IFNAME) under ``<stateDir>/attachments``,
 named ``<containerID>@<ifname>.json`` (container IDs cannot contain '@', so
@@ -18,9 +18,24 @@ them and no one else can write them (:mod:`rdma_cni.node.statedir`): a
 :class:`RecordStore` checks ``stateDir`` when it is made, :func:`node_lock`
 the lock file before it waits for it.
 
+Two locks, on the same lock file (docs/protocol.md, "the node lock"):
+
+- :func:`node_lock`, an ``flock`` of the whole file: what decides which VFs
+  are free and gives them to an attachment (reading the records and the
+  node, placing, writing the intent record), and every removal of a record;
+- :func:`attachment_lock`, an open-file-description write lock on one byte of
+  the file, at an offset derived from the attachment's container id and
+  interface: held by ADD and DEL of that attachment for their whole run (the
+  namespace moves and IPAM included, which run outside the node lock once the
+  intent record names the VFs), and taken without waiting by GC and the
+  release of an earlier boot before they release it (one held is left for
+  later). Always taken before the node lock, never after: no two verbs wait
+  for each other's. Independent of ``flock``: an ``flock`` never conflicts
+  with a byte-range lock on Linux.
+
 A writer killed between creating its temporary file and renaming it leaves
-``.tmp-<pid>-...`` behind; :func:`remove_orphaned_temporaries` (run by GC,
-under the node lock every writer holds) removes them.
+``.tmp-<pid>-...`` behind; :func:`remove_orphaned_temporaries` (run by GC)
+removes them once the writer is gone or the file is old.
 """
 
 from __future__ import annotations
@@ -32,9 +47,11 @@ import json
 import logging
 import os
 import signal
+import struct
 import threading
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -439,8 +456,19 @@ class _LockWaitOver(Exception):
     pass
 
 
-def _wait_for_flock(fd: int, timeout: float) -> bool:
-    """Block in flock(2) until the lock is ours or ``timeout`` seconds pass; False on timeout.
+def _flock(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def _flock_now(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _wait_for_lock(
+    fd: int, timeout: float, lock: Callable[[int], None], lock_now: Callable[[int], None]
+) -> bool:
+    """Block in ``lock`` (flock(2), or a byte-range lock) until it is ours or ``timeout`` seconds pass;
+    False on timeout. ``lock_now`` is the same lock taken without waiting (BlockingIOError if held).
 
     A blocking flock lets the kernel hand the lock over the moment it is
     released. Polling (what filelock does, every 50 ms) left the node idle
@@ -452,7 +480,7 @@ def _wait_for_flock(fd: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                lock_now(fd)
                 return True
             except BlockingIOError:
                 if time.monotonic() >= deadline:
@@ -466,7 +494,7 @@ def _wait_for_flock(fd: int, timeout: float) -> bool:
     try:
         signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            lock(fd)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         return True
@@ -476,14 +504,39 @@ def _wait_for_flock(fd: int, timeout: float) -> bool:
         signal.signal(signal.SIGALRM, previous)
 
 
-# Descriptors of the node locks this process holds now (innermost last): an
+# Descriptors of the locks (node, attachment) this process holds now (innermost last): an
 # IPAM guard that is exec'd rather than forked is handed the lock explicitly.
 _held: list[int] = []
 
 
 def held_lock() -> int | None:
-    """The descriptor of the node lock this process holds, if it holds one."""
+    """The descriptor of the innermost lock this process holds (node or attachment), if it holds one.
+
+    What an IPAM guard keeps holding while IPAM runs: the attachment's lock in ADD and DEL
+    (IPAM runs outside the node lock), so that the DEL of a killed ADD waits for its IPAM.
+    """
     return _held[-1] if _held else None
+
+
+def _open_lock_file(lock_file: str) -> int:
+    """``lock_file`` opened for locking, after the checks of :mod:`rdma_cni.node.statedir` (code 5 if not)."""
+    statedir.check_lock_path(lock_file)
+    try:
+        statedir.make_dirs(os.path.dirname(lock_file), mode=0o755)
+    except OSError as exc:
+        raise IOFailure(f"cannot create the directory of lockFile {lock_file}: {exc.strerror}") from exc
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise IOFailure(f"lockFile {lock_file} is a symbolic link; give its real path") from exc
+        raise IOFailure(f"cannot open lockFile {lock_file}: {exc.strerror}") from exc
+    try:
+        statedir.check_owned(lock_file, os.fstat(fd), "lockFile", want_dir=False)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @contextlib.contextmanager
@@ -501,25 +554,14 @@ def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
     flock is what earlier versions took through filelock, so versions side by
     side during an upgrade still exclude each other.
     """
-    statedir.check_lock_path(lock_file)
+    fd = _open_lock_file(lock_file)
     try:
-        statedir.make_dirs(os.path.dirname(lock_file), mode=0o755)
-    except OSError as exc:
-        raise IOFailure(f"cannot create the directory of lockFile {lock_file}: {exc.strerror}") from exc
-    try:
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise IOFailure(f"lockFile {lock_file} is a symbolic link; give its real path") from exc
-        raise IOFailure(f"cannot open lockFile {lock_file}: {exc.strerror}") from exc
-    try:
-        statedir.check_owned(lock_file, os.fstat(fd), "lockFile", want_dir=False)
         waited = time.monotonic()
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                if timeout <= 0 or not _wait_for_flock(fd, timeout):
+                if timeout <= 0 or not _wait_for_lock(fd, timeout, _flock, _flock_now):
                     raise TryAgainLater(
                         f"node lock {lock_file} is held by another rdma-cni for more than {timeout:g} s; "
                         "try again later"
@@ -537,5 +579,88 @@ def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
                 (acquired - waited) * 1000,
                 (time.monotonic() - acquired) * 1000,
             )
+    finally:
+        os.close(fd)
+
+
+def attachment_offset(container_id: str, ifname: str) -> int:
+    """The byte of the lock file that stands for attachment (``container_id``, ``ifname``).
+
+    Two attachments that share one (a CRC-32 collision) only wait for each other.
+    """
+    return zlib.crc32(f"{container_id}@{ifname}".encode("utf-8", "surrogateescape"))
+
+
+def _ofd_lock(offset: int, *, wait: bool) -> Callable[[int], None]:
+    """A write lock on byte ``offset`` of an open lock file, owned by its open file description.
+
+    Like an ``flock``, it is shared by every descriptor of that open file (an IPAM guard's copy
+    included) and free once the last is closed; unlike one, it covers a byte, not the file.
+    """
+    request = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    command = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
+
+    def lock(fd: int) -> None:
+        try:
+            fcntl.fcntl(fd, command, request)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise BlockingIOError(exc.errno, exc.strerror) from None
+            raise
+
+    return lock
+
+
+@contextlib.contextmanager
+def attachment_lock(lock_file: str, container_id: str, ifname: str, timeout: float) -> Iterator[None]:
+    """Hold the lock of one attachment (see the module's text); code 11 after ``timeout`` seconds.
+
+    Taken before the node lock, never while holding it: an ADD or DEL of the attachment, or
+    the IPAM guard of one that was killed, may hold it for as long as an IPAM call takes.
+    """
+    fd = _open_lock_file(lock_file)
+    offset = attachment_offset(container_id, ifname)
+    try:
+        try:
+            try:
+                _ofd_lock(offset, wait=False)(fd)
+            except BlockingIOError:
+                if timeout <= 0 or not _wait_for_lock(
+                    fd, timeout, _ofd_lock(offset, wait=True), _ofd_lock(offset, wait=False)
+                ):
+                    raise TryAgainLater(
+                        f"another rdma-cni has been changing {container_id}/{ifname} for more than "
+                        f"{timeout:g} s (its ADD or DEL, or the IPAM call of one that was killed); "
+                        "try again later"
+                    ) from None
+        except OSError as exc:
+            raise IOFailure(f"cannot lock lockFile {lock_file}: {exc.strerror}") from exc
+        _held.append(fd)
+        try:
+            yield
+        finally:
+            _held.remove(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def attachment_lock_if_free(lock_file: str, container_id: str, ifname: str) -> Iterator[bool]:
+    """The attachment's lock if no one holds it now (True inside), else False at once: for GC and the
+    release of an earlier boot, which hold the node lock and must not wait for an attachment's."""
+    fd = _open_lock_file(lock_file)
+    try:
+        try:
+            _ofd_lock(attachment_offset(container_id, ifname), wait=False)(fd)
+        except BlockingIOError:
+            yield False
+            return
+        except OSError as exc:
+            raise IOFailure(f"cannot lock lockFile {lock_file}: {exc.strerror}") from exc
+        _held.append(fd)
+        try:
+            yield True
+        finally:
+            _held.remove(fd)
     finally:
         os.close(fd)

@@ -1,11 +1,14 @@
 """ADD: read the request, place it, record the intent, then move each VF into the pod.
 
-Flow: the pod's request is fetched before the node lock (network I/O must
-not hold other pods up); under the lock the record and the node are read,
-the placement is decided, and the intent record is written before the
-first kernel change. Any failure releases exactly the steps that ran, in
-reverse, and drops the record; if a kernel-side step of that release fails
-the record stays, so the runtime's DEL finishes the job and no VF is lost.
+Flow: the pod's request is fetched before any lock (network I/O must not
+hold other pods up). Then, under the attachment's lock
+(:func:`rdma_cni.node.record.attachment_lock`), the node lock is held only
+while the record and the node are read, the placement is decided and the
+intent record is written, before the first kernel change; the kernel steps
+and IPAM run after it is let go, the VFs held by that record. Any failure
+releases exactly the steps that ran, in reverse, and drops the record (under
+the node lock again); if a kernel-side step of that release fails the record
+stays, so the runtime's DEL finishes the job and no VF is lost.
 An IPAM DEL that fails during the rollback does not keep the VFs: they go
 home, the record goes, and the IPAM release is remembered apart
 (:mod:`rdma_cni.node.ipam_pending`). The error reported is always ADD's own.
@@ -36,9 +39,17 @@ from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.ipam_pending import PendingStore, retry
 from rdma_cni.node.isolation import RdmaIsolation
 from rdma_cni.node.podmeta import pod_side_names, resolve_request
-from rdma_cni.node.record import Attachment, PodInfo, RecordStore, VfRecord, ipam_release_conf, node_lock
+from rdma_cni.node.record import (
+    Attachment,
+    PodInfo,
+    RecordStore,
+    VfRecord,
+    attachment_lock,
+    ipam_release_conf,
+    node_lock,
+)
 from rdma_cni.shared import placement
-from rdma_cni.shared.podrequest import InterfaceRequest
+from rdma_cni.shared.podrequest import InterfaceRequest, PodRequest
 from rdma_cni.verbs.common import ipam_for, release_vfs, settle
 
 log = logging.getLogger("rdma_cni.add")
@@ -58,7 +69,12 @@ _RESET_WHEN_UNSET = ("vlan", "trust")
 
 
 def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
-    """The ADD verb."""
+    """The ADD verb.
+
+    Under the attachment's lock throughout, and the node lock only while the VFs are chosen and
+    the intent record written (:func:`reserve`): once that record names them no other verb takes
+    them, so the namespace moves and IPAM, most of an ADD's time, leave the node to other pods.
+    """
     mac = first_interface_mac(conf, env.args)
     request, source = resolve_request(env, conf)
     names = pod_side_names(env.ifname, list(request.interfaces), source)
@@ -68,42 +84,21 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
     pendings = PendingStore(conf.stateDir)
     isolation = RdmaIsolation(conf.rdmaIsolation)
     try:
-        with node_lock(conf.lockFile, conf.lockTimeoutSeconds), Rtnl() as host:
-            if store.get(env.container_id, env.ifname, set_aside=True) is not None:
-                raise StateError(
-                    f"{env.container_id}/{env.ifname} is already attached: DEL it before adding it again"
-                )
-            # An older IPAM release of this very attachment must finish first,
-            # or its late retry would release the lease this ADD is about to get.
-            item = pendings.of_network(env.container_id, env.ifname, conf.name)
-            if item is not None:
-                retry(pendings, item, doc, env, conf.stateDir)
+        with (
+            attachment_lock(conf.lockFile, env.container_id, env.ifname, conf.lockTimeoutSeconds),
+            Rtnl() as host,
+        ):
             vfctl = vf_control(host)
             finder = VfFinder(host, pod)
-            node = scan(
-                pfs=conf.pfs, capacity=conf.capacityMbps, attachments=store.all(set_aside=True), vfctl=vfctl
-            )
-            chosen = choose_proven(
-                node,
-                list(request.interfaces),
-                isolation,
-                source,
-                finder,
-                rails=conf.rails,
-                different_pfs=request.different_pfs,
-            )
-            att = plan(env, conf, finder, chosen, names, list(request.interfaces), isolation, mac)
-            # What releases it without this network's configuration: after a reboot (rdma_cni.node.boot).
-            att.boot_id = boot.boot_id()
-            if conf.ipam is not None:
-                att.ipam_conf, att.cni_path = ipam_release_conf(doc), list(env.path)
-            store.write(att)
+            with node_lock(conf.lockFile, conf.lockTimeoutSeconds):
+                att = reserve(env, conf, doc, store, pendings, finder, vfctl, request, names, mac, source)
             progress = Progress()
             try:
                 result = perform(att, env, host, finder, vfctl, ipam, isolation, progress)
                 result.dns = merged_dns(conf, att)
                 att.state = "ready"
                 att.result = result.to_dict(att.cni_version)
+                # In place, under the attachment's lock: the record already holds the VFs.
                 store.write(att, new_name=False)
             except BaseException:
                 finder.forget()
@@ -111,8 +106,10 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
                     att.vfs, host=host, finder=finder, vfctl=vfctl, ipam=ipam, conf=conf, progress=progress
                 )
                 try:
-                    problem = settle(store, pendings, att, released, doc)
-                except CniError as exc:  # ADD's own error is the one to report
+                    # Removing the record frees the VFs: under the node lock, as every removal.
+                    with node_lock(conf.lockFile, conf.lockTimeoutSeconds):
+                        problem = settle(store, pendings, att, released, doc)
+                except CniError as exc:  # ADD's own error is the one to report; DEL finishes the job
                     problem = exc
                 if problem is not None:
                     log.error("rollback of %s/%s: %s", att.container_id, att.ifname, problem.msg)
@@ -120,6 +117,59 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
             return att.result
     finally:
         pod.close()
+
+
+def reserve(
+    env: CniEnv,
+    conf: NetConf,
+    doc: dict[str, Any],
+    store: RecordStore,
+    pendings: PendingStore,
+    finder: VfFinder,
+    vfctl: VfControl,
+    request: PodRequest,
+    names: list[str],
+    mac: str,
+    source: str,
+) -> Attachment:
+    """Choose the VFs and write the intent record (state ``adding``): the part of ADD under the node lock.
+
+    From the moment the record is on disk its VFs are this attachment's: no ADD counts them
+    free, and DEL, GC and a crash's clean-up find them there, before any kernel change.
+    """
+    if store.get(env.container_id, env.ifname, set_aside=True) is not None:
+        raise StateError(
+            f"{env.container_id}/{env.ifname} is already attached: DEL it before adding it again"
+        )
+    # An older IPAM release of this very attachment must finish first,
+    # or its late retry would release the lease this ADD is about to get.
+    item = pendings.of_network(env.container_id, env.ifname, conf.name)
+    if item is not None:
+        retry(pendings, item, doc, env, conf.stateDir)
+    isolation = RdmaIsolation(conf.rdmaIsolation)
+    # Only the chosen VFs' PF-side settings matter (their originals go into the record): each PF's
+    # VF table is read once a VF of it is chosen, and the VFs held are not looked at in detail.
+    node = scan(
+        pfs=conf.pfs,
+        capacity=conf.capacityMbps,
+        attachments=store.all(set_aside=True),
+        vfctl=None,
+        held_details=False,
+    )
+    interfaces = list(request.interfaces)
+    chosen = choose_proven(
+        node, interfaces, isolation, source, finder, rails=conf.rails, different_pfs=request.different_pfs
+    )
+    tables = {pf: vfctl.read(pf) for pf in {vf.pf for vf in chosen}}
+    for vf in chosen:
+        vf.settings = (tables[vf.pf] or {}).get(vf.index)
+    att = plan(env, conf, finder, chosen, names, interfaces, isolation, mac)
+    # What releases it without this network's configuration: after a reboot (rdma_cni.node.boot).
+    att.boot_id = boot.boot_id()
+    if conf.ipam is not None:
+        att.ipam_conf, att.cni_path = ipam_release_conf(doc), list(env.path)
+    store.write(att)
+    return att
 
 
 def choose_proven(

@@ -36,7 +36,13 @@ from rdma_cni.node.attach import Released, release
 from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.ipam_pending import PendingStore, retry
 from rdma_cni.node.isolation import RdmaIsolation
-from rdma_cni.node.record import Attachment, RecordStore, node_lock, remove_orphaned_temporaries
+from rdma_cni.node.record import (
+    Attachment,
+    RecordStore,
+    attachment_lock_if_free,
+    node_lock,
+    remove_orphaned_temporaries,
+)
 from rdma_cni.verbs.common import describe, ipam_for, release_vfs, settle
 
 log = logging.getLogger("rdma_cni.gc")
@@ -87,24 +93,13 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
         for att in store.all(set_aside, set_aside=True):
             if att.network != conf.name or att.key in valid:
                 continue
-            log.info("releasing %s", describe(att))
-            pod = Netns.open_optional(att.netns)
-            outcome = None
-            try:
-                outcome = release_vfs(
-                    att.vfs,
-                    host=host,
-                    finder=VfFinder(host, pod),
-                    vfctl=vfctl,
-                    conf=conf,
-                    ipam=ipam_for(conf, doc, env, att.container_id, att.netns),
-                )
-                problem = settle(store, pendings, att, outcome, doc)
-            except CniError as exc:
-                problem = exc
-            finally:
-                if pod is not None:
-                    pod.close()
+            with attachment_lock_if_free(conf.lockFile, att.container_id, att.ifname) as free:
+                if not free:
+                    # Its ADD or DEL is under way (their lock): an ADD the runtime began after it
+                    # listed the valid attachments, or a DEL releasing it already.
+                    log.info("%s: its ADD or DEL is under way; not released", describe(att))
+                    continue
+                problem, outcome = _release_unlisted(att, host, vfctl, store, pendings, conf, doc, env)
             if problem is not None:
                 failures.append(f"{att.container_id}/{att.ifname}: {problem.msg}")
             if outcome is not None and not outcome.errors:
@@ -122,6 +117,38 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> None:
     if failures:
         raise GarbageCollectionFailed(f"GC could not release {len(failures)} item(s)", " | ".join(failures))
     return None
+
+
+def _release_unlisted(
+    att: Attachment,
+    host: Rtnl,
+    vfctl: VfControl,
+    store: RecordStore,
+    pendings: PendingStore,
+    conf: NetConf,
+    doc: dict[str, Any],
+    env: CniEnv,
+) -> tuple[CniError | None, Released | None]:
+    """Release one attachment the runtime no longer lists: the problem to report, and what was released."""
+    log.info("releasing %s", describe(att))
+    pod = Netns.open_optional(att.netns)
+    outcome = None
+    try:
+        outcome = release_vfs(
+            att.vfs,
+            host=host,
+            finder=VfFinder(host, pod),
+            vfctl=vfctl,
+            conf=conf,
+            ipam=ipam_for(conf, doc, env, att.container_id, att.netns),
+        )
+        problem = settle(store, pendings, att, outcome, doc)
+    except CniError as exc:
+        problem = exc
+    finally:
+        if pod is not None:
+            pod.close()
+    return problem, outcome
 
 
 # Records of an earlier boot released by one pass, at most: the first verb after a boot (ADD
@@ -208,8 +235,14 @@ def release_previous_boot(
                 if len(sweep.released) + len(sweep.failed) >= limit:
                     sweep.left += 1
                     continue
-                log.info("releasing %s: recorded in an earlier boot (%s)", describe(att), how)
-                problem = _release(att, state_dir, store, host, finder, vfctl, own, environ)
+                with attachment_lock_if_free(lock_file, att.container_id, att.ifname) as free:
+                    if not free:
+                        # A DEL of it is under way (a runtime's after the reboot): it releases it.
+                        log.info("%s: a DEL of it is under way; left to it", describe(att))
+                        sweep.left += 1
+                        continue
+                    log.info("releasing %s: recorded in an earlier boot (%s)", describe(att), how)
+                    problem = _release(att, state_dir, store, host, finder, vfctl, own, environ)
                 if problem is None:
                     sweep.released.append(key)
                 else:

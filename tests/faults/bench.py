@@ -16,6 +16,7 @@ from tests.faults.knobs import STATS
 from tests.integration.conftest import Cluster, plugin_command
 from tests.support.hostview import host_links
 from tests.support.invariants import pending_releases, violations
+from tests.support.processes import children_of
 from tests.support.simnode import del_netns
 
 # Every code docs/protocol.md documents; anything else (199 above all) is a bug.
@@ -29,18 +30,47 @@ class Run:
     stderr: str
 
 
-class Bench:
-    """Counts inputs, cycles and violations for ``family`` and checks the node against its promises."""
+@dataclass(frozen=True)
+class Shim:
+    """Run the plugin as shipped: the shim at ``path``, handing each verb to the CNI server at ``socket``
+    (whose workers, forked from its zygote, run it)."""
 
-    def __init__(self, cluster: Cluster, family: str) -> None:
+    path: str
+    socket: str
+    server: int  # the CNI server's pid
+
+    def workers(self) -> list[int]:
+        """The processes that run verbs: the server's zygote's children."""
+        return [w for z in children_of(self.server) for w in children_of(z)]
+
+
+class Bench:
+    """Counts inputs, cycles and violations for ``family`` and checks the node against its promises.
+
+    With ``shim``, every run goes through the shim and the agent's CNI server, as shipped.
+    """
+
+    def __init__(self, cluster: Cluster, family: str, shim: Shim | None = None) -> None:
         self.cluster = cluster
+        self.shim = shim
         self.stats: Counter[str] = STATS.setdefault(family, Counter())
         self.problems: list[str] = []
         # The host's own links (no veth at all): the plugin must never touch them.
         self.host_before = host_links(cluster.node.prefix + "\0")
 
     def env(self, verb: str, pod: dict[str, str]) -> dict[str, str]:
-        return {k: v for k, v in self.cluster.env(verb, pod).items() if v is not None}
+        env = {k: v for k, v in self.cluster.env(verb, pod).items() if v is not None}
+        if self.shim is None:
+            return env
+        # A runtime's variables only: the node's environment is the server's.
+        return {
+            **{k: v for k, v in env.items() if k.startswith("CNI_")},
+            "PATH": env.get("PATH", "/usr/bin:/bin"),
+            "RDMA_CNI_SHIM_SOCKET": self.shim.socket,
+        }
+
+    def command(self) -> list[str]:
+        return [self.shim.path] if self.shim is not None else plugin_command()
 
     def _judge(self, label: str, proc_code: int, out: bytes, err: bytes, verb: str) -> Run:
         text = out.decode(errors="replace")
@@ -69,7 +99,7 @@ class Bench:
         data = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
         try:
             proc = subprocess.run(
-                plugin_command(),
+                self.command(),
                 input=data,
                 env=self.env(verb, pod),
                 capture_output=True,
@@ -81,11 +111,17 @@ class Bench:
             return Run(-9, None, "")
         return self._judge(f"{label} {verb}", proc.returncode, proc.stdout, proc.stderr, verb)
 
-    def run_killed(self, verb: str, pod: dict[str, str], conf: Any, after: float) -> None:
-        """Start the plugin and kill -9 its process group ``after`` seconds later (or let it end first)."""
+    def run_killed(
+        self, verb: str, pod: dict[str, str], conf: Any, after: float, victim: str = "caller"
+    ) -> None:
+        """Start the plugin and kill -9 its process group ``after`` seconds later (or let it end first).
+
+        Through the shim, ``victim`` is ``caller`` (the shim, as a runtime's timeout kills it: the
+        server then kills the verb's worker) or ``worker`` (the workers themselves, as a crash would).
+        """
         self.stats["runs"] += 1
         proc = subprocess.Popen(
-            plugin_command(),
+            self.command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -96,6 +132,11 @@ class Bench:
         proc.stdin.write(json.dumps(conf).encode())
         proc.stdin.close()
         time.sleep(after)
+        if self.shim is not None and victim == "worker":
+            for pid in self.shim.workers():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.stats["workers killed"] += 1
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -12,15 +12,17 @@ import copy
 import json
 import os
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.faults.bench import Bench
+from tests.faults.bench import Bench, Shim
 from tests.faults.knobs import scaled
-from tests.integration.conftest import Cluster
-from tests.support.cniserver import host_state_untouched
+from tests.integration.conftest import Cluster, plugin_command
+from tests.support.cniserver import CniServerProcess, host_state_untouched
 from tests.support.fake_ipam import crashes, hangs, prints, sleeper, sleeps_then_host_local, write_ipam
+from tests.support.shim import build_shim
 from tests.support.simnode import ip
 
 if not os.environ.get("RDMA_CNI_BINARY"):
@@ -229,11 +231,36 @@ def test_fuzzed_annotations(cluster: Cluster, rng: random.Random) -> None:
     bench.verdict()
 
 
-@pytest.mark.parametrize("start", ["cold", "warm"])
-def test_kill_9_at_random_points_then_del(cluster: Cluster, rng: random.Random, start: str) -> None:
-    bench = Bench(cluster, f"kill -9 ({start})")
+@pytest.fixture
+def through(request: pytest.FixtureRequest, cluster: Cluster, tmp_path: Any) -> Iterator[Shim | None]:
+    """For ``start`` ``shim``: the shim and a CNI server of the built binary (the shipped path)."""
+    if request.node.callspec.params.get("start") != "shim":
+        yield None
+        return
+    path = build_shim(str(tmp_path))
+    socket_path = os.path.join(cluster.tmp, "agent", "cni.sock")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **cluster.node.env()}
+    server = CniServerProcess(
+        plugin_command(),
+        socket_path,
+        env,
+        os.path.join(cluster.tmp, "cni-server.log"),
+        state=(cluster.state_dir, cluster.conf()["lockFile"]),
+    )
+    try:
+        yield Shim(path, socket_path, server.pid)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("start", ["cold", "warm", "shim"])
+def test_kill_9_at_random_points_then_del(
+    cluster: Cluster, rng: random.Random, start: str, through: Shim | None
+) -> None:
+    bench = Bench(cluster, f"kill -9 ({start})", through)
     # A warm ADD takes ~0.1 s, a cold one ~0.5 s (more under load); kills land anywhere in it,
-    # and some cycles give IPAM a slow start so that kills land inside IPAM too.
+    # and some cycles give IPAM a slow start so that kills land inside IPAM too. Through the
+    # shim the victim is the shim (the server then kills the verb's worker) or the workers.
     span = 0.9 if start == "cold" else 0.25
     # Some cycles give IPAM a slow start: "slow-local" runs after the VF moved (CNI's order), a
     # slow "host-local" while it moves (the plugin overlaps the two for host-local), so kills land
@@ -252,6 +279,7 @@ def test_kill_9_at_random_points_then_del(cluster: Cluster, rng: random.Random, 
         cluster.cni_path = f"{overlapdir}:{plain_path}" if 0.3 <= draw < 0.5 else plain_path
         if draw < 0.3:
             conf["ipam"]["type"] = "slow-local"
+        victim = rng.choice(["caller", "worker"])
         for verb in ("ADD", "DEL"):
             pod = cluster.pod([{"max_tx_rate": 100}, {}])
             if start == "cold":
@@ -259,9 +287,9 @@ def test_kill_9_at_random_points_then_del(cluster: Cluster, rng: random.Random, 
             if verb == "DEL" and bench.run("ADD", pod, conf, f"kill #{n}").code != 0:
                 bench.fail(f"kill #{n}: ADD on a clean node failed")
             delay = rng.uniform(0, span)
-            bench.run_killed(verb, pod, conf, delay)
+            bench.run_killed(verb, pod, conf, delay, victim)
             bench.stats["cycles"] += 1
-            bench.settle([pod], [conf], f"kill #{n} {verb} {start} after {delay:.3f}s")
+            bench.settle([pod], [conf], f"kill #{n} {verb} {start} after {delay:.3f}s ({victim})")
     bench.verdict()
 
 

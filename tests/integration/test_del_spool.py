@@ -94,7 +94,7 @@ class Agent:
     def __init__(self, socket_path: str) -> None:
         self.stop = threading.Event()
         self.out = io.StringIO()
-        self.thread = _start_cni_server(socket_path, (), self.stop, self.out)
+        self.thread, _ = _start_cni_server(socket_path, (), self.stop, self.out)
 
     def close(self, timeout: float = 60) -> None:
         self.stop.set()

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Cluster, plugin_command
+from tests.integration.conftest import HOST_LOCAL_DIR, Cluster, plugin_command
 from tests.support.cniserver import CniServerProcess
+from tests.support.fake_ipam import write_ipam
 from tests.support.shim import build_shim, run_shim
 from tests.support.simnode import ip
 
@@ -122,27 +122,37 @@ def test_a_del_spooled_while_the_agent_is_down_runs_when_it_starts(
         server.stop()
 
 
-def test_a_verb_starts_as_a_runtime_starts_the_plugin(shim: str, socket_path: str, cluster: Cluster) -> None:
-    # The built binary's bootloader points LD_LIBRARY_PATH at its own libraries: the server's
-    # children (the plugin, and the IPAM plugins it runs) must not inherit that.
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_LIBRARY_PATH_ORIG": "/opt/own/lib"}
-    proc = subprocess.Popen(
-        [
-            *(*plugin_command(), "cni-server", "--socket", socket_path, "--plugin", "/usr/bin/env"),
-            # The test's own (this plugin releases nothing anyway): never the machine's.
-            *("--state-dir", cluster.state_dir, "--lock-file", os.path.join(cluster.tmp, "lock")),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
+def test_a_verb_runs_as_a_runtime_runs_the_plugin(shim: str, socket_path: str, cluster: Cluster) -> None:
+    # The built binary's bootloader points LD_LIBRARY_PATH at its own libraries: the verb's
+    # environment (what the IPAM plugins it runs inherit) must be the server's as it was before,
+    # plus the runtime's CNI_* variables, as if a runtime had run the plugin.
+    bindir = os.path.join(cluster.tmp, "bin")
+    dump = os.path.join(cluster.tmp, "ipam-env")
+    write_ipam(bindir, "host-local", {"ADD": f"env > {dump}"})
+    cluster.cni_path = f"{bindir}:{HOST_LOCAL_DIR}"
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LD_LIBRARY_PATH_ORIG": "/opt/own/lib",
+        "FROM_THE_NODE": "1",
+        **cluster.node.env(),
+    }
+    server = CniServerProcess(
+        plugin_command(),
+        socket_path,
+        env,
+        os.path.join(cluster.tmp, "cni-server.log"),
+        state=(cluster.state_dir, cluster.conf()["lockFile"]),
     )
     try:
-        assert proc.stdout is not None
-        assert json.loads(proc.stdout.readline()) == {"listening": socket_path}
-        out = run_shim(shim, socket_path, {"CNI_COMMAND": "VERSION"}, b"")
+        pod = cluster.pod([{}])
+        conf = cluster.conf()
+        assert call(shim, socket_path, cluster, "ADD", pod, conf).code == 0
+        assert call(shim, socket_path, cluster, "DEL", pod, conf).code == 0
     finally:
-        proc.terminate()
-        proc.wait(20)
-    seen = dict(line.split("=", 1) for line in out.stdout.splitlines())
-    assert seen["CNI_COMMAND"] == "VERSION"
+        server.stop()
+    with open(dump) as f:
+        seen = dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line)
+    assert seen["CNI_COMMAND"] == "ADD" and seen["CNI_CONTAINERID"] == pod["CNI_CONTAINERID"]
+    assert seen["FROM_THE_NODE"] == "1"
     assert seen.get("LD_LIBRARY_PATH") == "/opt/own/lib"
     assert not [k for k in seen if k.startswith(("_PYI_", "_MEI"))]

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.runtime.harness import HOST_LOCAL_DIR, SHIM, Call, PluginInstall
+from tests.runtime.harness import HOST_LOCAL_DIR, SHIM, Call, PluginInstall, Served, served
 from tests.support.apiserver import ApiServer
 from tests.support.cniserver import CniServerProcess
 from tests.support.simnode import SimNode, SimPf, ip
@@ -124,21 +124,32 @@ class Tier:
             ip("link", "add", name, "type", "veth", "peer", "name", self.node.vf_wire(k, i))
             ip("link", "set", self.node.vf_wire(k, i), "up")
 
+    def served(self) -> list[Served]:
+        """The verbs the CNI server ran (its log says each), in order."""
+        return served(self.server_log())
+
     def assert_ran_as_installed(self, calls: list[Call]) -> None:
         """Each call reached the plugin the way the mode says: through the shim and the server, or directly.
 
-        Through the shim, the plugin's parent is the CNI server, and a verb with a
-        namespace has it as the fd the shim opened (``RDMA_CNI_NETNS_VIA``, which only
-        the server sets); directly, the runtime runs the plugin and nothing sets it.
+        Through the shim, the CNI server ran each call the shim did not spool, with the same
+        outcome, and a verb with a namespace had it as the fd the shim opened; directly, the
+        runtime ran the plugin and nothing set ``RDMA_CNI_NETNS_VIA``.
         """
         assert calls
+        ran = self.served()
         for call in calls:
-            if self.mode == SHIM:
-                assert call.parent in self.server_pids, f"{call.command} not run by the CNI server: {call}"
-                if call.netns and call.command != "VERSION":
-                    assert call.netns_via.startswith(f"/proc/{call.parent}/fd/"), call
-            else:
-                assert call.parent not in self.server_pids and call.netns_via == "", call
+            assert call.parent not in self.server_pids and call.netns_via == "", call
+            if self.mode != SHIM or call.spooled:
+                continue
+            matching = [
+                s
+                for s in ran
+                if (s.command, s.container_id, s.ifname, s.exit_code)
+                == (call.command, call.container_id or "-", call.ifname or "-", call.exit_code)
+            ]
+            assert matching, f"{call.command} not run by the CNI server: {call}; it ran {ran}"
+            if call.netns and call.command != "VERSION":
+                assert any(s.how == "its namespace passed as an fd" for s in matching), (call, matching)
 
     @property
     def state_dir(self) -> str:
@@ -245,7 +256,7 @@ def tier(tmp_path: Any, api_server: ApiServer, mode: str) -> Iterator[Tier]:
         plugin = PluginInstall(str(tmp_path / "plugin"), BINARY, node.env(), mode)
         tier = Tier(str(tmp_path), node, plugin, f"10.79.{n % 250}.0/24")
         if mode == SHIM:
-            with open(os.path.join(plugin.bin_dir, "rdma-cni"), "rb") as f, open(SHIM_BINARY, "rb") as g:
+            with open(plugin.shim, "rb") as f, open(SHIM_BINARY, "rb") as g:
                 assert f.read() == g.read(), "the installer did not put the shim in the CNI bin dir"
             tier.start_server()
         yield tier

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,17 +25,15 @@ IMAGE = "docker.io/library/rdma-cni-busybox:tier"
 PODMAN_IMAGE = "localhost/rdma-cni-busybox:tier"
 
 WRAPPER = """#!/bin/sh
-# rdma-cni as the runtime tier runs it: records what it was passed (by the runtime, or by the
-# CNI server the shim handed the verb to), then runs the built plugin on the simulated node.
-if [ $# -gt 0 ]; then  # a subcommand, not a verb (the CNI server's release-previous-boot at its start)
-    {node_env} exec "{binary}" "$@"
-fi
+# rdma-cni as the runtime tier installs it: records what the runtime passed (and the stderr it got
+# back), then runs what the mode installs: the fat plugin on the simulated node, or the shim.
 n=$$
 cat > "{log_dir}/stdin.$n"
 printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' "$n" "$CNI_COMMAND" "$CNI_CONTAINERID" "$CNI_NETNS" \\
     "$CNI_IFNAME" "$CNI_ARGS" "$CNI_PATH" "$PPID" "$RDMA_CNI_NETNS_VIA" >> "{log_dir}/calls.tsv"
-{node_env} "{binary}" < "{log_dir}/stdin.$n"
+{node_env} "{binary}" < "{log_dir}/stdin.$n" 2> "{log_dir}/stderr.$n"
 rc=$?
+cat "{log_dir}/stderr.$n" >&2
 printf '%s\\t%s\\n' "$n" "$rc" >> "{log_dir}/exits.tsv"
 exit $rc
 """
@@ -46,7 +45,7 @@ FAT = "fat"  # --mode fat: the whole plugin, run by the runtime itself
 
 @dataclass
 class Call:
-    """One run of the plugin, as the wrapper logged it."""
+    """One call of the runtime's (the fat plugin, or the shim), as the wrapper logged it."""
 
     pid: str
     command: str
@@ -55,14 +54,42 @@ class Call:
     ifname: str
     args: str
     path: str
-    parent: int  # who ran it: the runtime (fat), or the CNI server (shim)
-    netns_via: str  # RDMA_CNI_NETNS_VIA: set by the CNI server only, to the fd the shim passed
+    parent: int  # who ran it: the runtime
+    netns_via: str  # RDMA_CNI_NETNS_VIA: nothing on the runtime's side sets it
     exit_code: int | None
     stdin: dict[str, Any] | None
+    stderr: str = ""  # what the runtime read on stderr (the shim says when it spooled a DEL)
 
     @property
     def cni_args(self) -> dict[str, str]:
         return dict(kv.split("=", 1) for kv in self.args.split(";") if kv)
+
+    @property
+    def spooled(self) -> bool:
+        """The shim answered it by spooling it (a DEL with no agent serving)."""
+        return "DEL spooled" in self.stderr
+
+
+@dataclass(frozen=True)
+class Served:
+    """One verb the CNI server ran, as its log says (``rdma_cni.agent.cniserver``)."""
+
+    command: str
+    container_id: str
+    ifname: str
+    how: str  # "its namespace passed as an fd", "no namespace passed" or "spooled"
+    exit_code: int
+
+
+SERVED = re.compile(r"served (\S+) (\S+)/(\S+) \(([^)]*)\): exit (-?\d+) in ")
+
+
+def served(server_log: str) -> list[Served]:
+    """The verbs a CNI server's log says it ran, in order."""
+    return [
+        Served(m.group(1), m.group(2), m.group(3), m.group(4), int(m.group(5)))
+        for m in SERVED.finditer(server_log)
+    ]
 
 
 class PluginInstall:
@@ -70,8 +97,9 @@ class PluginInstall:
 
     ``fat``: dist/rdma-cni behind the logging wrapper, which adds the simulated
     node's environment. ``shim``: what ``rdma-cni install --once --mode shim``
-    writes (the static shim), and the logging wrapper is the CNI server's
-    ``--plugin`` instead (:attr:`plugin`), the node's environment the server's.
+    writes (the static shim, moved aside to :attr:`shim`) behind the same wrapper; the
+    CNI server's ``--plugin`` (:attr:`plugin`) is a copy of dist/rdma-cni, the agent's
+    own, whose workers run the verbs, the node's environment the server's.
     """
 
     def __init__(self, root: str, binary: str, node_env: dict[str, str], mode: str) -> None:
@@ -82,22 +110,25 @@ class PluginInstall:
         os.makedirs(self.log_dir)
         for plugin in ("host-local", "loopback"):
             shutil.copy2(os.path.join(HOST_LOCAL_DIR, plugin), os.path.join(self.bin_dir, plugin))
+        wrapper = os.path.join(self.bin_dir, "rdma-cni")
         if mode == SHIM:
             agent = os.path.join(root, "agent-bin")  # the agent's own userspace, not the runtime's
             os.makedirs(agent)
-            real = os.path.join(agent, "rdma-cni")
-            self.plugin = os.path.join(agent, "rdma-cni-logged")
+            self.plugin = os.path.join(agent, "rdma-cni")
+            shutil.copy2(binary, self.plugin)
             self.install_output = install_shim(binary, self.bin_dir, os.path.join(root, "install"))
-            env = ""
+            self.shim = os.path.join(self.bin_dir, ".rdma-cni-shim")
+            os.rename(wrapper, self.shim)
+            real, env = self.shim, ""
         else:
             real = os.path.join(self.bin_dir, "rdma-cni.bin")
-            self.plugin = os.path.join(self.bin_dir, "rdma-cni")
+            self.plugin = wrapper
             self.install_output = ""
+            shutil.copy2(binary, real)
             env = " ".join(f"{k}='{v}'" for k, v in sorted(node_env.items()))
-        shutil.copy2(binary, real)
-        with open(self.plugin, "w") as f:
+        with open(wrapper, "w") as f:
             f.write(WRAPPER.format(log_dir=self.log_dir, node_env=env, binary=real))
-        os.chmod(self.plugin, 0o755)
+        os.chmod(wrapper, 0o755)
 
     def calls(self) -> list[Call]:
         """Every run so far, in order."""
@@ -116,6 +147,11 @@ class PluginInstall:
                         stdin = json.load(s)
                 except (OSError, ValueError):
                     stdin = None
+                try:
+                    with open(os.path.join(self.log_dir, f"stderr.{pid}")) as s:
+                        stderr = s.read()
+                except OSError:
+                    stderr = ""
                 out.append(
                     Call(
                         pid,
@@ -129,6 +165,7 @@ class PluginInstall:
                         via,
                         exits.get(pid),
                         stdin,
+                        stderr,
                     )
                 )
         return out

@@ -59,6 +59,12 @@ def daemonset_pod() -> dict[str, Any]:
     return ds["spec"]["template"]["spec"]
 
 
+def _quantity_cpus(value: str) -> float:
+    """A Kubernetes CPU quantity in cores: ``100m`` is 0.1, ``1`` (or ``"1"``) is 1."""
+    value = str(value)
+    return int(value.removesuffix("m")) / 1000 if value.endswith("m") else float(value)
+
+
 def _quantity_bytes(text: str) -> int:
     units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
     return int(text[:-2]) * units[text[-2:]] if text[-2:] in units else int(text)
@@ -137,7 +143,7 @@ def podman_run_args(
     if "memory" in limits:
         args.append(f"--memory={_quantity_bytes(limits['memory'])}")
     if "cpu" in limits:
-        args.append(f"--cpus={int(limits['cpu'].removesuffix('m')) / 1000}")
+        args.append(f"--cpus={_quantity_cpus(limits['cpu'])}")
     command = [expand(a, values) for a in ctr["command"]]
     command = [
         f"{a.split('=', 1)[0]}={a.split('=', 1)[1].rsplit(':', 1)[0]}:{metrics}"

@@ -281,7 +281,7 @@ def test_the_installer_waits_for_a_busy_socket_in_the_background(
     assert old.started.wait(10)
     out = io.StringIO()
     stop = threading.Event()
-    thread = _start_cni_server(path, [], stop, out)  # returns at once: readiness never waits on it
+    thread, _ = _start_cni_server(path, [], stop, out)  # returns at once: readiness never waits on it
     assert "another agent serves" in out.getvalue() and "taking it over when it stops" in out.getvalue()
     assert HELD["cni"] is False
     old.stop()
@@ -299,7 +299,7 @@ def test_the_installer_stopped_while_waiting_lets_go(path: str, echo: str, serve
     old = _start(servers, path, echo)
     assert old.started.wait(10)
     stop = threading.Event()
-    thread = _start_cni_server(path, [], stop, io.StringIO())
+    thread, _ = _start_cni_server(path, [], stop, io.StringIO())
     wait_for(lambda: old.server._successor_waits(), 10, "the installer to mark itself the successor")
     stop.set()  # a rollout undone: the surge pod goes before it ever served
     thread.join(10)

@@ -672,3 +672,34 @@ def test_cni_server_command_line(tmp_path: Path) -> None:
     d.mkdir(mode=0o755)
     os.chmod(d, 0o755)
     assert cniserver.main(["--socket", str(d / "cni.sock")]) == 1
+
+
+def test_mode_shim_with_watch_is_ready_only_once_its_verb_workers_are(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rdma_cni.agent import cniserver
+
+    net = network_conf(tmp_path / "net-a.conflist", tmp_path / "state", tmp_path / "run" / "lock")
+    ready = tmp_path / "ready"
+    argv = [*shim_watch_args(node, tmp_path, net), "--ready-file", str(ready)]
+    code, _, err = run(argv)
+    assert code == 0, err
+    assert ready.exists()
+    ready.unlink()
+    # Workers that never start (a plugin that is not one): never Ready, until stopped.
+    broken = tmp_path / "broken-plugin"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(cniserver, "default_plugin", lambda: [str(broken)])
+    seen: list[bool] = []
+
+    def stop_later() -> None:
+        time.sleep(2)
+        seen.append(ready.exists())
+        os.kill(os.getpid(), signal.SIGTERM)  # the installer, in the main thread, turns it into its stop
+
+    threading.Thread(target=stop_later, daemon=True).start()
+    code, out, err = run(argv)
+    assert code == 0, err
+    assert seen == [False] and not ready.exists()
+    assert "waiting for the CNI verb workers" in out

@@ -924,3 +924,82 @@ def test_a_ca_file_that_holds_no_certificate_is_a_clear_error(api: ApiServer, tm
         podget.get_pod(creds, "default", "web-0", **FAST)
     assert info.value.msg == "cannot load the API server's certificate authority"
     assert api.request_count == 0
+
+
+# --------------------------------------------------------------------------
+# A process that runs many verbs (the agent's workers) keeps its connection
+
+
+@pytest.fixture
+def keeping(no_contexts: dict[bytes, Any]) -> Iterator[None]:
+    podget.keep_connections(True)
+    yield
+    podget.keep_connections(False)
+
+
+def _ports(api: ApiServer) -> list[int]:
+    return [seen.client_port for seen in api.requests_seen]
+
+
+def test_a_worker_keeps_one_connection_and_one_context_for_its_gets(
+    api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keeping: None
+) -> None:
+    creds = credentials.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="data"))
+    for _ in range(3):
+        assert podget.get_pod(creds, "default", "web-0")["metadata"]["uid"] == "1111-2222"
+    assert len(set(_ports(api))) == 1
+    assert len(podget.kept_fds()) == 1
+    monkeypatch.setattr(tls, "ssl_context", _no_building)  # the context was kept as well
+    podget.get_pod(creds, "default", "web-0")
+    podget.keep_connections(False)
+    assert podget.kept_fds() == set()
+
+
+def test_without_keeping_each_get_has_its_own_connection(
+    api: ApiServer, token_creds: credentials.ClusterCredentials
+) -> None:
+    for _ in range(2):
+        podget.get_pod(token_creds, "default", "web-0")
+    assert len(set(_ports(api))) == 2 and podget.kept_fds() == set()
+
+
+def test_a_kept_connection_the_server_closed_is_replaced_and_the_get_repeated(
+    api: ApiServer,
+    token_creds: credentials.ClusterCredentials,
+    keeping: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    podget.get_pod(token_creds, "default", "web-0")
+    (conn,) = podget._kept.values()
+    assert conn.sock is not None
+    # Closed under it, and found out only on use (a server closing it as the GET goes out): a
+    # fresh connection answers, the GET repeated.
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    with monkeypatch.context() as patch:
+        patch.setattr(podget, "_reusable", lambda _conn: True)
+        assert podget.get_pod(token_creds, "default", "web-0")["metadata"]["uid"] == "1111-2222"
+    (fresh,) = podget._kept.values()
+    assert fresh is not conn
+    # Something waiting on an idle kept connection (a server's close) means it is not used again.
+    assert fresh.sock is not None
+    ours, theirs = socket.socketpair()
+    theirs.close()
+    fresh.sock.close()
+    fresh.sock = ours
+    api.reset()
+    podget.get_pod(token_creds, "default", "web-0")
+    assert len(api.requests_seen) == 1
+
+
+def test_a_connection_is_kept_per_context_a_changed_ca_gets_its_own(
+    api: ApiServer, tmp_path: Path, keeping: None
+) -> None:
+    creds = credentials.load_credentials(api.write_kubeconfig(tmp_path / "kc", mode="token", ca="file"))
+    assert creds.ca_file is not None
+    own_ca = tmp_path / "ca.crt"
+    own_ca.write_bytes(Path(creds.ca_file).read_bytes())
+    creds = dataclasses.replace(creds, ca_file=str(own_ca))
+    podget.get_pod(creds, "default", "web-0")
+    own_ca.write_bytes(b"# rotated\n" + Path(creds.ca_file).read_bytes())  # other bytes: another context
+    podget.get_pod(creds, "default", "web-0")
+    assert len(set(_ports(api))) == 2 and len(podget.kept_fds()) == 2

@@ -1,4 +1,5 @@
-"""The node lock: a blocking flock with a bounded wait, compatible with filelock's flock."""
+"""The node lock (a blocking flock with a bounded wait, compatible with filelock's flock) and each
+attachment's (a byte of the same file, locked by an open file description)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rdma_cni.cni.errors import IOFailure, TryAgainLater
-from rdma_cni.node.record import node_lock
+from rdma_cni.node.record import attachment_lock, attachment_lock_if_free, held_lock, node_lock
 
 
 def _holder(path: Path, seconds: float) -> int:
@@ -128,3 +129,94 @@ def test_unopenable_lock_file_is_code_5(tmp_path: Path) -> None:
     with pytest.raises(IOFailure) as info, node_lock(str(blocker / "lock"), 1):
         pass
     assert "is not a directory" in info.value.msg
+
+
+# The attachment's lock: one byte of the same file, under an open file description's lock.
+
+
+def test_an_attachments_lock_excludes_only_that_attachment(tmp_path: Path) -> None:
+    lock = str(tmp_path / "lock")
+    with attachment_lock(lock, "ctr1", "net1", 1):
+        # Another attachment, and the node lock, are free meanwhile (OFD locks conflict between
+        # open file descriptions even in one process, so this process can ask itself).
+        with attachment_lock(lock, "ctr1", "net2", 1), attachment_lock(lock, "ctr2", "net1", 1):
+            pass
+        with node_lock(lock, 1):
+            pass
+        started = time.monotonic()
+        with pytest.raises(TryAgainLater) as info, attachment_lock(lock, "ctr1", "net1", 0.2):
+            pass
+        assert 0.2 <= time.monotonic() - started < 2
+        assert info.value.code == 11 and "ctr1/net1" in info.value.msg
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        with attachment_lock_if_free(lock, "ctr1", "net1") as free:
+            assert not free
+    with attachment_lock_if_free(lock, "ctr1", "net1") as free:
+        assert free
+        with pytest.raises(TryAgainLater), attachment_lock(lock, "ctr1", "net1", 0):
+            pass
+    with attachment_lock(lock, "ctr1", "net1", 0):  # free again once left
+        pass
+
+
+def test_the_node_lock_held_elsewhere_does_not_hold_an_attachment(tmp_path: Path) -> None:
+    lock = tmp_path / "lock"
+    pid = _holder(lock, 5)  # flock of the whole file, in another process
+    try:
+        with attachment_lock(str(lock), "ctr1", "net1", 0):
+            pass
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def test_the_innermost_lock_is_what_an_ipam_guard_keeps(tmp_path: Path) -> None:
+    lock = str(tmp_path / "lock")
+    assert held_lock() is None
+    with attachment_lock(lock, "ctr1", "net1", 1):
+        outer = held_lock()
+        with node_lock(lock, 1):
+            assert held_lock() not in (None, outer)
+        assert held_lock() == outer
+        # A guard's copy of the descriptor keeps the attachment held after this process lets go.
+        assert outer is not None
+        copy = os.dup(outer)
+    try:
+        with pytest.raises(TryAgainLater), attachment_lock(lock, "ctr1", "net1", 0.1):
+            pass
+    finally:
+        os.close(copy)
+    with attachment_lock(lock, "ctr1", "net1", 0):
+        pass
+    assert held_lock() is None
+
+
+def test_off_the_main_thread_an_attachment_wait_polls(tmp_path: Path) -> None:
+    lock = str(tmp_path / "lock")
+    outcomes: list[object] = []
+
+    def run(timeout: float) -> None:
+        try:
+            with attachment_lock(lock, "ctr1", "net1", timeout):
+                outcomes.append("held")
+        except TryAgainLater as exc:
+            outcomes.append(exc)
+
+    with attachment_lock(lock, "ctr1", "net1", 1):
+        short = threading.Thread(target=run, args=(0.05,))
+        short.start()
+        short.join()
+        patient = threading.Thread(target=run, args=(10,))
+        patient.start()
+        time.sleep(0.1)
+    patient.join()
+    assert isinstance(outcomes[0], TryAgainLater)
+    assert outcomes[1] == "held"
+
+
+def test_an_attachment_lock_on_an_unusable_lock_file_is_code_5(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(IOFailure), attachment_lock(str(tmp_path / "dir"), "c", "n", 1):
+        pass
+    with pytest.raises(IOFailure), attachment_lock_if_free(str(tmp_path / "dir"), "c", "n"):
+        pass
