@@ -21,6 +21,7 @@ from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, load_netco
 from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
 from rdma_cni.install import command as install_command
 from rdma_cni.install import common, kubeconfig, netconf
+from rdma_cni.install.uninstall import DEFAULT_LOG_FILE
 from rdma_cni.kube import credentials
 from rdma_cni.shared.nodestate import ANNOTATION, BANDWIDTH_RESOURCE, VF_RESOURCE
 from rdma_cni.shared.podrequest import parse_request
@@ -275,6 +276,13 @@ def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
     # Host directories are mounted at their own paths, so the installer's
     # defaults are the host paths the plugin and the runtime use.
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    # The logFile that conf/'s network and the installer's default configuration name: only its
+    # directory is mounted (not the host's whole /var/log), and it is one of rdma-cni's own.
+    nad_config = validate_nad(one("network-attachment-definition.yaml", NAD_KIND))
+    log_files = {nad_config["logFile"], netconf.default_conflist()["plugins"][0]["logFile"]}
+    (log_file,) = log_files
+    log_dir = os.path.dirname(log_file)
+    assert log_dir == "/var/log/rdma-cni" and log_file == DEFAULT_LOG_FILE
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert sorted(host_paths.values()) == sorted(
         [
@@ -282,9 +290,9 @@ def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
             common.DEFAULT_CNI_CONF_DIR,
             DEFAULT_STATE_DIR,
             os.path.dirname(DEFAULT_LOCK_FILE),
-            # What the plugin's verbs write: host-local's allocations, the log.
+            # What the plugin's verbs write: host-local's allocations, the log's own directory.
             "/var/lib/cni/networks",
-            "/var/log",
+            log_dir,
             # The NRI plugin: the runtime's socket, and the pods' namespaces to prove their VFs.
             os.path.dirname(nri_plugin.DEFAULT_SOCKET),
             "/var/run/netns",
