@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import string
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -314,6 +315,44 @@ def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
     # The ready file the probe looks for is the one the installer is told to write.
     ready = [a.split("=", 1)[1] for a in container["command"] if a.startswith("--ready-file=")]
     assert ready and ready[0] in container["readinessProbe"]["exec"]["command"]
+
+
+def test_daemonset_liveness_reads_the_file_the_agent_keeps_fresh(tmp_path: Path) -> None:
+    """The liveness and startup probes pass on a live file touched now and fail on one 2 minutes old.
+
+    The agent touches ``--live-file`` every ``--interval`` while its parts run
+    (tests/unit/test_install.py); the probes run the manifest's own command, with the image's sh and find.
+    """
+    import subprocess
+
+    spec = one("daemonset.yaml", "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    (live,) = [a.split("=", 1)[1] for a in container["command"] if a.startswith("--live-file=")]
+    assert "--watch" in container["command"] and not any(
+        a.startswith("--interval") for a in container["command"]
+    )
+    assert common.DEFAULT_INTERVAL <= 10
+    liveness, startup = container["livenessProbe"], container["startupProbe"]
+    assert liveness["exec"] == startup["exec"]
+    command = liveness["exec"]["command"]
+    assert live in command[-1] and "-60 seconds" in command[-1]
+    # A tick is --interval plus one API call (10 s at most): well inside 60 s. The startup probe
+    # covers the CNI server's release of an earlier boot's records (one verb timeout) before the first tick.
+    from rdma_cni.agent.cniserver import VERB_TIMEOUT
+
+    assert startup["periodSeconds"] * startup["failureThreshold"] > VERB_TIMEOUT + 60
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 60
+    # The image mounts /tmp as an emptyDir: the file lives in the pod, not on the host.
+    assert os.path.dirname(live) == "/tmp"
+
+    path = tmp_path / "live"
+    probe = [*command[:-1], command[-1].replace(live, str(path))]
+    assert subprocess.run(probe, check=False).returncode != 0  # missing
+    path.write_text("live\n")
+    assert subprocess.run(probe, check=False).returncode == 0
+    old = time.time() - 120
+    os.utime(path, (old, old))
+    assert subprocess.run(probe, check=False).returncode != 0
 
 
 def test_daemonset_rolls_with_surge_and_gives_the_handover_its_time() -> None:
