@@ -50,6 +50,8 @@ EXPECTED_FILES = {
     "monitoring",
     # Served and checked by the real API server in tests/cluster (test_conf_applies.py):
     "network-attachment-definition-crd.yaml",
+    # The node's boot unit for sriov_numvfs, checked in test_conf_node.py.
+    "node",
 }
 
 NAD_API_VERSION = "k8s.cni.cncf.io/v1"
