@@ -6,6 +6,7 @@ import base64
 import copy
 import json
 import os
+import shutil
 import string
 import time
 from collections.abc import Iterator
@@ -337,7 +338,7 @@ def test_daemonset_liveness_reads_the_file_the_agent_keeps_fresh(tmp_path: Path)
     liveness, startup = container["livenessProbe"], container["startupProbe"]
     assert liveness["exec"] == startup["exec"]
     command = liveness["exec"]["command"]
-    assert live in command[-1] and "-60 seconds" in command[-1]
+    assert live in command[-1] and "-mmin -1" in command[-1]
     # A tick is --interval plus one API call (10 s at most): well inside 60 s. The startup probe
     # covers the CNI server's release of an earlier boot's records (one verb timeout) before the first tick.
     from rdma_cni.agent.cniserver import VERB_TIMEOUT
@@ -349,12 +350,23 @@ def test_daemonset_liveness_reads_the_file_the_agent_keeps_fresh(tmp_path: Path)
 
     path = tmp_path / "live"
     probe = [*command[:-1], command[-1].replace(live, str(path))]
-    assert subprocess.run(probe, check=False).returncode != 0  # missing
-    path.write_text("live\n")
-    assert subprocess.run(probe, check=False).returncode == 0
-    old = time.time() - 120
-    os.utime(path, (old, old))
-    assert subprocess.run(probe, check=False).returncode != 0
+    # The image's tools (debian:12-slim: dash, GNU find), and busybox's (the tiers' stand-in base).
+    shells = [dict(os.environ)]
+    busybox = shutil.which("busybox")
+    if busybox:
+        applets = tmp_path / "busybox"
+        applets.mkdir()
+        for name in ("sh", "find", "test"):
+            (applets / name).symlink_to(busybox)
+        shells.append({**os.environ, "PATH": str(applets)})
+    for env in shells:
+        path.unlink(missing_ok=True)
+        assert subprocess.run(probe, env=env, check=False).returncode != 0  # missing
+        path.write_text("live\n")
+        assert subprocess.run(probe, env=env, check=False).returncode == 0
+        stale = time.time() - 70
+        os.utime(path, (stale, stale))
+        assert subprocess.run(probe, env=env, check=False).returncode != 0
 
 
 def test_daemonset_rolls_with_surge_and_gives_the_handover_its_time() -> None:
