@@ -71,7 +71,7 @@ from collections.abc import Mapping, Sequence
 
 from rdma_cni.agent.bootrelease import StatePaths, add_state, network_states, plugin_default, release_all
 from rdma_cni.agent.delspool import Runner, Spool, entry_name, spool_dir
-from rdma_cni.agent.shimconn import REQUEST_SECONDS, peer_allowed, read_request
+from rdma_cni.agent.shimconn import REQUEST_SECONDS, Knock, peer_allowed, read_request
 from rdma_cni.agent.shimwire import Request, WireError, encode_answer
 from rdma_cni.agent.takeover import FileLock
 from rdma_cni.agent.verbpool import MAX_WORKERS, WorkerPool, cni_error
@@ -409,6 +409,8 @@ class CniServer:
                     return
                 try:
                     request, fd = read_request(conn)
+                except Knock:
+                    return  # a probe: it only wanted to know that the socket accepts
                 except (OSError, WireError) as exc:
                     log.warning("dropped a call: %s", exc)
                     return

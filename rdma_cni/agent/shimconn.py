@@ -21,6 +21,10 @@ log = logging.getLogger("rdma_cni.agent.cniserver")
 REQUEST_SECONDS = 10.0
 
 
+class Knock(WireError):
+    """The caller connected and closed without sending a byte: a probe (``rdma-cni doctor``), not a call."""
+
+
 def peer_allowed(conn: socket.socket) -> bool:
     """Whether the peer (SO_PEERCRED) is root or this process's user; a refusal is logged."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -64,6 +68,8 @@ def read_request(conn: socket.socket) -> tuple[Request, int | None]:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    if not raw and not fds:
+        raise Knock("the caller closed the connection without a request")
     try:
         if len(raw) < REQUEST_HEADER.size:
             raw += _recv_exact(conn, REQUEST_HEADER.size - len(raw), deadline)

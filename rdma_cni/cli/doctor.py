@@ -21,6 +21,11 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TextIO
 
+from rdma_cni.agent.cniserver import DEFAULT_SOCKET as DEFAULT_CNI_SOCKET
+from rdma_cni.agent.loop import DEFAULT_PERIOD
+from rdma_cni.agent.publish import DEFAULT_HEARTBEAT, MAX_BACKOFF
+from rdma_cni.install.binary import marker_path, sha256_file
+from rdma_cni.install.common import DEFAULT_CNI_BIN_DIR, DEFAULT_NAME
 from rdma_cni.install.handover import jwt_claims
 from rdma_cni.launch import cacheprune
 
@@ -52,9 +57,12 @@ def exit_code(findings: Iterable[Finding]) -> int:
     return max((EXIT_CODES[f.status] for f in findings), default=0)
 
 
-def check_rdma_mode(mode: str | None, error: str | None) -> Finding:
-    """The RDMA subsystem's netns mode: exclusive is what isolation needs."""
+def check_rdma_mode(mode: str | None, error: str | None, rdma_node: bool = True) -> Finding:
+    """The RDMA subsystem's netns mode: exclusive is what isolation needs (SKIP on a node without PFs)."""
     name = "rdma-netns-mode"
+    if not rdma_node and mode != "exclusive":
+        seen = mode or f"unreadable ({error or 'no RDMA subsystem'})"
+        return Finding(name, SKIP, f"{seen}; no SR-IOV PF on this node, so no pod gets RDMA devices here")
     if mode is None:
         return Finding(name, FAIL, f"cannot read the RDMA netns mode: {error or 'no answer'}")
     if mode == "exclusive":
@@ -66,11 +74,56 @@ def check_rdma_mode(mode: str | None, error: str | None) -> Finding:
     )
 
 
-def check_vfs(pfs: list[Mapping[str, Any]]) -> Finding:
-    """VFs per PF, as the inventory reads them: FAIL without any, WARN for a PF without VFs."""
+@dataclasses.dataclass(frozen=True)
+class NodeView:
+    """What the checks of the node's devices read: the inventory's PFs and RDMA mode, and more.
+
+    ``named`` is the config's ``pfs`` (None: every SR-IOV PF, the plugin's default); ``idle`` the
+    netdevs that can have VFs (``sriov_totalvfs`` above 0) but have none (``sriov_numvfs`` 0).
+    """
+
+    pfs: list[dict[str, Any]]
+    mode: str | None = None
+    rdma_error: str | None = None
+    named: list[str] | None = None
+    idle: tuple[str, ...] = ()
+
+    def rdma_node(self) -> bool:
+        """Whether rdma-cni has work here: PFs with VFs, PFs that could have them, or PFs named."""
+        return bool(self.pfs or self.idle or self.named)
+
+
+def check_vfs(
+    pfs: list[Mapping[str, Any]], named: list[str] | None = None, idle: Iterable[str] = ()
+) -> Finding:
+    """VFs per PF, as the inventory reads them.
+
+    FAIL for a PF the config names that has no VFs (or is missing), or, without names, for a PF
+    that can have VFs but has none enabled; SKIP for a node with no SR-IOV PF at all (a node
+    without RDMA NICs that the DaemonSet runs on too); WARN for a PF without VFs.
+    """
     name = "vfs"
+    found = {pf["name"] for pf in pfs}
+    missing = [n for n in named or () if n not in found]
+    if missing:
+        return Finding(
+            name,
+            FAIL,
+            f"the config's pfs name {', '.join(missing)}, not found with VFs on this node "
+            "(missing, misspelled, or sriov_numvfs not set: docs/deploy.md)",
+        )
+    idle = list(idle)
+    if not pfs and idle:
+        return Finding(
+            name,
+            FAIL,
+            f"{', '.join(idle)} can have VFs but none are enabled (sriov_numvfs is 0: is the boot unit "
+            "that sets it installed? docs/deploy.md)",
+        )
     if not pfs:
-        return Finding(name, FAIL, "no SR-IOV PF found (sriov_numvfs set? pfs in the config right?)")
+        return Finding(
+            name, SKIP, "no SR-IOV PF on this node: no RDMA devices, nothing for rdma-cni to serve"
+        )
     parts = [
         f"{pf['name']}: {pf['capacity_vfs']} VFs, {pf['free_vfs']} free, {pf['used_vfs']} used" for pf in pfs
     ]
@@ -92,6 +145,58 @@ def check_nri_socket(path: str) -> Finding:
     if not stat.S_ISSOCK(st.st_mode):
         return Finding(name, FAIL, f"{path} is not a socket")
     return Finding(name, OK, f"{path} is a socket")
+
+
+def check_shim(bin_dir: str, name: str = DEFAULT_NAME) -> Finding:
+    """The plugin in the CNI bin directory: there, executable, and the file ``rdma-cni install`` wrote."""
+    check = "cni-plugin"
+    path = os.path.join(bin_dir, name)
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return Finding(check, FAIL, f"{path}: {exc.strerror} (has the DaemonSet's installer run here?)")
+    if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
+        return Finding(check, FAIL, f"{path} is not an executable file")
+    marker = marker_path(bin_dir, name)
+    try:
+        with open(marker, encoding="utf-8") as f:
+            doc = json.load(f)
+        sha = sha256_file(path)
+    except (OSError, ValueError) as exc:
+        return Finding(check, WARN, f"{path}: no readable install marker {marker} ({exc.__class__.__name__})")
+    if not isinstance(doc, dict) or doc.get("sha256") != sha:
+        return Finding(
+            check, WARN, f"{path} is not the file the installer last wrote (its sha256 differs from {marker})"
+        )
+    source = os.path.basename(str(doc.get("source") or "?"))
+    return Finding(check, OK, f"{path}: {source} {doc.get('version', '?')}, as the installer wrote it")
+
+
+def check_cni_socket(path: str, mode: str = "shim") -> Finding:
+    """The agent's CNI socket, which the shim hands each verb to: there, a socket, and accepting.
+
+    A connection closed without a request is the probe the agent expects (it logs nothing).
+    """
+    name = "cni-socket"
+    if mode != "shim":
+        return Finding(name, SKIP, f"--mode {mode}: the plugin runs whole, no agent socket needed")
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return Finding(
+            name, FAIL, f"{path}: {exc.strerror}: no agent serves the shim (is the DaemonSet's pod up?)"
+        )
+    if not stat.S_ISSOCK(st.st_mode):
+        return Finding(name, FAIL, f"{path} is not a socket")
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2.0)
+        try:
+            s.connect(path)
+        except OSError as exc:
+            return Finding(name, FAIL, f"{path}: {exc.strerror or exc}: nothing accepts the shim's calls")
+    return Finding(name, OK, f"{path} accepts connections")
 
 
 def glibc_version() -> str | None:
@@ -169,13 +274,28 @@ def read_node_state(kubeconfig: str, node: str) -> tuple[str | None, str | None]
     return annotations.get(ANNOTATION), None
 
 
+def state_warn_age(heartbeat: float = DEFAULT_HEARTBEAT) -> float:
+    """The oldest state a healthy agent leaves on its Node, with a heartbeat of ``heartbeat`` seconds.
+
+    The agent rewrites an unchanged state at the first periodic snapshot after a heartbeat
+    (``rdma_cni.agent.loop.DEFAULT_PERIOD`` later at most), and a write that fails is retried
+    after at most ``MAX_BACKOFF``; the state's time has one-second precision.
+    """
+    return heartbeat + DEFAULT_PERIOD + MAX_BACKOFF + 1
+
+
 def check_state_age(
     node: str,
     max_age: float,
     now: float,
     read: Callable[[], tuple[str | None, str | None]],
+    heartbeat: float = DEFAULT_HEARTBEAT,
 ) -> Finding:
-    """The age of the state this node's agent last published: FAIL past ``max_age``, WARN past a third."""
+    """The age of the state this node's agent last published.
+
+    FAIL past ``max_age``; WARN past :func:`state_warn_age` of ``heartbeat`` (a heartbeat missed),
+    which a healthy agent never reaches.
+    """
     name = "node-state-age"
     if not node:
         return Finding(name, SKIP, "no --node (or NODE_NAME): which Node's state to read is unknown")
@@ -196,8 +316,12 @@ def check_state_age(
     detail = f"Node {node}: state {int(age)} s old (generation {state.generation})"
     if age > max_age:
         return Finding(name, FAIL, f"{detail}, over {int(max_age)} s: is the agent publishing?")
-    if age > max_age / 3:
-        return Finding(name, WARN, f"{detail}: a heartbeat was missed")
+    if age > state_warn_age(heartbeat):
+        return Finding(
+            name,
+            WARN,
+            f"{detail}, over {int(state_warn_age(heartbeat))} s: a heartbeat ({int(heartbeat)} s) was missed",
+        )
     return Finding(name, OK, detail)
 
 
@@ -251,37 +375,66 @@ def check_cache(base: str) -> Finding:
     return Finding(name, OK, detail)
 
 
-def _inventory(config: str | None) -> tuple[list[dict[str, Any]], str | None, str | None]:
-    """The PFs and RDMA netns mode through ``rdma-cni inventory``'s own code."""
+def _named_pfs(config: str | None) -> list[str] | None:
+    """The config's ``pfs``, as the plugin reads it (None without a config or without the key)."""
+    if not config:
+        return None
+    from rdma_cni.cni.config import load_netconf
+    from rdma_cni.cni.errors import CniError
+    from rdma_cni.cni.protocol import decode_stdin
+
+    try:
+        with open(config, "rb") as f:
+            return load_netconf(decode_stdin(f.read())).pfs
+    except (OSError, CniError):
+        return None  # the inventory reports why
+
+
+def _idle_pfs() -> tuple[str, ...]:
+    """Netdevs that can have VFs (``sriov_totalvfs`` > 0) with none enabled."""
+    from rdma_cni.kernel import sysfs
+
+    return tuple(n for n in sysfs.net_devices() if sysfs.total_vfs(n) > 0 and sysfs.num_vfs(n) <= 0)
+
+
+def _inventory(config: str | None) -> NodeView:
+    """The PFs and RDMA netns mode through ``rdma-cni inventory``'s own code, and what it leaves out."""
     from rdma_cni.cli.inventory import _collect
     from rdma_cni.cni.errors import CniError
 
+    named, idle = _named_pfs(config), _idle_pfs()
     try:
         doc = _collect(config)
     except CniError as exc:
-        return [], None, exc.msg
+        return NodeView([], None, exc.msg, named, idle)
     except OSError as exc:
-        return [], None, str(exc)
-    return doc["pfs"], doc.get("rdma_netns_mode"), doc.get("rdma_error")
+        return NodeView([], None, str(exc), named, idle)
+    return NodeView(doc["pfs"], doc.get("rdma_netns_mode"), doc.get("rdma_error"), named, idle)
 
 
 def run_checks(
     args: argparse.Namespace,
     environ: Mapping[str, str],
     *,
-    inventory: Callable[[str | None], tuple[list[dict[str, Any]], str | None, str | None]] | None = None,
+    inventory: Callable[[str | None], NodeView] | None = None,
     now: Callable[[], float] = time.time,
 ) -> list[Finding]:
     """Every check, in the order they are printed."""
-    pfs, mode, rdma_error = (inventory or _inventory)(args.config)
+    view = (inventory or _inventory)(args.config)
     return [
-        check_rdma_mode(mode, rdma_error),
-        check_vfs(pfs),
+        check_rdma_mode(view.mode, view.rdma_error, view.rdma_node()),
+        check_vfs(view.pfs, view.named, view.idle),
+        check_shim(args.cni_bin_dir),
+        check_cni_socket(args.cni_socket, args.mode),
         check_nri_socket(args.nri_socket),
         check_glibc(glibc_version()),
         check_token(args.kubeconfig, now()),
         check_state_age(
-            args.node, args.max_state_age, now(), lambda: read_node_state(args.kubeconfig, args.node)
+            args.node,
+            args.max_state_age,
+            now(),
+            lambda: read_node_state(args.kubeconfig, args.node),
+            args.node_state_heartbeat,
         ),
         check_cache(args.cache_dir or cache_dir(environ)),
     ]
@@ -295,6 +448,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="a network config (JSON) whose pfs and stateDir to use")
     parser.add_argument("--kubeconfig", default=DEFAULT_KUBECONFIG_PATH, help="default: %(default)s")
     parser.add_argument(
+        "--mode",
+        choices=("shim", "fat"),
+        default="shim",
+        help="how the plugin was installed, as install's --mode (default: %(default)s, as in conf/)",
+    )
+    parser.add_argument(
+        "--cni-bin-dir",
+        default=DEFAULT_CNI_BIN_DIR,
+        help="where the plugin is installed (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cni-socket",
+        default=DEFAULT_CNI_SOCKET,
+        help="the agent's CNI socket, with --mode shim (default: %(default)s)",
+    )
+    parser.add_argument(
         "--nri-socket", default=DEFAULT_NRI_SOCKET, help="default: %(default)s; '' skips the check"
     )
     parser.add_argument(
@@ -306,7 +475,14 @@ def _parser() -> argparse.ArgumentParser:
         "--max-state-age",
         type=float,
         default=900.0,
-        help="a state older than this, in seconds, fails; a third of it warns (default: %(default)s)",
+        help="a state older than this, in seconds, fails (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--node-state-heartbeat",
+        type=float,
+        default=DEFAULT_HEARTBEAT,
+        help="the agent's --node-state-heartbeat: a state older than it plus the agent's longest delay "
+        "warns (default: %(default)s)",
     )
     parser.add_argument(
         "--cache-dir", help="the launcher's cache (default: $RDMA_CNI_CACHE_DIR, else /var/cache/rdma-cni)"
@@ -318,8 +494,8 @@ def main(argv: list[str], out: TextIO, environ: Mapping[str, str] | None = None)
     """Entry point of ``rdma-cni doctor``: the worst finding's exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if not args.max_state_age > 0:
-        parser.error("--max-state-age must be positive")
+    if not (args.max_state_age > 0 and args.node_state_heartbeat > 0):
+        parser.error("--max-state-age and --node-state-heartbeat must be positive")
     from rdma_cni.launch.startup import quiet_pydantic
 
     quiet_pydantic()

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from rdma_cni import __version__
@@ -54,6 +54,16 @@ def _set_ready(path: str | None, ready: bool) -> None:
             os.unlink(path)
 
 
+def touch_live(path: str | None) -> None:
+    """Create ``path`` or move its mtime to now: the liveness probe's proof that the agent turns."""
+    if not path:
+        return
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        write_bytes_atomic(path, b"live\n", 0o644)
+
+
 def run_once(opts: Options, out: TextIO) -> None:
     """One full install: binary, kubeconfig, optional network configuration. Raises InstallError."""
     # The kubeconfig goes first: a binary that cannot read pods is worse than none.
@@ -75,20 +85,31 @@ def watch(
     out: TextIO,
     *,
     max_iterations: int | None = None,
+    alive: Callable[[], list[str]] | None = None,
 ) -> None:
     """Refresh the kubeconfig every ``opts.interval`` seconds until ``stop`` is set.
 
     A failed refresh (say, the token file caught mid-rotation) is reported and
     retried on the next tick; the last good kubeconfig stays in place, and
     the ready file, if any, is removed until a refresh succeeds again.
+    Each tick also touches the live file (``--live-file``, the liveness probe's) unless
+    ``alive`` names parts of the agent that stopped: a hung loop or a dead part lets it age.
     ``max_iterations`` bounds the number of ticks, for tests.
     """
     ticks = 0
     failing = False
     # The pod that started last took the file over in run_once; leave it to it (install/handover).
     keep = refresh_keep(opts.serviceaccount_dir, opts.environ)
+    dead: list[str] = []
     while not stop.wait(opts.interval):
         ticks += 1
+        now_dead = alive() if alive is not None else []
+        if now_dead and now_dead != dead:
+            say(out, f"error: {', '.join(now_dead)} stopped: no longer touching the live file")
+        dead = now_dead
+        if not dead:
+            with contextlib.suppress(OSError):  # a full /tmp: the probe then fails, as it should
+                touch_live(opts.live_file)
         try:
             if write_kubeconfig(opts.kubeconfig_path, opts.serviceaccount_dir, opts.environ, keep=keep):
                 say(out, f"service account changed: rewrote kubeconfig {opts.kubeconfig_path}")
@@ -185,6 +206,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ready-file", metavar="PATH", help="create this file once installed (for a readiness probe)"
     )
+    parser.add_argument(
+        "--live-file",
+        metavar="PATH",
+        help="with --watch, touch this file every --interval while the agent's threads run "
+        "(for a liveness probe: its age says the agent is stuck)",
+    )
     parser.add_argument("--max-iterations", type=int, help=argparse.SUPPRESS)  # tests only
     _agent_options(parser.add_argument_group("node agent (with --watch)"))
     add_uninstall_options(parser)
@@ -278,6 +305,7 @@ def main(argv: list[str], out: TextIO, err: TextIO | None = None) -> int:
         force=args.force,
         interval=args.interval,
         ready_file=args.ready_file,
+        live_file=args.live_file,
     )
     return _run(args, opts, out, err)
 
@@ -331,8 +359,9 @@ def _run(args: argparse.Namespace, opts: Options, out: TextIO, err: TextIO) -> i
                 return 1
         elif args.mode == "shim":
             say(out, "--mode shim without --watch: run `rdma-cni cni-server` to serve the shim's calls")
+        parts = {"the CNI server": server} if server is not None else {}
         try:
-            code = _install_and_watch(args, opts, stop, out, err, cni)
+            code = _install_and_watch(args, opts, stop, out, err, parts, cni)
         finally:
             stop.set()
             if server is not None:
@@ -352,13 +381,16 @@ def _install_and_watch(
     stop: threading.Event,
     out: TextIO,
     err: TextIO,
+    parts: dict[str, threading.Thread] | None = None,
     cni: CniServer | None = None,
 ) -> int | None:
     """The install pass, the agent, and ``--watch``; an exit code to return early, None when stopped.
 
-    With the CNI server (``cni``), Ready waits for its verb workers: the first verb on the node is
-    then as fast as any (they import while the installer writes its files).
+    ``parts``: the threads that must keep running for the agent to be alive (the live file). With
+    the CNI server (``cni``), Ready waits for its verb workers: the first verb on the node is then
+    as fast as any (they import while the installer writes its files).
     """
+    parts = dict(parts or {})
     try:
         run_once(opts, out)
     except (InstallError, OSError) as exc:
@@ -380,14 +412,24 @@ def _install_and_watch(
             if stop.is_set():
                 return None
         say(out, "CNI verb workers ready")
+    if agent is not None:
+        parts["the node agent"] = agent
     # Ready without waiting for what another agent still holds (see rdma_cni/agent/takeover.py).
     _set_ready(opts.ready_file, True)
+    if args.watch:
+        touch_live(opts.live_file)
     if not args.watch or stop.is_set():
         if port is not None:
             port.close()
         return 0
     say(out, f"watching {opts.serviceaccount_dir} every {opts.interval:g}s")
-    watch(opts, stop, out, max_iterations=args.max_iterations)
+    watch(
+        opts,
+        stop,
+        out,
+        max_iterations=args.max_iterations,
+        alive=lambda: [name for name, thread in parts.items() if not thread.is_alive()],
+    )
     stop.set()
     if port is not None:
         port.close()  # first: the next agent on this node is waiting for the port

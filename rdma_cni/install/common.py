@@ -36,6 +36,7 @@ class Options:
     force: bool = False
     interval: float = DEFAULT_INTERVAL
     ready_file: str | None = None
+    live_file: str | None = None
     environ: Mapping[str, str] = dataclasses.field(default_factory=lambda: os.environ)
 
 

@@ -33,7 +33,7 @@ def default_conflist(kubeconfig_path: str = DEFAULT_KUBECONFIG_PATH) -> dict[str
                 "stateDir": "/var/lib/cni/rdma-cni",
                 "lockFile": "/run/rdma-cni/rdma-cni.lock",
                 "lockTimeoutSeconds": 60,
-                "logFile": "/var/log/rdma-cni.log",
+                "logFile": "/var/log/rdma-cni/rdma-cni.log",
                 "logLevel": "info",
                 "ipam": {
                     "type": "host-local",

@@ -38,7 +38,7 @@ from rdma_cni.launch import cacheprune
 DEFAULT_STATE_DIR = "/var/lib/cni/rdma-cni"
 DEFAULT_LOCK_FILE = "/run/rdma-cni/rdma-cni.lock"
 DEFAULT_CACHE_DIR = "/var/cache/rdma-cni"
-DEFAULT_LOG_FILE = "/var/log/rdma-cni.log"
+DEFAULT_LOG_FILE = "/var/log/rdma-cni/rdma-cni.log"
 NRI_STATE = "nri-state"  # rdma_cni.node.nristate.STATE_FILE
 BOOT_CHECKED = "boot-checked"  # rdma_cni.node.boot.MARKER: the boot whose records were last checked
 SERVER_LOCKS = ("cni.lock", "cni.next.lock")  # beside the CNI server's socket (rdma_cni.agent.cniserver)

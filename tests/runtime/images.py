@@ -56,9 +56,10 @@ def rootfs_tar() -> bytes:
 
 # Packages in debian:12-slim (dpkg's and apt's dependencies) whose shared objects the one-file
 # binary may load from the system (its PyInstaller loader links zlib; glibc is never bundled),
-# and what the DaemonSet's probe runs (`test`).
+# and what the DaemonSet's probes run (`test`; `sh` and `find`, which debian:12-slim has from dash
+# and findutils, both Essential).
 BASE_PACKAGES = ("libc6", "zlib1g", "libgcc-s1", "libstdc++6")
-BASE_APPLETS = ("sh", "test", "cat", "ls", "sleep")
+BASE_APPLETS = ("sh", "test", "cat", "ls", "sleep", "find")
 BASE_DIRS = (
     "bin",
     "dev",

@@ -295,6 +295,11 @@ def test_the_daemonset_starts_as_shipped(
         wait_for(
             "ready", lambda: podman("exec", container, *probe, check=False).returncode == 0, 180, logs, alive
         )
+        # The startup and liveness probes' command, with the image's own sh and find: the agent
+        # touched its live file (and keeps touching it every --interval).
+        for kind in ("startupProbe", "livenessProbe"):
+            live = ctr[kind]["exec"]["command"]
+            assert podman("exec", container, *live, check=False).returncode == 0, kind
 
         # Installed: a file of the image on the host's CNI path, a kubeconfig from the token.
         installed = os.path.join(host, "opt/cni/bin/rdma-cni")

@@ -6,8 +6,10 @@ import base64
 import copy
 import json
 import os
+import shutil
 import string
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, load_netco
 from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
 from rdma_cni.install import command as install_command
 from rdma_cni.install import common, kubeconfig, netconf
+from rdma_cni.install.uninstall import DEFAULT_LOG_FILE
 from rdma_cni.kube import credentials
 from rdma_cni.shared.nodestate import ANNOTATION, BANDWIDTH_RESOURCE, VF_RESOURCE
 from rdma_cni.shared.podrequest import parse_request
@@ -49,6 +52,8 @@ EXPECTED_FILES = {
     "monitoring",
     # Served and checked by the real API server in tests/cluster (test_conf_applies.py):
     "network-attachment-definition-crd.yaml",
+    # The node's boot unit for sriov_numvfs, checked in test_conf_node.py.
+    "node",
 }
 
 NAD_API_VERSION = "k8s.cni.cncf.io/v1"
@@ -276,6 +281,13 @@ def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
     # Host directories are mounted at their own paths, so the installer's
     # defaults are the host paths the plugin and the runtime use.
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    # The logFile that conf/'s network and the installer's default configuration name: only its
+    # directory is mounted (not the host's whole /var/log), and it is one of rdma-cni's own.
+    nad_config = validate_nad(one("network-attachment-definition.yaml", NAD_KIND))
+    log_files = {nad_config["logFile"], netconf.default_conflist()["plugins"][0]["logFile"]}
+    (log_file,) = log_files
+    log_dir = os.path.dirname(log_file)
+    assert log_dir == "/var/log/rdma-cni" and log_file == DEFAULT_LOG_FILE
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert sorted(host_paths.values()) == sorted(
         [
@@ -283,9 +295,9 @@ def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
             common.DEFAULT_CNI_CONF_DIR,
             DEFAULT_STATE_DIR,
             os.path.dirname(DEFAULT_LOCK_FILE),
-            # What the plugin's verbs write: host-local's allocations, the log.
+            # What the plugin's verbs write: host-local's allocations, the log's own directory.
             "/var/lib/cni/networks",
-            "/var/log",
+            log_dir,
             # The NRI plugin: the runtime's socket, and the pods' namespaces to prove their VFs.
             os.path.dirname(nri_plugin.DEFAULT_SOCKET),
             "/var/run/netns",
@@ -307,6 +319,55 @@ def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
     # The ready file the probe looks for is the one the installer is told to write.
     ready = [a.split("=", 1)[1] for a in container["command"] if a.startswith("--ready-file=")]
     assert ready and ready[0] in container["readinessProbe"]["exec"]["command"]
+
+
+def test_daemonset_liveness_reads_the_file_the_agent_keeps_fresh(tmp_path: Path) -> None:
+    """The liveness and startup probes pass on a live file touched now and fail on one 2 minutes old.
+
+    The agent touches ``--live-file`` every ``--interval`` while its parts run
+    (tests/unit/test_install.py); the probes run the manifest's own command, with the image's sh and find.
+    """
+    import subprocess
+
+    spec = one("daemonset.yaml", "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    (live,) = [a.split("=", 1)[1] for a in container["command"] if a.startswith("--live-file=")]
+    assert "--watch" in container["command"] and not any(
+        a.startswith("--interval") for a in container["command"]
+    )
+    assert common.DEFAULT_INTERVAL <= 10
+    liveness, startup = container["livenessProbe"], container["startupProbe"]
+    assert liveness["exec"] == startup["exec"]
+    command = liveness["exec"]["command"]
+    assert live in command[-1] and "-mmin -1" in command[-1]
+    # A tick is --interval plus one API call (10 s at most): well inside 60 s. The startup probe
+    # covers the CNI server's release of an earlier boot's records (one verb timeout) before the first tick.
+    from rdma_cni.agent.cniserver import VERB_TIMEOUT
+
+    assert startup["periodSeconds"] * startup["failureThreshold"] > VERB_TIMEOUT + 60
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 60
+    # The image mounts /tmp as an emptyDir: the file lives in the pod, not on the host.
+    assert os.path.dirname(live) == "/tmp"
+
+    path = tmp_path / "live"
+    probe = [*command[:-1], command[-1].replace(live, str(path))]
+    # The image's tools (debian:12-slim: dash, GNU find), and busybox's (the tiers' stand-in base).
+    shells = [dict(os.environ)]
+    busybox = shutil.which("busybox")
+    if busybox:
+        applets = tmp_path / "busybox"
+        applets.mkdir()
+        for name in ("sh", "find", "test"):
+            (applets / name).symlink_to(busybox)
+        shells.append({**os.environ, "PATH": str(applets)})
+    for env in shells:
+        path.unlink(missing_ok=True)
+        assert subprocess.run(probe, env=env, check=False).returncode != 0  # missing
+        path.write_text("live\n")
+        assert subprocess.run(probe, env=env, check=False).returncode == 0
+        stale = time.time() - 70
+        os.utime(path, (stale, stale))
+        assert subprocess.run(probe, env=env, check=False).returncode != 0
 
 
 def test_daemonset_rolls_with_surge_and_gives_the_handover_its_time() -> None:

@@ -399,6 +399,52 @@ def test_watch_refreshes_rotated_token(node: Node, watcher: Callable) -> None:
     assert "rewrote kubeconfig" in text and "refresh failed" in text and "works again" in text
 
 
+def test_watch_keeps_the_live_file_fresh_while_every_part_runs(node: Node) -> None:
+    """The liveness probe's file: touched each tick while the agent's parts run, left to age if one stops."""
+    live = node.root / "live"
+    opts = node.options(node.script("v1"), interval=0.02, live_file=str(live))
+    command.run_once(opts, io.StringIO())
+    dead: list[str] = []
+    stop, out = threading.Event(), io.StringIO()
+    t = threading.Thread(
+        target=command.watch, args=(opts, stop, out), kwargs={"alive": lambda: list(dead)}, daemon=True
+    )
+    t.start()
+    try:
+        wait_for(live.exists)
+        os.utime(live, (0, 0))
+        wait_for(lambda: live.stat().st_mtime > 0)  # touched again
+        dead.append("the node agent")
+        time.sleep(0.1)  # a tick that was under way may still touch it
+        os.utime(live, (0, 0))
+        time.sleep(0.2)
+        assert live.stat().st_mtime == 0
+        assert "the node agent stopped: no longer touching the live file" in out.getvalue()
+        dead.clear()
+        wait_for(lambda: live.stat().st_mtime > 0)
+    finally:
+        stop.set()
+        t.join(timeout=10)
+
+
+def test_main_watch_touches_the_live_file(node: Node) -> None:
+    live = node.root / "live"
+    code, _, err = run(
+        node.args(
+            node.script("v1"),
+            "--watch",
+            "--interval",
+            "0.01",
+            "--max-iterations",
+            "2",
+            "--live-file",
+            str(live),
+        )
+    )
+    assert code == 0, err
+    assert live.exists()
+
+
 def test_watch_restores_deleted_kubeconfig(node: Node, watcher: Callable) -> None:
     opts = node.options(node.script("v1"), interval=0.02)
     command.run_once(opts, io.StringIO())

@@ -125,7 +125,7 @@ def test_removes_what_install_and_the_plugin_put_there(node: Root) -> None:
     assert not node.lock_file.parent.exists()  # with the stale socket and the empty spool
     assert not node.state_dir.exists()
     assert f"removed {node.bin_dir / 'rdma-cni'}" in out
-    assert "left /var/log/rdma-cni.log" in out
+    assert "left /var/log/rdma-cni/rdma-cni.log" in out
     assert "rdma-cni.io/node-state annotation" in out
     # Again: nothing left to remove, still fine.
     code, out, _ = node.main(node.argv())

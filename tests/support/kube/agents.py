@@ -25,7 +25,14 @@ from tests.support.simnode import SimNode, SimPf
 
 NAMESPACE, ACCOUNT = "kube-system", "rdma-cni"
 # DaemonSet args that name host paths or listeners: replaced below.
-_REPLACED = ("--ready-file", "--metrics-listen", "--nri-socket", "--cni-socket", "--shim-source")
+_REPLACED = (
+    "--ready-file",
+    "--live-file",
+    "--metrics-listen",
+    "--nri-socket",
+    "--cni-socket",
+    "--shim-source",
+)
 
 
 @dataclass
@@ -165,6 +172,7 @@ def launch_agent(
         f"--serviceaccount-dir={os.path.join(host.pod_dir(pod), 'serviceaccount')}",
         f"--network-config={host.network_config}",
         f"--ready-file={ready}",
+        f"--live-file={os.path.join(host.pod_dir(pod), 'live')}",
         "--nri-socket=",
         "--interval=1",
         "--node-state-period=1",
