@@ -62,6 +62,8 @@ class NetworkView:
     lock_file: str = DEFAULT_LOCK_FILE
     # PF name -> the operator's rail label (the config's pfs entries written as objects).
     rails: Mapping[str, str] = field(default_factory=dict)
+    # A DRA network: its PFs are published as ResourceSlices (agent/dra), not in the node state.
+    dra: bool = False
 
 
 def default_view() -> NetworkView:
@@ -101,6 +103,7 @@ def load_view(path: str) -> NetworkView:
         state_dir=conf.stateDir,
         lock_file=conf.lockFile,
         rails=conf.rails,
+        dra=conf.dra,
     )
 
 
@@ -160,6 +163,7 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
     from rdma_cni.kernel.netlink import Rtnl
     from rdma_cni.kernel.vfcontrol import vf_control
     from rdma_cni.node.inventory import scan
+    from rdma_cni.node.prepared import holdings
     from rdma_cni.node.record import RecordStore, node_lock
 
     pfs: dict[str, nodestate.PfSummary] = {}
@@ -182,7 +186,8 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
                 node = scan(
                     pfs=list(view.pfs) if view.pfs is not None else None,
                     capacity=view.capacity,
-                    attachments=records,
+                    # DRA preparations hold VFs as ADD counts them (node/prepared).
+                    attachments=records + holdings(view.state_dir),
                     vfctl=vfctl,
                     home=VfFinder(host).in_host,
                 )

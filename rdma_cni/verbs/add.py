@@ -36,9 +36,11 @@ from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.ipam_pending import PendingStore, retry
 from rdma_cni.node.isolation import RdmaIsolation
 from rdma_cni.node.podmeta import pod_side_names, resolve_request
+from rdma_cni.node.prepared import holdings
 from rdma_cni.node.record import Attachment, PodInfo, RecordStore, VfRecord, ipam_release_conf, node_lock
 from rdma_cni.shared import placement
 from rdma_cni.shared.podrequest import InterfaceRequest
+from rdma_cni.verbs import dra
 from rdma_cni.verbs.common import ipam_for, release_vfs, settle
 
 log = logging.getLogger("rdma_cni.add")
@@ -60,7 +62,10 @@ _RESET_WHEN_UNSET = ("vlan", "trust")
 def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
     """The ADD verb."""
     mac = first_interface_mac(conf, env.args)
-    request, source = resolve_request(env, conf)
+    if conf.dra:  # the pod's prepared claims, not its annotation (verbs/dra)
+        request, source = dra.prepared_request(env, conf)
+    else:
+        request, source = resolve_request(env, conf)
     names = pod_side_names(env.ifname, list(request.interfaces), source)
     ipam = ipam_for(conf, doc, env)
     pod = Netns(env.netns)
@@ -80,18 +85,21 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
                 retry(pendings, item, doc, env, conf.stateDir)
             vfctl = vf_control(host)
             finder = VfFinder(host, pod)
-            node = scan(
-                pfs=conf.pfs, capacity=conf.capacityMbps, attachments=store.all(set_aside=True), vfctl=vfctl
-            )
-            chosen = choose_proven(
-                node,
-                list(request.interfaces),
-                isolation,
-                source,
-                finder,
-                rails=conf.rails,
-                different_pfs=request.different_pfs,
-            )
+            # DRA preparations hold their VFs too, attached or not (node/prepared).
+            held = store.all(set_aside=True) + holdings(conf.stateDir)
+            node = scan(pfs=conf.pfs, capacity=conf.capacityMbps, attachments=held, vfctl=vfctl)
+            if conf.dra:
+                chosen = dra.take(node, env, conf, finder, store, len(request.interfaces))
+            else:
+                chosen = choose_proven(
+                    node,
+                    list(request.interfaces),
+                    isolation,
+                    source,
+                    finder,
+                    rails=conf.rails,
+                    different_pfs=request.different_pfs,
+                )
             att = plan(env, conf, finder, chosen, names, list(request.interfaces), isolation, mac)
             # What releases it without this network's configuration: after a reboot (rdma_cni.node.boot).
             att.boot_id = boot.boot_id()
