@@ -48,6 +48,8 @@ EXPECTED_FILES = {
     "monitoring",
     # Served and checked by the real API server in tests/cluster (test_conf_applies.py):
     "network-attachment-definition-crd.yaml",
+    # DRA (resource.k8s.io/v1, Kubernetes 1.34+): checked in test_conf_dra below and applied in tests/cluster.
+    "dra.yaml",
 }
 
 NAD_API_VERSION = "k8s.cni.cncf.io/v1"
@@ -480,3 +482,17 @@ def test_containerfile_packages_the_binary() -> None:
         "install",
         "--watch",
     ]
+
+
+def test_conf_dra() -> None:
+    """conf/dra.yaml against Kubernetes 1.37's schemas (resource.k8s.io/v1 exists from 1.34 only)."""
+    from rdma_cni.shared.dra import DEVICE_CLASS, DRIVER
+
+    docs = load_docs("dra.yaml")
+    for doc in docs:
+        validate_k8s(doc, kubernetes_validate.latest_version())
+    (device_class,) = [d for d in docs if d["kind"] == "DeviceClass"]
+    assert device_class["metadata"]["name"] == DEVICE_CLASS
+    assert device_class["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rdma-cni", "namespace": "kube-system"}]

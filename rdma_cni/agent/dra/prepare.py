@@ -452,8 +452,8 @@ def _answer(held: list[Any]) -> list[PreparedDevice]:
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, CniError):
-        return exc.msg + (f" ({exc.details})" if exc.details else "")
+    if isinstance(exc, CniError):  # the code a CNI verb would answer (101: the claim's configuration)
+        return f"{exc.msg} (code {exc.code}" + (f": {exc.details})" if exc.details else ")")
     if isinstance(exc, OSError):
         return f"{exc.strerror or exc}"
     return str(exc)

@@ -38,6 +38,9 @@ CONTROLLERS = ",".join(
         "root-ca-certificate-publisher-controller",
         # Type-checks ValidatingAdmissionPolicies into their status.
         "validatingadmissionpolicy-status-controller",
+        # DRA: makes a pod's ResourceClaims from its ResourceClaimTemplates and frees a claim's
+        # reservation (and a generated claim) when its pod is gone (docs/dra.md).
+        "resourceclaim-controller",
     )
 )
 
@@ -239,6 +242,16 @@ class ControlPlane:
             self.server,
             self.pki.ca,
             client=self.pki.controller_manager,
+        )
+        # With --use-service-account-credentials=false every controller acts as
+        # system:kube-controller-manager, whose bootstrap role predates DRA: give it the DRA claim
+        # controller's own role, which the controller would have under its own service account.
+        self.kubectl(
+            "create",
+            "clusterrolebinding",
+            "tier-resource-claim-controller",
+            "--clusterrole=system:controller:resource-claim-controller",
+            "--user=system:kube-controller-manager",
         )
         port = free_port()
         argv = [
