@@ -61,7 +61,9 @@ class Setup:
         self.view = view(cluster, **kw)
         self.preparer = Preparer([self.view], NODE, lambda: self.api)  # type: ignore[arg-type,return-value]
 
-    def claim(self, pod_env: dict[str, str], results: list[tuple[str, str, int | None]], **kw: Any) -> ClaimRef:
+    def claim(
+        self, pod_env: dict[str, str], results: list[tuple[str, str, int | None]], **kw: Any
+    ) -> ClaimRef:
         name = kw.pop("name", f"{pod_name(pod_env)}-rdma")
         doc = allocated_claim(
             name, (pod_name(pod_env), uid_of(pod_env)), [(r, NET, pf, bw) for r, pf, bw in results], **kw
@@ -88,7 +90,9 @@ def rates(cluster: Cluster) -> dict[tuple[str, str], list[int]]:
 def test_a_claim_is_proven_prepared_and_added_at_its_allocated_rates(cluster: Cluster) -> None:
     s = Setup(cluster)
     pod = cluster.pod(annotation=[{"min_tx_rate": 1, "max_tx_rate": 99}])  # what the pod wrote: never read
-    ref = s.claim(pod, [("if0", "simpf0", 15000), ("if1", "simpf0", 0)], caps={"if0": 20000}, names={"if1": "data"})
+    ref = s.claim(
+        pod, [("if0", "simpf0", 15000), ("if1", "simpf0", 0)], caps={"if0": 20000}, names={"if1": "data"}
+    )
     done = s.prepare(ref)
     assert done.error == ""
     assert [(d.requests, d.pool) for d in done.devices] == [(("if0",), NODE), (("if1",), NODE)]
@@ -108,14 +112,19 @@ def test_a_claim_is_proven_prepared_and_added_at_its_allocated_rates(cluster: Cl
     out = cluster.run("ADD", pod, dra_conf(cluster))
     assert out.ok, out.doc
     assert [i["name"] for i in out.doc["interfaces"]] == ["net1", "data"]
-    assert [i["pciID"] for i in out.doc["interfaces"]] == [cluster.node.vf_pci(0, 0), cluster.node.vf_pci(0, 1)]
+    assert [i["pciID"] for i in out.doc["interfaces"]] == [
+        cluster.node.vf_pci(0, 0),
+        cluster.node.vf_pci(0, 1),
+    ]
     assert rates(cluster) == {("simpf0", "0"): [15000, 20000]}
 
     # DEL gives the VFs back; the preparation stays (a sandbox made again gets the same VFs).
     assert cluster.run("DEL", pod, dra_conf(cluster)).ok
     assert len(s.preparations()) == 1 and rates(cluster) == {}
     again = cluster.run("ADD", pod, dra_conf(cluster))
-    assert again.ok and [i["pciID"] for i in again.doc["interfaces"]] == [i["pciID"] for i in out.doc["interfaces"]]
+    assert again.ok and [i["pciID"] for i in again.doc["interfaces"]] == [
+        i["pciID"] for i in out.doc["interfaces"]
+    ]
     assert cluster.run("DEL", pod, dra_conf(cluster)).ok
     assert s.preparer.unprepare([ref]) == {ref.uid: ""}
     assert s.preparations() == []
@@ -126,7 +135,11 @@ def test_a_claim_is_proven_prepared_and_added_at_its_allocated_rates(cluster: Cl
 def test_what_a_dra_network_may_promise(cluster: Cluster) -> None:
     s = Setup(cluster)
     devices = {d.pf: d for d in read_devices([s.view])}
-    assert (devices["simpf0"].vfs, devices["simpf0"].bandwidth, devices["simpf0"].max_tx_rate) == (4, 25000, 25000)
+    assert (devices["simpf0"].vfs, devices["simpf0"].bandwidth, devices["simpf0"].max_tx_rate) == (
+        4,
+        25000,
+        25000,
+    )
     assert (devices["simpf1"].vfs, devices["simpf1"].bandwidth) == (4, 10000)
     # A pod of another network holds a VF and 5000 Mbit/s on simpf1 (attached before the PF became DRA's):
     # the DRA path may promise that much less. A prepared claim's VFs stay the DRA path's.
@@ -169,10 +182,14 @@ def test_the_node_state_and_a_dra_network_never_share_a_pf(cluster: Cluster) -> 
     # A prepared claim's VFs are held for every network's ADD and snapshot (a misconfigured overlap included).
     s = Setup(cluster)
     assert s.prepare(s.claim(cluster.pod(), [("if0", "simpf1", 10000)])).error == ""
-    state = snapshot([ok, NetworkView("overlap", pfs=("simpf1",), state_dir=dra.state_dir, lock_file=dra.lock_file)])
+    state = snapshot(
+        [ok, NetworkView("overlap", pfs=("simpf1",), state_dir=dra.state_dir, lock_file=dra.lock_file)]
+    )
     simpf1 = next(p for p in state.pfs if p.name == "simpf1")
     assert (simpf1.used_vfs, simpf1.used_tx_rate) == (1, 10000)
-    refused = cluster.run("ADD", cluster.pod([{"min_tx_rate": 1}]), cluster.conf(name="overlap", pfs=["simpf1"]))
+    refused = cluster.run(
+        "ADD", cluster.pod([{"min_tx_rate": 1}]), cluster.conf(name="overlap", pfs=["simpf1"])
+    )
     assert refused.doc["code"] == 100, refused.doc
 
 
@@ -222,7 +239,9 @@ BAD = {
         "device allocated whole, not as a share: DRAConsumableCapacity must be on",
     ),
     "a fraction": (
-        lambda c: c["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"].update(bandwidth="1500m"),
+        lambda c: c["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"].update(
+            bandwidth="1500m"
+        ),
         "consumed bandwidth '1500m' is no whole Mbit/s",
     ),
     "two VFs": (
@@ -236,7 +255,11 @@ BAD = {
                 "requests": ["if0"],
                 "opaque": {
                     "driver": "rdma-cni.io",
-                    "parameters": {"apiVersion": "rdma-cni.io/v1alpha1", "kind": "VfConfig", "max_tx_rate": 100},
+                    "parameters": {
+                        "apiVersion": "rdma-cni.io/v1alpha1",
+                        "kind": "VfConfig",
+                        "max_tx_rate": 100,
+                    },
                 },
             }
         ),
@@ -246,7 +269,10 @@ BAD = {
         lambda c: c["status"]["allocation"]["devices"]["config"].append(
             {
                 "source": "FromClaim",
-                "opaque": {"driver": "rdma-cni.io", "parameters": {"apiVersion": "rdma-cni.io/v1alpha1", "kind": "VfConfig", "rate": 1}},
+                "opaque": {
+                    "driver": "rdma-cni.io",
+                    "parameters": {"apiVersion": "rdma-cni.io/v1alpha1", "kind": "VfConfig", "rate": 1},
+                },
             }
         ),
         "its configuration: config[0] (FromClaim): rate: Extra inputs are not permitted (code 101)",
@@ -257,7 +283,11 @@ BAD = {
                 "source": "FromClaim",
                 "opaque": {
                     "driver": "rdma-cni.io",
-                    "parameters": {"apiVersion": "rdma-cni.io/v1alpha1", "kind": "VfConfig", "max_tx_rate": 30000},
+                    "parameters": {
+                        "apiVersion": "rdma-cni.io/v1alpha1",
+                        "kind": "VfConfig",
+                        "max_tx_rate": 30000,
+                    },
                 },
             }
         ),
@@ -285,7 +315,10 @@ def test_a_node_changed_since_the_allocation_fails_preparation(cluster: Cluster)
     # Fewer VFs enabled than the claim was allocated on simpf1.
     cluster.node.set_num_vfs(1, 1)
     ref = s.claim(cluster.pod(), [("if0", "simpf1", 0), ("if1", "simpf1", 0)])
-    assert "PF simpf1 has 1 free VF(s) for this claim's 2 (the node changed since the allocation" in s.prepare(ref).error
+    assert (
+        "PF simpf1 has 1 free VF(s) for this claim's 2 (the node changed since the allocation"
+        in s.prepare(ref).error
+    )
     # The link dropped to an unknown speed: no bandwidth to guarantee.
     cluster.node.set_speed(0, None)
     ref = s.claim(cluster.pod(), [("if0", "simpf0", 1000)])
@@ -315,7 +348,9 @@ def test_a_claim_allocated_anew_replaces_its_old_preparation(cluster: Cluster) -
     ref = s.claim(pod, [("if0", "simpf0", 20000)])
     assert s.prepare(ref).error == ""
     # Deallocated and allocated again (its unprepare never came): the old one's room is not counted against it.
-    fresh = allocated_claim(ref.name, (pod_name(pod), uid_of(pod)), [("if0", NET, "simpf0", 25000)], uid=ref.uid)
+    fresh = allocated_claim(
+        ref.name, (pod_name(pod), uid_of(pod)), [("if0", NET, "simpf0", 25000)], uid=ref.uid
+    )
     s.api.add(fresh)
     assert s.prepare(ref).error == ""
     (prep,) = s.preparations()

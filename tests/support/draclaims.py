@@ -75,7 +75,11 @@ def allocated_claim(
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4())},
-        "spec": {"devices": {"requests": [{"name": r, "exactly": {"deviceClassName": "vf.rdma-cni.io"}} for r in requests]}},
+        "spec": {
+            "devices": {
+                "requests": [{"name": r, "exactly": {"deviceClassName": "vf.rdma-cni.io"}} for r in requests]
+            }
+        },
         "status": {
             "allocation": {"devices": {"results": out, "config": config}},
             "reservedFor": [{"resource": "pods", "name": pod[0], "uid": pod[1]}],

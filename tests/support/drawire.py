@@ -89,9 +89,15 @@ def from_source(claims: list[tuple[str, str, str]]) -> list[Call]:
             REGISTRATION + "NotifyRegistrationStatus",
             reg_pb.RegistrationStatus(plugin_registered=True).SerializeToString(),
         ),
-        Call("dra", DRA + "NodePrepareResources", dra_pb.NodePrepareResourcesRequest(claims=refs).SerializeToString()),
         Call(
-            "dra", DRA + "NodeUnprepareResources", dra_pb.NodeUnprepareResourcesRequest(claims=refs).SerializeToString()
+            "dra",
+            DRA + "NodePrepareResources",
+            dra_pb.NodePrepareResourcesRequest(claims=refs).SerializeToString(),
+        ),
+        Call(
+            "dra",
+            DRA + "NodeUnprepareResources",
+            dra_pb.NodeUnprepareResourcesRequest(claims=refs).SerializeToString(),
         ),
     ]
 

@@ -112,7 +112,10 @@ def test_kubelets_calls_are_answered(plugin: tuple[KubeletPlugin, FakePreparer])
         (["if1"], "node-1", "rdma-dra-ens1f0-12345678", "share-b"),
     ]
     assert prepared.claims[first].error == ""
-    assert prepared.claims[second].error.startswith("rdma-cni: claim ml/") and not prepared.claims[second].devices
+    assert (
+        prepared.claims[second].error.startswith("rdma-cni: claim ml/")
+        and not prepared.claims[second].devices
+    )
 
     unprepared = dra_pb.NodeUnprepareResourcesResponse.FromString(answers[3][1])
     assert set(unprepared.claims) == {first, second}
@@ -200,7 +203,9 @@ def test_a_socket_that_cannot_be_served_fails_the_start(tmp_path: Path) -> None:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def test_kubelet_dials_the_registration_socket_by_its_path(plugin: tuple[KubeletPlugin, FakePreparer]) -> None:
+def test_kubelet_dials_the_registration_socket_by_its_path(
+    plugin: tuple[KubeletPlugin, FakePreparer],
+) -> None:
     # grpc-go's passthrough resolver makes the path the :authority; grpcio must not mind.
     served, _ = plugin
     with grpc.insecure_channel(

@@ -84,7 +84,9 @@ class FakeApi:
         return [verb for verb, _ in self.calls if verb in ("POST", "PUT", "DELETE")]
 
     def devices(self) -> list[str]:
-        return sorted(d["attributes"]["pf"]["string"] for s in self.slices.values() for d in s["spec"]["devices"])
+        return sorted(
+            d["attributes"]["pf"]["string"] for s in self.slices.values() for d in s["spec"]["devices"]
+        )
 
     def generations(self) -> set[int]:
         return {s["spec"]["pool"]["generation"] for s in self.slices.values()}
@@ -211,7 +213,12 @@ def test_quantities_compare_by_value() -> None:
     a = [{"name": "d", "capacity": {"bandwidth": {"value": "25k", "requestPolicy": {"default": "0"}}}}]
     b = [{"name": "d", "capacity": {"bandwidth": {"value": "25000", "requestPolicy": {"default": "0"}}}}]
     assert normal(a) == normal(b)
-    c = [{"name": "d", "capacity": {"vfs": {"value": "4", "requestPolicy": {"default": "1", "validValues": ["1"]}}}}]
+    c = [
+        {
+            "name": "d",
+            "capacity": {"vfs": {"value": "4", "requestPolicy": {"default": "1", "validValues": ["1"]}}},
+        }
+    ]
     assert normal(c) != normal(b)
     # What is not a device is compared as it is (a slice someone else wrote).
     assert normal([{"capacity": "junk"}, "junk"]) == ["junk", {"capacity": "junk"}]

@@ -142,7 +142,9 @@ def test_devices_are_listed_in_network_and_pf_order() -> None:
 
 @given(
     network=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,80}", fullmatch=True),
-    pf=st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF, exclude_characters="/:"), min_size=1, max_size=15),
+    pf=st.text(
+        st.characters(min_codepoint=33, max_codepoint=0x2FF, exclude_characters="/:"), min_size=1, max_size=15
+    ),
 )
 @settings(max_examples=300)
 def test_device_names_are_dns_labels_and_stable(network: str, pf: str) -> None:
@@ -174,7 +176,9 @@ def test_two_devices_of_one_name_are_refused(monkeypatch: pytest.MonkeyPatch) ->
 
 def template(request: str | dict[str, Any] | list[Any], **kw: Any) -> dict[str, Any]:
     text = request if isinstance(request, str) else json.dumps(request)
-    return claim_template(parse_request(text, "test"), name=kw.pop("name", "t"), network=kw.pop("network", "rdma-dra"), **kw)
+    return claim_template(
+        parse_request(text, "test"), name=kw.pop("name", "t"), network=kw.pop("network", "rdma-dra"), **kw
+    )
 
 
 def test_the_readme_request_becomes_one_request_per_interface() -> None:
@@ -249,11 +253,16 @@ def test_the_command_prints_the_template_and_refuses_what_the_annotation_refuses
     import io
 
     out = io.StringIO()
-    assert claim_command.main(["--name", "trainer", "--network", "rail-net", '[{"min_tx_rate": 100}]'], out) == 0
+    assert (
+        claim_command.main(["--name", "trainer", "--network", "rail-net", '[{"min_tx_rate": 100}]'], out) == 0
+    )
     doc = json.loads(out.getvalue())
     valid(doc)
     assert doc["metadata"]["name"] == "trainer"
-    assert "rail-net" in doc["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"]
+    assert (
+        "rail-net"
+        in doc["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"]
+    )
     assert "resourceClaimTemplateName: trainer" in capsys.readouterr().err
     out = io.StringIO()
     assert claim_command.main(['[{"min_tx_rate": 5, "max_tx_rate": 1}]'], out) == 1
@@ -306,10 +315,18 @@ def test_a_bad_configuration_is_code_101_naming_the_field(parameters: Any, says:
 
 def test_configurations_apply_class_first_then_claim_in_order() -> None:
     entries = [
-        {"source": "FromClaim", "requests": ["if0"], "opaque": {"driver": DRIVER, "parameters": good(max_tx_rate=3)}},
+        {
+            "source": "FromClaim",
+            "requests": ["if0"],
+            "opaque": {"driver": DRIVER, "parameters": good(max_tx_rate=3)},
+        },
         {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": good(max_tx_rate=1)}},
         {"source": "FromClaim", "opaque": {"driver": "other.example.com", "parameters": {"anything": True}}},
-        {"source": "FromClaim", "requests": ["if1/sub"], "opaque": {"driver": DRIVER, "parameters": good(name="x")}},
+        {
+            "source": "FromClaim",
+            "requests": ["if1/sub"],
+            "opaque": {"driver": DRIVER, "parameters": good(name="x")},
+        },
         {"source": "FromClaim", "requests": ["nothere"], "opaque": {"driver": DRIVER, "parameters": good()}},
     ]
     got = configs_of(entries, ["if0", "if1", "if2"], "claim")
@@ -317,10 +334,18 @@ def test_configurations_apply_class_first_then_claim_in_order() -> None:
     assert got["if1"].name == "x" and got["if1"].max_tx_rate == 0
     assert got["if2"].max_tx_rate == 1  # the class's, for every request
     assert configs_of(None, ["if0"], "claim") == {}
-    with pytest.raises(InvalidPodRequest, match=r"claim: config\[0\] \(FromClaim\): apiVersion: Field required; kind"):
-        configs_of([{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {"kind": "x"}}}], ["a"], "claim")
+    with pytest.raises(
+        InvalidPodRequest, match=r"claim: config\[0\] \(FromClaim\): apiVersion: Field required; kind"
+    ):
+        configs_of(
+            [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {"kind": "x"}}}],
+            ["a"],
+            "claim",
+        )
     with pytest.raises(InvalidPodRequest, match="expected a list"):
-        configs_of([{"requests": "if0", "opaque": {"driver": DRIVER, "parameters": good()}}], ["if0"], "claim")
+        configs_of(
+            [{"requests": "if0", "opaque": {"driver": DRIVER, "parameters": good()}}], ["if0"], "claim"
+        )
 
 
 @pytest.mark.parametrize(

@@ -244,15 +244,18 @@ class ControlPlane:
             client=self.pki.controller_manager,
         )
         # With --use-service-account-credentials=false every controller acts as
-        # system:kube-controller-manager, whose bootstrap role predates DRA: give it the DRA claim
-        # controller's own role, which the controller would have under its own service account.
-        self.kubectl(
-            "create",
-            "clusterrolebinding",
-            "tier-resource-claim-controller",
-            "--clusterrole=system:controller:resource-claim-controller",
-            "--user=system:kube-controller-manager",
-        )
+        # system:kube-controller-manager, whose bootstrap role lacks what two of them need: the DRA
+        # claim controller's (claims from templates) and the garbage collector's (deleting any
+        # object whose owner is gone, a Node's ResourceSlices among them), the roles each would
+        # have under its own service account.
+        for controller in ("resource-claim-controller", "generic-garbage-collector"):
+            self.kubectl(
+                "create",
+                "clusterrolebinding",
+                f"tier-{controller}",
+                f"--clusterrole=system:controller:{controller}",
+                "--user=system:kube-controller-manager",
+            )
         port = free_port()
         argv = [
             self.bins["kube-controller-manager"].path,
