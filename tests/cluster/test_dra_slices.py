@@ -1,4 +1,4 @@
-"""The node agent publishes its DRA networks' PFs as ResourceSlices on the real API server, and keeps them true.
+"""The node agent publishes its DRA networks' PFs as ResourceSlices on the real API server, kept true.
 
 One simulated node, its agent run with conf/daemonset.yaml's args and a token
 bound to its DaemonSet pod (so conf/dra.yaml's admission policy judges every

@@ -1,4 +1,4 @@
-"""The DRA path on the simulated node: what a network may promise, a claim proven and prepared, ADD applying it.
+"""The DRA path on the simulated node: what a network may promise, a claim proven and prepared, ADD.
 
 The preparer (agent/dra/prepare) reads claims shaped as the real kube-scheduler
 allocates them (tests/support/draclaims.py) from a stand-in client; the node
@@ -202,7 +202,8 @@ def test_two_claims_never_share_bandwidth_beyond_the_pf(cluster: Cluster) -> Non
     refused = s.prepare(second)
     assert refused.devices == []
     assert refused.error == (
-        f"rdma-cni: claim default/{second.name}: PF simpf0 has 10000 of 25000 Mbit/s unreserved, this claim was "
+        f"rdma-cni: claim default/{second.name}: PF simpf0 has 10000 of 25000 Mbit/s unreserved, "
+        "this claim was "
         "allocated 15000 there (the node changed since the allocation): nothing prepared"
     )
     assert os.listdir(os.path.join(s.view.state_dir, "prepared")) == before
@@ -347,7 +348,7 @@ def test_a_claim_allocated_anew_replaces_its_old_preparation(cluster: Cluster) -
     pod = cluster.pod()
     ref = s.claim(pod, [("if0", "simpf0", 20000)])
     assert s.prepare(ref).error == ""
-    # Deallocated and allocated again (its unprepare never came): the old one's room is not counted against it.
+    # Deallocated and allocated again (its unprepare never came): the old room is not counted against it.
     fresh = allocated_claim(
         ref.name, (pod_name(pod), uid_of(pod)), [("if0", NET, "simpf0", 25000)], uid=ref.uid
     )
