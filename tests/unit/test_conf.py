@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from rdma_cni.agent import cniserver
+from rdma_cni.agent.dra import kubelet
 from rdma_cni.agent.nri import plugin as nri_plugin
 from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, load_netconf
 from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
@@ -290,10 +291,19 @@ def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
             # The NRI plugin: the runtime's socket, and the pods' namespaces to prove their VFs.
             os.path.dirname(nri_plugin.DEFAULT_SOCKET),
             "/var/run/netns",
+            # The DRA kubelet plugin's registry and own directory (the installer's defaults).
+            kubelet.DEFAULT_REGISTRY_DIR,
+            kubelet.DEFAULT_PLUGIN_DIR,
         ]
     )
     for volume, host_path in host_paths.items():
         assert mounts[volume] == host_path
+    # The installer's defaults for them are the plugin's (written out there: install never loads grpc).
+    defaults = vars(install_command._parser().parse_args([]))
+    assert (defaults["kubelet_registry_dir"], defaults["kubelet_plugin_dir"]) == (
+        kubelet.DEFAULT_REGISTRY_DIR,
+        kubelet.DEFAULT_PLUGIN_DIR,
+    )
     # The lock directory holds the node lock, the shim's socket and its DEL spool.
     assert os.path.dirname(DEFAULT_LOCK_FILE) == os.path.dirname(os.path.dirname(cniserver.DEFAULT_SOCKET))
     read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}

@@ -339,4 +339,5 @@ def test_one_cluster_role_per_component() -> None:
                 assert key not in defined, f"{key} in {defined.get(key)} and {path.name}"
                 defined[key] = path.name
     roles = sorted(k.split("/", 1)[1] for k in defined if k.startswith("ClusterRole/"))
-    assert roles == ["rdma-cni", "rdma-cni-scheduler-extender"]  # the agent, the extender
+    # the agent, its DRA rights (conf/dra.yaml, applied only with DRA networks), the extender
+    assert roles == ["rdma-cni", "rdma-cni-dra", "rdma-cni-scheduler-extender"]
