@@ -365,9 +365,9 @@ def test_a_failed_write_leaves_the_node_as_it_was(cluster: Cluster, monkeypatch:
     def full(self: PreparedStore, prep: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(PreparedStore, "write", full)
-    assert s.prepare(ref).error == f"rdma-cni: claim default/{ref.name}: No space left on device"
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:
+        patch.setattr(PreparedStore, "write", full)
+        assert s.prepare(ref).error == f"rdma-cni: claim default/{ref.name}: No space left on device"
     assert s.preparations() == []
 
 
@@ -406,3 +406,67 @@ def test_an_unreadable_preparation_stops_every_add_of_its_state_dir(cluster: Clu
         json.dump({"schema": 1, "claim_uid": "x"}, f)
     out = cluster.run("ADD", cluster.pod([{}]), cluster.conf())
     assert out.doc["code"] == 5 and "DRA preparation" in out.doc["msg"] and "is corrupt" in out.doc["msg"]
+
+
+def test_what_kubelet_or_the_allocation_could_send_that_is_no_claim(cluster: Cluster) -> None:
+    s = Setup(cluster)
+    bogus = ClaimRef("default", "../etc", "x")
+    assert "'../etc' is not a claim uid" in s.prepare(bogus).error
+    assert "is not a claim uid" in s.preparer.unprepare([bogus])[bogus.uid]
+    ref = s.claim(cluster.pod(), [("if0", "simpf0", 0)])
+    doc = claim_doc(s, ref)
+    results = doc["status"]["allocation"]["devices"]["results"]
+    results[0]["consumedCapacity"] = "15k"
+    assert "consumedCapacity is not an object" in s.prepare(ref).error
+    doc["status"]["allocation"]["devices"]["results"] = results * 33
+    assert "33 devices of rdma-cni.io allocated; a pod may have at most 32" in s.prepare(ref).error
+    assert s.preparations() == []
+
+
+def test_a_claim_over_two_state_directories_is_written_whole_or_not_at_all(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two DRA networks with state directories of their own: one preparation in each, or none.
+    first = view(cluster, pfs=("simpf0",))
+    other_dir = os.path.join(cluster.tmp, "state-b")
+    second = view(cluster, name="rdma-dra-b", pfs=("simpf1",), state_dir=other_dir)
+    api = ClaimApi()
+    preparer = Preparer([first, second], NODE, lambda: api)  # type: ignore[arg-type,return-value]
+    pod = cluster.pod()
+    doc = allocated_claim(
+        "two",
+        (pod_name(pod), uid_of(pod)),
+        [("if0", NET, "simpf0", 1000), ("if1", "rdma-dra-b", "simpf1", 1000)],
+    )
+    api.add(doc)
+    ref = ClaimRef("default", doc["metadata"]["uid"], "two")
+    writes = []
+    real = PreparedStore.write
+
+    def second_fails(self: PreparedStore, prep: Any) -> None:
+        writes.append(self.state_dir)
+        if len(writes) == 2:
+            raise OSError(28, "No space left on device")
+        real(self, prep)
+
+    with monkeypatch.context() as patch:  # not undo(): the fixture's environment is the same monkeypatch
+        patch.setattr(PreparedStore, "write", second_fails)
+        assert "No space left on device" in preparer.prepare([ref])[ref.uid].error
+    assert PreparedStore(first.state_dir).all() == [] and PreparedStore(other_dir).all() == []
+    done = preparer.prepare([ref])[ref.uid]
+    assert done.error == "" and len(done.devices) == 2
+    assert [len(PreparedStore(d).all()) for d in (first.state_dir, other_dir)] == [1, 1]
+    assert preparer.unprepare([ref]) == {ref.uid: ""}
+    assert PreparedStore(first.state_dir).all() == [] and PreparedStore(other_dir).all() == []
+
+
+def test_a_corrupt_record_still_lets_the_devices_be_read(cluster: Cluster) -> None:
+    s = Setup(cluster)
+    attachments = os.path.join(s.view.state_dir, "attachments")
+    os.makedirs(attachments, mode=0o700, exist_ok=True)
+    os.chmod(s.view.state_dir, 0o700)
+    with open(os.path.join(attachments, "ctr9@net1.json"), "w") as f:
+        f.write("{corrupt")
+    # Its VFs are unknown; one still in a pod would not be proven home. Here all are home: all count.
+    devices = {d.pf: d for d in read_devices([s.view])}
+    assert devices["simpf0"].vfs == 4
