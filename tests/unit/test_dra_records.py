@@ -135,7 +135,7 @@ def test_an_unreadable_preparation_is_code_5_for_every_reader(tmp_path: Path) ->
     other = "8e429df2-3685-44e6-88ec-31a0f2e3d8c7"
     with open(os.path.join(store.dir, f"{other}.json"), "w") as f:
         f.write(prep(vf()).to_json())
-    with pytest.raises(IOFailure, match="names claim .* not its file's"):
+    with pytest.raises(IOFailure, match=r"names claim .* not its file's"):
         store.all()
 
 
