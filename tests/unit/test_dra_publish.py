@@ -222,3 +222,17 @@ def test_quantities_compare_by_value() -> None:
     assert normal(c) != normal(b)
     # What is not a device is compared as it is (a slice someone else wrote).
     assert normal([{"capacity": "junk"}, "junk"]) == ["junk", {"capacity": "junk"}]
+
+
+def test_a_reading_back_to_the_published_one_cancels_the_pending_one(api: FakeApi) -> None:
+    p = publisher(api)
+    p.offer([dev("p0")])
+    assert p.step()
+    p.offer([dev("p0", vfs=1)])  # a VF taken...
+    p.offer([dev("p0")])  # ...and given back before the next step: nothing to write
+    api.calls.clear()
+    assert p.step() is False and api.calls == []
+    assert (
+        api.slices
+        and next(iter(api.slices.values()))["spec"]["devices"][0]["capacity"]["vfs"]["value"] == "4"
+    )

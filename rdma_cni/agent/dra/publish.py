@@ -108,8 +108,8 @@ class SlicePublisher:
     def offer(self, devices: Sequence[DraDevice]) -> None:
         """A fresh reading of the node's DRA devices; published by the next :meth:`step` if it differs."""
         devices = list(devices)
-        if devices != self._current:
-            self._pending = devices
+        # Back to what was published: nothing is pending any more (an older reading must not be).
+        self._pending = None if devices == self._current else devices
 
     def step(self) -> bool:
         """Bring the API server's slices to the latest reading if its time has come; True when written."""
