@@ -213,3 +213,28 @@ def test_kubelet_dials_the_registration_socket_by_its_path(
     ) as channel:
         answer = channel.unary_unary(REGISTRATION + "GetInfo")(b"", timeout=5)
     assert reg_pb.PluginInfo.FromString(answer).name == DRIVER
+
+
+def test_the_recorder_forwards_and_keeps_every_call(plugin: tuple[KubeletPlugin, FakePreparer]) -> None:
+    # What the node tier puts between the real kubelet and the agent to record kubelet's calls.
+    from tests.support.drawire import Recorder
+
+    served, _ = plugin
+    base = Path(served.endpoint).parent.parent.parent
+    listen = {"registration": str(base / "rec-reg.sock"), "dra": str(base / "rec-dra.sock")}
+    recorder = Recorder(listen, sockets(served))
+    recorder.start()
+    try:
+        _, calls = load(str(WIRE))
+        direct = replay(calls, sockets(served))
+        through = replay(calls, listen)
+    finally:
+        recorder.stop()
+    assert [code for code, _ in through] == ["OK"] * 4
+    assert through[0] == direct[0]  # the same plugin, the same answers
+    assert [(c.socket, c.method, c.request) for c in recorder.calls] == [
+        (c.socket, c.method, c.request) for c in calls
+    ]
+    assert all(c.answer is not None for c in recorder.calls)
+    saved = recorder.to_json("test")
+    assert '"source": "test"' in saved and saved.count('"method"') == 4
