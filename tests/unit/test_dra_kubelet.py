@@ -171,6 +171,8 @@ def test_a_dead_agents_sockets_are_removed_a_live_ones_kept() -> None:
     dead = registry / f"{DRIVER}-deadbeef-reg.sock"
     live = registry / f"{DRIVER}-0badcafe-reg.sock"
     stranger = registry / "other.example.com-reg.sock"
+    not_a_socket = registry / f"{DRIVER}-notsock-reg.sock"
+    not_a_socket.write_text("a file that is no socket: never ours to remove")
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(live))
     listener.listen()
@@ -181,7 +183,7 @@ def test_a_dead_agents_sockets_are_removed_a_live_ones_kept() -> None:
     served = KubeletPlugin(FakePreparer(), registry_dir=str(registry), plugin_dir=str(base / "p"))  # type: ignore[arg-type]
     served.start()
     try:
-        assert not dead.exists() and live.exists() and stranger.exists()
+        assert not dead.exists() and live.exists() and stranger.exists() and not_a_socket.exists()
     finally:
         served.stop(0)
         listener.close()
