@@ -102,6 +102,9 @@ class Result:
     seconds: float = 0.0
     over_committed: list[str] = field(default_factory=list)
     nodes_used: int = 0
+    placed_gbps: float = 0.0  # in order: the bound pods' min_tx_rate, summed (Gbit/s)
+    # in order: Pending pods by their largest interface (Mbit/s) -> count
+    pending_by_size: dict[int, int] = field(default_factory=dict)
 
 
 class DecisionWatch(BindWatch):
@@ -335,6 +338,10 @@ def run_path(
     else:
         result.over_committed = extender_over_commit(bound, stream, nodes)
     result.nodes_used = len(set(bound.values()))
+    result.placed_gbps = sum(sum(stream[int(p.split("-")[1])]) for p in bound) / 1000
+    for i, shape in enumerate(stream):
+        if f"p-{i:05d}" not in bound:
+            result.pending_by_size[max(shape)] = result.pending_by_size.get(max(shape), 0) + 1
     _clean(api, namespace)
     print(
         f"{path}{tag}: in order, {result.bound} bound, first rejection at {result.before_first_rejection}",
@@ -439,13 +446,15 @@ def _exists(api: Api, path: str) -> bool:
 def table(results: list[Result]) -> str:
     rows = [
         "| path | nodes | pods | in order: placed before the first rejection | in order: bound / Pending | "
-        "queued: bound / Pending | queued: pods/s | nodes used | over-committed |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "in order: Gbit/s placed | in order: Pending by largest interface (Mbit/s: pods) | "
+        "queued: bound / Pending | queued: pods/s | over-committed |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |",
     ]
     for r in results:
+        sizes = ", ".join(f"{size}: {n}" for size, n in sorted(r.pending_by_size.items()))
         rows.append(
             f"| {r.path} | {r.nodes} | {r.pods} | {r.before_first_rejection} | {r.bound} / {r.pending} | "
-            f"{r.queued_bound} / {r.queued_pending} | {r.rate:.1f} | {r.nodes_used} | "
+            f"{r.placed_gbps:,.0f} | {sizes or '-'} | {r.queued_bound} / {r.queued_pending} | {r.rate:.1f} | "
             f"{'; '.join(r.over_committed) or 'none'} |"
         )
     return "\n".join(rows)
