@@ -27,7 +27,7 @@ RUNTIME_PACKAGES := podman runc conmon containerd
 DEB_PACKAGES     := $(DEMO_PACKAGES) $(RUNTIME_PACKAGES) openssl strace \
 	debootstrap busybox-static cpio xz-utils zstd golang-go golang-github-appc-cni-dev
 
-.PHONY: all deps deps-check venv proto build cnitool demo test unit integration e2e runtime faults oldroot components cluster bench lint clean
+.PHONY: all deps deps-check venv proto build cnitool demo test unit integration e2e runtime faults oldroot components node-components cluster node bench lint clean
 
 all: build
 
@@ -135,6 +135,17 @@ components:  ## etcd, kube-apiserver, kube-controller-manager, kube-scheduler, k
 # rdma-scheduler from conf/ with the built extender.
 cluster: build components
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/cluster
+
+# The node's real parts, built the same way into the same cache: kubelet (the
+# control plane's Kubernetes), containerd 2.x with its runc shim and ctr, Multus'
+# thick and thin plugins, crictl, and Kubernetes' pause (a no-op when built).
+node-components:  ## kubelet, containerd 2.x, Multus, crictl, pause
+	bash scripts/build_components.sh --node
+
+# The node tier: kubelet and containerd 2.x on the simulated node, registered with
+# the control plane; Multus from its own manifest, conf/daemonset.yaml as shipped.
+node: build components node-components
+	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/node
 
 bench: build
 	$(BIN)/python benchmarks/startup_bench.py --binary $(BINARY)

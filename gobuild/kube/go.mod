@@ -1,8 +1,9 @@
 // Builds kube-apiserver, kube-controller-manager, kube-scheduler and kubectl
 // from the published k8s.io/kubernetes module for the cluster test tier
-// (scripts/build_components.sh). k8s.io/kubernetes names its staging modules
-// at v0.0.0 and replaces them with local paths, which Go ignores in a
-// dependency: each is pinned here to the tag published with v1.37.2.
+// (scripts/build_components.sh), and kubelet for the node tier (its --node).
+// k8s.io/kubernetes names its staging modules at v0.0.0 and replaces them with
+// local paths, which Go ignores in a dependency: each is pinned here to the
+// tag published with v1.37.2.
 module rdma-cni.io/gobuild/kube
 
 go 1.26.0
@@ -14,6 +15,7 @@ require (
 	github.com/JeffAshton/win_pdh v0.0.0-20161109143554-76bb4ee9f0ab // indirect
 	github.com/MakeNowJust/heredoc v1.0.0 // indirect
 	github.com/Microsoft/go-winio v0.6.2 // indirect
+	github.com/Microsoft/hnslib v0.1.3 // indirect
 	github.com/NYTimes/gziphandler v1.1.1 // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -107,6 +109,7 @@ require (
 	go.etcd.io/etcd/client/pkg/v3 v3.7.0 // indirect
 	go.etcd.io/etcd/client/v3 v3.7.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/contrib/instrumentation/github.com/emicklei/go-restful/otelrestful v0.69.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.68.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.69.0 // indirect
 	go.opentelemetry.io/otel v1.44.0 // indirect
@@ -151,6 +154,7 @@ require (
 	k8s.io/controller-manager v0.37.2 // indirect
 	k8s.io/cri-api v0.37.2 // indirect
 	k8s.io/cri-client v0.0.0 // indirect
+	k8s.io/cri-streaming v0.0.0 // indirect
 	k8s.io/csi-translation-lib v0.0.0 // indirect
 	k8s.io/dynamic-resource-allocation v0.37.2 // indirect
 	k8s.io/endpointslice v0.0.0 // indirect
@@ -223,3 +227,5 @@ tool k8s.io/kubernetes/cmd/kube-controller-manager
 tool k8s.io/kubernetes/cmd/kube-scheduler
 
 tool k8s.io/kubernetes/cmd/kubectl
+
+tool k8s.io/kubernetes/cmd/kubelet

@@ -201,6 +201,9 @@ def start_nri(
         state_file=state_path(views[0].lock_file) if views else None,
         lock_file=state_path(views[0].lock_file) + ".lock" if views else None,
     )
+    from rdma_cni.agent import metrics
+
+    metrics.watch_nri(plugin)  # rdma_cni_agent_nri_registered, for the alert on pods without devices
 
     # Like run_agent: a bug is logged and the plugin resumes; container creation never waits on it.
     thread = threading.Thread(

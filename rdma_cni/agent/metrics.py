@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from rdma_cni.httpd import exporter
 
-__all__ = ["REGISTRY", "api_error", "publish_done", "serve", "watch"]
+__all__ = ["REGISTRY", "api_error", "publish_done", "serve", "watch", "watch_nri"]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -120,8 +120,36 @@ class _ServingCollector(Collector):
         yield family
 
 
+class _NriCollector(Collector):
+    """Whether the agent's NRI plugin is registered with the runtime (it gives pods their RDMA devices).
+
+    ``rdma_cni_agent_serving{part="nri"}`` says only that this agent, not another on the node, may
+    register; this says it did. 0 while the runtime has no NRI socket, is restarting, or refused the
+    plugin: pods created meanwhile get no ``/dev/infiniband`` from rdma-cni. Absent when NRI is off
+    (``--nri-socket=``): nothing is expected then.
+    """
+
+    def __init__(self, plugin: Any) -> None:
+        self.plugin = plugin
+
+    def collect(self) -> Iterator[Any]:
+        from rdma_cni.node.nristate import REGISTERED
+
+        yield GaugeMetricFamily(
+            "rdma_cni_agent_nri_registered",
+            "1 while the agent's NRI plugin is registered with the container runtime, 0 otherwise",
+            value=1.0 if self.plugin.state == REGISTERED else 0.0,
+        )
+
+
 REGISTRY.register(_ServingCollector())
 _SLOT = exporter.CollectorSlot(REGISTRY)
+_NRI_SLOT = exporter.CollectorSlot(REGISTRY)
+
+
+def watch_nri(plugin: Any) -> None:
+    """Report whether ``plugin`` (an :class:`rdma_cni.agent.nri.plugin.NriPlugin`) is registered."""
+    _NRI_SLOT.watch(_NriCollector(plugin))
 
 
 def watch(publisher: Any) -> None:

@@ -47,6 +47,9 @@ Operator subcommands:
                                                   the DRA ResourceClaimTemplate for an annotation's request
   rdma-cni scheduler-extender --listen ADDR:PORT [options]
                                                   kube-scheduler extender (see docs/scheduling.md)
+  rdma-cni scheduler-config --merge FILE --url URL --ca F --client-cert F --client-key F [--output F]
+                                                  the control plane's kube-scheduler configuration with the
+                                                  extender merged in (--remove: taken out; docs/deploy.md)
   rdma-cni cni-server [--socket PATH] [--plugin PATH]
                                                   run the verbs the host's shim hands over (docs/deploy.md)
   rdma-cni release-previous-boot [--state-dir DIR] [--lock-file FILE]
@@ -174,6 +177,8 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         from rdma_cni.cli.claim import main as run_subcommand
     elif name == "scheduler-extender":
         from rdma_cni.extender.main import main as run_subcommand
+    elif name == "scheduler-config":
+        from rdma_cni.extender.schedconfig import main as run_subcommand
     elif name == "cni-server":
         from rdma_cni.agent.cniserver import main as run_server
 

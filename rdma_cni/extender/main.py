@@ -17,6 +17,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
+from rdma_cni.extender.certs import ServingTls, TlsFilesError
 from rdma_cni.extender.listener import UnauthenticatedListener, check_listener
 from rdma_cni.extender.options import settings
 from rdma_cni.extender.service import MetricsListenError, Service
@@ -42,9 +43,10 @@ def main(argv: list[str], out: TextIO) -> int:
     _set_log_level(args.log_level.upper())
     try:
         _check_options(args)
-        tls = _server_tls(args)
+        serving_tls = _server_tls(args)
+        tls = serving_tls.context if serving_tls is not None else None
         client = _api_client(args.kubeconfig)
-        service = _service(args, tls, client)
+        service = _service(args, serving_tls, client)
     except _Exit as exc:
         sys.stderr.write(f"{PROG}: {exc.message}\n")
         return exc.code
@@ -86,22 +88,16 @@ def _check_options(args: Settings) -> None:
             raise _Exit(2, str(exc)) from None
 
 
-def _server_tls(args: Settings) -> ssl.SSLContext | None:
-    """The server's TLS context (None: plain HTTP), requiring client certificates with --client-ca."""
+def _server_tls(args: Settings) -> ServingTls | None:
+    """The server's TLS files (None: plain HTTP), requiring client certificates with --client-ca;
+    re-read when they change (a rotated Secret), so that a rotation needs no restart."""
     if not args.tls_cert:
         return None
-    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    assert args.tls_key is not None  # _check_options: they go together
     try:
-        tls.load_cert_chain(args.tls_cert, args.tls_key)
-    except (OSError, ssl.SSLError) as exc:
-        raise _Exit(1, f"cannot load --tls-cert/--tls-key: {exc}") from None
-    if args.client_ca:
-        try:
-            tls.load_verify_locations(cafile=args.client_ca)
-        except (OSError, ssl.SSLError) as exc:
-            raise _Exit(1, f"cannot load --client-ca: {exc}") from None
-        tls.verify_mode = ssl.CERT_REQUIRED
-    return tls
+        return ServingTls(args.tls_cert, args.tls_key, args.client_ca)
+    except TlsFilesError as exc:
+        raise _Exit(1, str(exc)) from None
 
 
 def _api_client(kubeconfig: str | None) -> Any:
@@ -114,7 +110,7 @@ def _api_client(kubeconfig: str | None) -> Any:
         raise _Exit(1, exc.msg) from None
 
 
-def _service(args: Settings, tls: ssl.SSLContext | None, client: Any) -> Service:
+def _service(args: Settings, serving_tls: ServingTls | None, client: Any) -> Service:
     """The service, its listeners bound; :class:`_Exit` when one cannot be."""
     from rdma_cni.kube.events import EventSink
 
@@ -122,7 +118,7 @@ def _service(args: Settings, tls: ssl.SSLContext | None, client: Any) -> Service
         return Service(
             client,
             args,
-            tls=tls,
+            serving_tls=serving_tls,
             events=EventSink(client.post, "rdma-cni-extender") if args.events else None,
         )
     except UnauthenticatedListener as exc:  # a host name that resolved to a non-loopback address

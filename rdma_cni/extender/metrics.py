@@ -169,6 +169,37 @@ class _ServiceCollector(Collector):
             "1 once the node cache is synced and reservations rebuilt",
             value=1.0 if service.extender.ready.is_set() else 0.0,
         )
+        yield from _certificates(service.serving_tls)
+
+
+def _certificates(tls: Any) -> Iterator[Any]:
+    """The expiry of each certificate the mutual-TLS extender depends on, and how its reloads went
+    (extender/certs.py); nothing without TLS (the sidecar on loopback has no certificate)."""
+    if tls is None:
+        return
+    expiry = GaugeMetricFamily(
+        "rdma_cni_extender_certificate_expiry_timestamp_seconds",
+        "Unix time at which a certificate ends: serving (this extender's, as served), client_ca (the "
+        "earliest of --client-ca), client (the one kube-scheduler last presented)",
+        labels=["certificate"],
+    )
+    for name, seconds in sorted(tls.expiry.items()):
+        expiry.add_metric([name], seconds)
+    yield expiry
+    reloads = CounterMetricFamily(
+        "rdma_cni_extender_certificate_reloads",
+        "Reloads of the TLS files after they changed, by outcome (loaded, failed: the previous "
+        "certificate is still served)",
+        labels=["outcome"],
+    )
+    for outcome, count in sorted(tls.reloads.items()):
+        reloads.add_metric([outcome], count)
+    yield reloads
+    yield GaugeMetricFamily(
+        "rdma_cni_extender_certificate_reload_failed",
+        "1 while the TLS files changed but do not load: the previous certificate is still served",
+        value=1.0 if tls.failing else 0.0,
+    )
 
 
 _SLOT = exporter.CollectorSlot(REGISTRY)

@@ -11,6 +11,7 @@ document, never a 500, so kube-scheduler shows a reason in the pod's events.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import select
@@ -120,8 +121,13 @@ class _Handler(BoundedHandler):
 
     def check_peer(self) -> None:
         server = self.server
+        if server.peer_seen is not None or server.client_names:
+            cert = self.request.getpeercert() or {}
+            if server.peer_seen is not None and cert.get("notAfter"):
+                with contextlib.suppress(ValueError):
+                    server.peer_seen(float(ssl.cert_time_to_seconds(cert["notAfter"])))
         if server.client_names:
-            names = peer_names(self.request.getpeercert() or {})
+            names = peer_names(cert)
             if not names & server.client_names:
                 log.warning(
                     "%s: client certificate names %s, none of --client-name: connection closed",
@@ -295,6 +301,8 @@ class ExtenderServer(BoundedServer):
         idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self.extender = extender
+        # Told the notAfter of each verified client certificate (extender/certs.py, for the metric).
+        self.peer_seen: Callable[[float], None] | None = None
         self.verbs: dict[str, Callable[[Any, Callable[[], bool]], Any]] = (
             {} if probes_only else extender.routes()
         )

@@ -18,6 +18,7 @@ from typing import Any
 
 from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender.cache import NodeCache
+from rdma_cni.extender.certs import ServingTls
 from rdma_cni.extender.decide import Decider
 from rdma_cni.extender.demand import Demand, Demands
 from rdma_cni.extender.podwatch import PodWatch
@@ -106,12 +107,17 @@ class Service:
         settings: Settings | None = None,
         *,
         tls: ssl.SSLContext | None = None,
+        serving_tls: ServingTls | None = None,
         events: Any = None,
         **overrides: Any,
     ) -> None:
         """Wire the parts for ``settings`` (handed down whole); ``overrides`` replace some of its fields
-        (tests), ``tls`` is the server's context and ``events`` an EventSink (or None)."""
+        (tests), ``tls`` is the server's context, or ``serving_tls`` its files (re-read when they
+        change), and ``events`` an EventSink (or None)."""
         settings = replace(settings or Settings(), **overrides)
+        self.serving_tls = serving_tls
+        if serving_tls is not None:
+            tls = serving_tls.context
         self.settings = settings
         self.client = client
         self.decider = Decider(settings=settings)
@@ -148,6 +154,9 @@ class Service:
             settings.client_names,
             max_connections=settings.max_connections,
         )
+        if serving_tls is not None:
+            # The expiry of kube-scheduler's client certificate, for the metric: seen at each handshake.
+            self.server.peer_seen = serving_tls.seen_client
         self.probe_server: ExtenderServer | None = None
         if settings.probe_listen is not None:
             try:
@@ -279,13 +288,27 @@ class Service:
             return
 
     def _housekeeping(self) -> None:
-        """End reservations by TTL, and those whose pod is gone (checked less often: API calls)."""
-        last_check = time.monotonic()
+        """End reservations by TTL, and those whose pod is gone (checked less often: API calls); serve
+        a rotated certificate once its files change."""
+        last_check = last_tls = time.monotonic()
         while not self.stopping.wait(self.sweep_interval):
             self.reservations.expire()
             if time.monotonic() - last_check >= self.pod_check_interval:
                 last_check = time.monotonic()
                 self.check_pods()
+            if (
+                self.serving_tls is not None
+                and time.monotonic() - last_tls >= self.settings.tls_check_interval
+            ):
+                last_tls = time.monotonic()
+                self.check_tls()
+
+    def check_tls(self) -> bool:
+        """Reload the TLS files if they changed; the next connection gets the new context (True)."""
+        if self.serving_tls is None or not self.serving_tls.check():
+            return False
+        self.server.tls = self.serving_tls.context
+        return True
 
     def check_pods(self) -> None:
         """End the reservations of pods deleted, replaced (other uid) or finished, that no pod watch

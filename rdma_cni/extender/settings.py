@@ -225,6 +225,8 @@ class Settings:
     # Not options: the service's housekeeping periods and the API's retry backoff (tests shorten them),
     # and whether pod watches end reservations (tests of the pod reads turn them off).
     sweep_interval: float = internal(1.0)
+    # How often the TLS files are looked at for a rotated certificate (a stat each; extender/certs.py).
+    tls_check_interval: float = internal(10.0)
     pod_check_interval: float = internal(10.0)
     pod_watch: bool = internal(True)
     backoff: tuple[float, float] = internal((0.2, 10.0))

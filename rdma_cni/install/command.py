@@ -482,7 +482,14 @@ def _start_agent(
     thread = threading.Thread(target=run_agent, args=(agent, stop), name="node-agent", daemon=True)
     thread.start()
     say(out, f"publishing node state on node {node_name} ({len(agent.views)} network(s))")
-    start_nri(agent.all_views, args.nri_socket, args.memlock, stop)
+    from rdma_cni.agent.nri.plugin import grantable_memlock
+
+    # What the runtime can grant on this host, not only what was asked: a raise it cannot make
+    # fails the container (grantable_memlock).
+    memlock, why = grantable_memlock(args.memlock)
+    if why:
+        say(out, f"NRI: {why}")
+    start_nri(agent.all_views, args.nri_socket, memlock, stop)
     if agent.dra is not None:
         try:
             start_dra(agent, stop)

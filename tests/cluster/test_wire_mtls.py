@@ -16,7 +16,6 @@ one of another CA, or with one of the right CA but another name gets no answer.
 from __future__ import annotations
 
 import http.client
-import json
 import os
 import socket
 import ssl
@@ -24,19 +23,27 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from rdma_cni.agent import capacity
 from rdma_cni.shared import nodestate
 from tests.cluster.conftest import failed_scheduling, unique, wait_for_service_account
 from tests.support import sched_objects as so
 from tests.support.apiserver import make_ca, make_cert
 from tests.support.kube.controlplane import REPO, ControlPlane
-from tests.support.kube.mtlsscheduler import MtlsScheduler, run_docs_steps, start_mtls_scheduler
-from tests.support.kube.objects import client_for_token, create, create_node, pod_doc
+from tests.support.kube.mtlsscheduler import (
+    DefaultScheduler,
+    MtlsExtender,
+    Operator,
+    ServiceRelays,
+    docs_blocks,
+)
+from tests.support.kube.mtlsscheduler import advertise as agent_advertise
+from tests.support.kube.mtlsscheduler import rdma_pod as declaring_pod
+from tests.support.kube.objects import create, create_node, pod_doc
 from tests.support.waiting import wait_for
 
 SERVICE_NAME = "rdma-cni-scheduler-extender.kube-system.svc"
@@ -45,9 +52,29 @@ ANNOTATION = "rdma_interfaces_required"
 
 
 @dataclass
+class Pair:
+    """The running pair, as the old fixture named its parts."""
+
+    extender: MtlsExtender
+    scheduler: DefaultScheduler
+
+    @property
+    def extender_port(self) -> int:
+        return self.extender.port
+
+    @property
+    def metrics_port(self) -> int:
+        return self.extender.ports["--metrics-listen"]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.scheduler.config
+
+
+@dataclass
 class Mtls:
     cp: ControlPlane
-    rs: MtlsScheduler
+    rs: Pair
     certs: Path
     namespace: str
 
@@ -56,22 +83,34 @@ class Mtls:
 def mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mtls]:
     root = tmp_path_factory.mktemp("mtls")
     cp = ControlPlane(str(root / "cluster"), default_scheduler=False)
-    rs = None
+    relays = extender = scheduler = None
     try:
         cp.start()
-        certs = Path(run_docs_steps(cp, str(root / "operator")))
-        rs = start_mtls_scheduler(cp, str(root / "operator"))
+        operator = Operator(cp, root / "operator")
+        operator.prepare()
+        openssl, extender_side, scheduler_side, _renewal = docs_blocks()
+        for block in (openssl, extender_side, scheduler_side):
+            operator.run(block)
+        extender = MtlsExtender(cp, root / "operator")
+        extender.start()
+        relays = ServiceRelays(cp, extender.port)
+        scheduler = DefaultScheduler(cp, operator, relays)
+        scheduler.start()
         namespace = unique("mtls")
         cp.kubectl("create", "namespace", namespace)
         wait_for_service_account(cp, namespace, "default")
-        yield Mtls(cp, rs, certs, namespace)
+        yield Mtls(cp, Pair(extender, scheduler), operator.certs, namespace)
     finally:
-        if rs is not None:
-            rs.stop()
+        if scheduler is not None:
+            scheduler.stop()
+        if extender is not None:
+            extender.stop()
+        if relays is not None:
+            relays.close()
         cp.stop()
 
 
-def calls(rs: MtlsScheduler) -> dict[str, float]:
+def calls(rs: Pair) -> dict[str, float]:
     """Requests the extender answered, by verb (its /metrics)."""
     conn = http.client.HTTPConnection("127.0.0.1", rs.metrics_port, timeout=10)
     conn.request("GET", "/metrics")
@@ -86,31 +125,12 @@ def calls(rs: MtlsScheduler) -> dict[str, float]:
 
 def rdma_pod(m: Mtls, name: str, request: list[dict[str, int]], on_node: str | None = None) -> None:
     """An RDMA pod of the default scheduler that declares its request as conf/pod.yaml does."""
-    annotations = {"k8s.v1.cni.cncf.io/networks": "default/rdma-net", ANNOTATION: json.dumps(request)}
-    doc = pod_doc(m.namespace, name, annotations=annotations, on_node=on_node)
-    # What makes kube-scheduler ask the extender (managedResources), and what it counts itself:
-    # one VF per interface and the sum of min_tx_rate, exactly (the extender refuses other sums).
-    declared = {VFS: str(len(request)), BANDWIDTH: str(sum(i.get("min_tx_rate", 0) for i in request))}
-    resources = doc["spec"]["containers"][0]["resources"]
-    resources["requests"].update(declared)
-    resources["limits"] = dict(declared)  # extended resources: limits equal to requests
-    create(m.cp, doc)
+    declaring_pod(m.cp, m.namespace, name, request, on_node)
 
 
 def advertise(m: Mtls, node: str, state: nodestate.NodeState) -> None:
-    """The node's agent advertises ``state``'s RDMA resources in the Node's status.
-
-    The agent's own code (agent/capacity), with a token bound to a pod on the node as the
-    DaemonSet's is, so through conf/rbac.yaml's RBAC and admission policy (the docs' steps
-    applied it).
-    """
-    pod = unique("rdma-cni-agent")
-    create(m.cp, pod_doc("kube-system", pod, node=node, account="rdma-cni"))
-    token = m.cp.token("kube-system", "rdma-cni", "--bound-object-kind=Pod", f"--bound-object-name={pod}")
-    with client_for_token(m.cp, token, f"agent-{node}") as client:
-        advertiser = capacity.Advertiser(lambda: client, node)
-        assert advertiser.advertise(state), advertiser.last_error
-    m.cp.kubectl("delete", "pod", pod, "-n", "kube-system", "--wait=false")
+    """The node's agent advertises ``state``'s RDMA resources (conf/rbac.yaml's RBAC and policy)."""
+    agent_advertise(m.cp, node, state, unique("agent"))
 
 
 def node_of(m: Mtls, pod: str) -> str | None:
@@ -203,7 +223,7 @@ def test_a_pod_without_the_resource_is_scheduled_without_the_extender(mtls: Mtls
     }
 
 
-def _watched(rs: MtlsScheduler) -> float:
+def _watched(rs: Pair) -> float:
     conn = http.client.HTTPConnection("127.0.0.1", rs.metrics_port, timeout=10)
     conn.request("GET", "/metrics")
     for family in text_string_to_metric_families(conn.getresponse().read().decode()):
@@ -269,7 +289,8 @@ def test_clients_without_kube_schedulers_certificate_are_refused_at_the_tls_laye
     right_ca = (str(m.certs / "client-ca.crt"), str(m.certs / "client-ca.key"))
     wrong = _call(port, serving_ca, _client_cert(tmp_path, right_ca, "kubelet", "system:node:worker-1"))
     assert wrong == "closed: b''", wrong
-    log = Path(m.rs.extender.log).read_text()
+    assert m.rs.extender.component is not None
+    log = Path(m.rs.extender.component.log).read_text()
     assert "client certificate names ['system:node:worker-1'], none of --client-name" in log
 
 
@@ -282,5 +303,9 @@ def test_the_docs_steps_made_what_the_manifests_mount(mtls: Mtls) -> None:
         check=True,
     ).stdout
     assert f"DNS:{SERVICE_NAME}" in text
-    assert mtls.rs.config["extenders"][0]["tlsConfig"]["serverName"] == SERVICE_NAME
-    assert os.stat(mtls.rs.config["extenders"][0]["tlsConfig"]["keyFile"]).st_mode & 0o077 == 0
+    tls = mtls.rs.config["extenders"][0]["tlsConfig"]
+    assert tls["serverName"] == SERVICE_NAME
+    # kube-scheduler reads no file of ours: its credentials are inline, and the file is 0600.
+    assert set(tls) == {"serverName", "caData", "certData", "keyData"}
+    written = mtls.certs.parent / "etc" / "kubernetes" / "kube-scheduler-config.yaml"
+    assert os.stat(written).st_mode & 0o077 == 0

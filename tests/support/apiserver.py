@@ -209,6 +209,60 @@ def make_cert(
     return paths
 
 
+_CA_CNF = """\
+[ca]
+default_ca = tier
+
+[tier]
+database = index.txt
+new_certs_dir = .
+serial = serial
+default_md = sha256
+policy = anything
+unique_subject = no
+
+[anything]
+commonName = supplied
+"""
+
+
+def make_cert_dated(
+    directory: str,
+    ca: tuple[str, str],
+    stem: str,
+    subject: str,
+    *,
+    client: bool,
+    start: str,
+    end: str,
+    sans: str = "",
+) -> tuple[str, str]:
+    """As :func:`make_cert`, valid from ``start`` to ``end`` (``YYYYMMDDHHMMSSZ``, UTC): an expired
+    certificate, or one that expires soon. ``openssl x509 -req`` (OpenSSL 3.0) takes only ``-days``
+    from now; ``openssl ca`` takes both dates."""
+    directory = os.path.abspath(directory)
+    work = os.path.join(directory, f".{stem}-ca")
+    os.makedirs(work)
+    with open(os.path.join(work, "ca.cnf"), "w", encoding="ascii") as f:
+        f.write(_CA_CNF)
+    open(os.path.join(work, "index.txt"), "w").close()
+    with open(os.path.join(work, "serial"), "w") as f:
+        f.write("1000\n")
+    cnf = _write_cnf(work, sans or "IP:127.0.0.1,DNS:localhost")
+    crt = os.path.join(directory, f"{stem}.crt")
+    key = os.path.join(directory, f"{stem}.key")
+    csr = os.path.join(work, f"{stem}.csr")
+    _openssl(work, "req", "-new", "-config", cnf, *_new_key_args(key), "-out", csr, "-subj", subject)
+    _openssl(
+        work,
+        "ca", "-batch", "-notext", "-config", "ca.cnf", "-cert", ca[0], "-keyfile", ca[1], "-in", csr,
+        "-out", crt, "-startdate", start, "-enddate", end, "-extfile", cnf,
+        "-extensions", "client_ext" if client else "server_ext",
+    )  # fmt: skip
+    shutil.rmtree(work)
+    return crt, key
+
+
 def _san_for(host: str) -> str:
     names = ["IP:127.0.0.1", "DNS:localhost"]
     if host not in ("127.0.0.1", "localhost", ""):

@@ -255,3 +255,17 @@ def test_agent_metrics_and_its_node_event(
     assert event["source"] == {"component": "rdma-cni-agent", "host": "n1"}
     assert "NotFound" in event["message"]
     assert publisher.events.limited == 2
+
+
+def test_agent_nri_registration_gauge(agent_metrics_address: tuple[str, int]) -> None:
+    """rdma_cni_agent_nri_registered follows the NRI plugin's state, read at scrape time."""
+    from rdma_cni.node.nristate import REGISTERED
+
+    class Plugin:
+        state = "not injecting: no NRI socket at /var/run/nri/nri.sock (No such file or directory)"
+
+    plugin = Plugin()
+    agent_metrics.watch_nri(plugin)
+    assert value(scrape(agent_metrics_address), "rdma_cni_agent_nri_registered") == 0
+    plugin.state = REGISTERED
+    assert value(scrape(agent_metrics_address), "rdma_cni_agent_nri_registered") == 1

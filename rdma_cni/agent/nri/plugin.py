@@ -480,6 +480,42 @@ class NriPlugin:
             stop.wait(RECONNECT_DELAY)
 
 
+CAP_SYS_RESOURCE = 24  # linux/capability.h
+
+
+def grantable_memlock(
+    memlock: int | None, status: str = "/proc/self/status", hard: int | None = None
+) -> tuple[int | None, str]:
+    """``memlock``, or None (the container's limit kept) when the runtime cannot grant it; and why.
+
+    Raising a hard limit takes CAP_SYS_RESOURCE, and runc sets a container's rlimits with the
+    capabilities it has. The agent runs privileged, so its bounding set (``status``' CapBnd) is
+    what the runtime has to give: a host without CAP_SYS_RESOURCE there (a sandboxed or nested
+    node) makes runc fail every container whose memlock the plugin raises above the limit it
+    already has (``hard``, the agent's own: the one runc would leave), "error setting rlimit type
+    8: operation not permitted", and the pod never starts. Seen under containerd 2.4 on such a
+    host (the node tier, docs/devices.md).
+    """
+    if memlock is None:
+        return None, ""
+    try:
+        with open(status) as f:
+            bounding = next(int(line.split()[1], 16) for line in f if line.startswith("CapBnd:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return memlock, ""  # unknown: as configured
+    if bounding & (1 << CAP_SYS_RESOURCE):
+        return memlock, ""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1] if hard is None else hard
+    if limit == resource.RLIM_INFINITY or memlock <= limit:
+        return memlock, ""
+    return None, (
+        f"the runtime cannot raise RLIMIT_MEMLOCK here (no CAP_SYS_RESOURCE in the bounding set): "
+        f"containers keep their memlock limit ({limit} bytes) instead of --memlock"
+    )
+
+
 def parse_memlock(text: str) -> int | None:
     """``--memlock``: "unlimited", a number of bytes, or "off" (None: the container's limit is kept)."""
     value = text.strip().lower()

@@ -125,6 +125,9 @@ class ControlPlane:
     bins: dict[str, Binary] = field(default_factory=binaries)
     components: dict[str, Component] = field(default_factory=dict)
     pki: Pki | None = None
+    # kube-apiserver's address and port (0: a free one). The node tier gives it a loopback
+    # address of its own and port 443, the `kubernetes` Service's ClusterIP and port there.
+    address: str = "127.0.0.1"
     api_port: int = 0
     etcd_port: int = 0
     # A dedicated control plane's differences (the wire tests: compaction,
@@ -134,11 +137,17 @@ class ControlPlane:
     apiserver_args: list[str] = field(default_factory=list)
     # False: no default kube-scheduler (a test runs the cluster's own, configured from conf/).
     default_scheduler: bool = True
+    # kube-controller-manager's controllers besides CONTROLLERS (the node tier: daemonset-controller).
+    extra_controllers: list[str] = field(default_factory=list)
+    # Each controller on its own service account and bootstrap role, as kubeadm runs them: the
+    # DaemonSet controller needs its role's rights (controllerrevisions), which
+    # kube-controller-manager's own identity lacks.
+    service_account_credentials: bool = False
 
     @property
     def server(self) -> str:
         """The API server's URL."""
-        return f"https://127.0.0.1:{self.api_port}"
+        return f"https://{self.address}:{self.api_port}"
 
     @property
     def version(self) -> str:
@@ -152,7 +161,7 @@ class ControlPlane:
     def start(self) -> None:
         """Generate certificates, then start etcd, kube-apiserver, kube-controller-manager, kube-scheduler."""
         os.makedirs(self.path("logs"), exist_ok=True)
-        self.pki = make_pki(self.path("pki"))
+        self.pki = make_pki(self.path("pki"), self.address)
         self.admin_kubeconfig = write_kubeconfig(
             self.path("admin.kubeconfig"), "", self.pki.ca, client=self.pki.admin
         )
@@ -191,7 +200,7 @@ class ControlPlane:
         assert self.pki is not None
         return [
             self.bins["kube-apiserver"].path,
-            "--bind-address=127.0.0.1",
+            f"--bind-address={self.address}",
             "--advertise-address=127.0.0.1",
             # The reconciler would publish the advertise address as the
             # `kubernetes` Service's endpoint, and refuses a loopback one.
@@ -216,7 +225,7 @@ class ControlPlane:
 
     def _start_apiserver(self) -> None:
         assert self.pki is not None
-        self.api_port = free_port()
+        self.api_port = self.api_port or free_port()
         context = ssl.create_default_context(cafile=self.pki.ca)
         context.load_cert_chain(self.pki.admin.cert, self.pki.admin.key)
         self._api_context = context
@@ -265,10 +274,10 @@ class ControlPlane:
             "--bind-address=127.0.0.1",
             f"--secure-port={port}",
             "--leader-elect=false",
-            f"--controllers={CONTROLLERS}",
+            f"--controllers={','.join([CONTROLLERS, *self.extra_controllers])}",
             f"--service-account-private-key-file={self.pki.sa_key}",
             f"--root-ca-file={self.pki.ca}",
-            "--use-service-account-credentials=false",
+            f"--use-service-account-credentials={str(self.service_account_credentials).lower()}",
             "--v=1",
         ]
         self.components["kube-controller-manager"] = start_component(

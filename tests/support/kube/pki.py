@@ -43,8 +43,11 @@ class Pki:
         return ClientCert(*make_cert(self.directory, (self.ca, self.ca_key), stem, subject, client=True))
 
 
-def make_pki(directory: str) -> Pki:
-    """Generate the CA, the serving and client certificates and the service-account keys."""
+def make_pki(directory: str, address: str = "127.0.0.1") -> Pki:
+    """Generate the CA, the serving and client certificates and the service-account keys.
+
+    The serving certificate names 127.0.0.1 and ``address``, where kube-apiserver listens.
+    """
     os.makedirs(directory, mode=0o700, exist_ok=True)
     ca = make_ca(directory, common_name="rdma-cni cluster tier CA")
     server = make_cert(
@@ -53,7 +56,17 @@ def make_pki(directory: str) -> Pki:
         "apiserver",
         "/CN=kube-apiserver",
         client=False,
-        sans="IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc",
+        sans=",".join(
+            dict.fromkeys(
+                [
+                    "IP:127.0.0.1",
+                    f"IP:{address}",
+                    "DNS:localhost",
+                    "DNS:kubernetes",
+                    "DNS:kubernetes.default.svc",
+                ]
+            )
+        ),
     )
 
     def client(stem: str, subject: str) -> ClientCert:

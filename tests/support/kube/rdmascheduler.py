@@ -149,7 +149,7 @@ def in_cluster_env(cp: ControlPlane, sa_dir: str, token: str) -> dict[str, str]:
         dst.write(src.read())
     return {
         **os.environ,
-        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_HOST": cp.address,
         "KUBERNETES_SERVICE_PORT": str(cp.api_port),
         "RDMA_CNI_SERVICEACCOUNT_DIR": sa_dir,
     }
@@ -159,11 +159,14 @@ def start_rdma_scheduler(
     cp: ControlPlane,
     manifest_name: str = "scheduler-extender.yaml",
     tag: str = "rdma",
+    networks: str | None = None,
     *,
     extender_api_port: int | None = None,
 ) -> RdmaScheduler:
     """Start the extender and kube-scheduler of ``manifest_name`` (already applied to ``cp``).
 
+    ``networks``: the extender's ``--networks`` instead of the manifest's (an operator lists
+    every rdma-cni network there, as the manifest's comment says).
     ``extender_api_port``: the extender reaches kube-apiserver at that loopback port instead (a
     test's relay in between); kube-scheduler always reaches it directly.
     """
@@ -179,6 +182,9 @@ def start_rdma_scheduler(
     command = list(ext.get("command", [])) + list(ext.get("args", []))
     assert command[0].endswith("/rdma-cni"), command
     args, ports = _rewrite_listen(command[1:])
+    if networks is not None:
+        assert sum(a.startswith("--networks=") for a in args) == 1, args
+        args = [f"--networks={networks}" if a.startswith("--networks=") else a for a in args]
     env = in_cluster_env(cp, cp.path(f"{tag}-serviceaccount"), token)
     if extender_api_port is not None:
         env["KUBERNETES_SERVICE_PORT"] = str(extender_api_port)
