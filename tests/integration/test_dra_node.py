@@ -21,6 +21,7 @@ from rdma_cni.agent.dra.prepare import ClaimRef, Preparer
 from rdma_cni.agent.snapshot import NetworkView, snapshot
 from rdma_cni.kube.client import Unavailable
 from rdma_cni.node.prepared import PreparedStore
+from rdma_cni.shared import nodestate
 from tests.integration.conftest import Cluster, assert_node_pristine, host_names
 from tests.support.draclaims import ClaimApi, allocated_claim
 from tests.support.simnode import SimPf
@@ -382,6 +383,12 @@ def test_add_on_a_dra_network(cluster: Cluster) -> None:
     pod = cluster.pod()
     assert s.prepare(s.claim(pod, [("if0", "simpf1", 0)])).error == ""
     assert cluster.run("ADD", pod, dra_conf(cluster)).ok
+    # The other path's node state, read from the same state directory, leaves the attachment on
+    # the DRA PF out and still encodes (its KeyError once stopped the agent's publishing).
+    other_path = view(cluster, name="rdma-net", pfs=("simpf0",), dra=False)
+    state = snapshot([other_path])
+    assert [p.name for p in state.pfs] == ["simpf0"] and state.allocations == ()
+    assert nodestate.decode(nodestate.encode(state)).allocations == ()
     second = {**pod, "CNI_CONTAINERID": pod["CNI_CONTAINERID"] + "b"}
     out = cluster.run("ADD", second, dra_conf(cluster))
     assert out.doc["code"] == 107 and "is attached to" in out.doc["msg"]
