@@ -12,7 +12,12 @@ SHIM   := dist/rdma-cni-shim
 # which are not committed (.gitignore) and never linted. Everything that imports
 # the package or packs it depends on them: venv (and so unit, lint), build.
 PROTOS    := $(wildcard rdma_cni/agent/nri/*.proto)
-GENERATED := $(PROTOS:.proto=_pb2.py)
+# kubelet's DRA plugin service (v1) and its plugin registration, for the agent's DRA plugin: made by
+# scripts/kubelet_protos.sh from the .proto files of k8s.io/kubelet at the version gobuild/kube pins
+# (Go's module cache; `go mod download`, hash checked against gobuild/kube/go.sum). No copy of them
+# is kept in the tree.
+KUBELET_GENERATED := rdma_cni/agent/dra/dra_v1_pb2.py rdma_cni/agent/dra/registration_v1_pb2.py
+GENERATED := $(PROTOS:.proto=_pb2.py) $(KUBELET_GENERATED)
 SRC    := $(shell find rdma_cni -name '*.py' ! -name '*_pb2.py') $(GENERATED) build.spec setup.cfg
 
 # What `make demo` (and a build) needs on the machine; deps installs these and
@@ -51,8 +56,10 @@ $(VENV)/.stamp: setup.cfg pyproject.toml
 
 # -I. names each module by its place in the package (rdma_cni.agent.nri.nri_api_pb2).
 proto: $(GENERATED)
-$(GENERATED): %_pb2.py: %.proto $(VENV)/.stamp
+$(PROTOS:.proto=_pb2.py): %_pb2.py: %.proto $(VENV)/.stamp
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. $<
+$(KUBELET_GENERATED) &: scripts/kubelet_protos.sh gobuild/kube/go.mod gobuild/kube/go.sum $(VENV)/.stamp
+	bash scripts/kubelet_protos.sh $(BIN)/python
 
 build: $(BINARY) $(SHIM)
 # Static and without glibc's name service (no getpw*, getaddrinfo): no PT_INTERP,

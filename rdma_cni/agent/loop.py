@@ -21,10 +21,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from rdma_cni.agent.publish import Publisher
 from rdma_cni.agent.snapshot import NetworkView, snapshot, unusable
 from rdma_cni.cni.errors import CniError, IOFailure, TryAgainLater
+
+if TYPE_CHECKING:
+    from rdma_cni.agent.dra.service import DraAgent
 
 log = logging.getLogger("rdma_cni.agent")
 
@@ -63,6 +67,7 @@ class Agent:
         debounce: float = DEFAULT_DEBOUNCE,
         max_delay: float = DEFAULT_MAX_DELAY,
         period: float = DEFAULT_PERIOD,
+        dra: DraAgent | None = None,
     ) -> None:
         self.views = list(views)
         self.publisher = publisher
@@ -70,7 +75,13 @@ class Agent:
         self.debounce = debounce
         self.max_delay = max_delay
         self.period = period
-        self.directories = sorted({os.path.join(v.state_dir, "attachments") for v in self.views})
+        # The DRA networks (agent/dra): read and published on the same passes, never in the node state.
+        self.dra = dra
+        self.all_views = self.views + (dra.views if dra is not None else [])
+        self.directories = sorted(
+            {os.path.join(v.state_dir, "attachments") for v in self.views}
+            | set(dra.directories if dra else ())
+        )
         self.snapshots = 0
         self.snapshot_errors = 0
 
@@ -119,8 +130,12 @@ class Agent:
                 # Read the fingerprint before the scan: a change during it is seen on the next tick.
                 seen = fingerprint(self.directories)
                 ok = self.refresh()
+                if self.dra is not None:
+                    ok = self.dra.refresh() and ok
                 next_scan = time.monotonic() + (self.period if ok else RESCAN_DELAY)
             self.publisher.step()
+            if self.dra is not None:
+                self.dra.step()
             stop.wait(self.poll)
 
 
@@ -131,8 +146,13 @@ def setup_agent(
     kubeconfig: str | None,
     period: float = DEFAULT_PERIOD,
     heartbeat: float | None = None,
+    kubelet_dirs: tuple[str, str] | None = None,
 ) -> Agent:
-    """Build an agent from the installer's options; ValueError saying what the operator must fix."""
+    """Build an agent from the installer's options; ValueError saying what the operator must fix.
+
+    DRA networks among ``network_configs`` get the DRA side (agent/dra), and the kubelet plugin when
+    ``kubelet_dirs`` (its registry and plugin directories) is given.
+    """
     from rdma_cni.agent.publish import DEFAULT_HEARTBEAT, check_node_name
     from rdma_cni.agent.snapshot import default_view, load_view
     from rdma_cni.kube import client as kubeapi
@@ -153,7 +173,15 @@ def setup_agent(
         heartbeat=DEFAULT_HEARTBEAT if heartbeat is None else heartbeat,
         reconnect=connect,
     )
-    return Agent(views, publisher, period=period)
+    dra = None
+    if any(v.dra for v in views):
+        from rdma_cni.agent.dra.devices import check_paths
+        from rdma_cni.agent.dra.service import DraAgent
+
+        check_paths(views)
+        registry, plugin = kubelet_dirs or (None, None)
+        dra = DraAgent(views, node_name, lambda: publisher.client, registry_dir=registry, plugin_dir=plugin)
+    return Agent([v for v in views if not v.dra], publisher, period=period, dra=dra)
 
 
 def start_nri(
@@ -183,6 +211,15 @@ def start_nri(
     )
     thread.start()
     return thread
+
+
+def start_dra(agent: Agent, stop: threading.Event) -> None:
+    """Serve kubelet's DRA plugin calls until ``stop``, when the agent has DRA networks (agent/dra).
+
+    OSError or RuntimeError when its sockets cannot be served.
+    """
+    if agent.dra is not None:
+        agent.dra.start(stop)
 
 
 def run_agent(agent: Agent, stop: threading.Event) -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +62,8 @@ class NetworkView:
     lock_file: str = DEFAULT_LOCK_FILE
     # PF name -> the operator's rail label (the config's pfs entries written as objects).
     rails: Mapping[str, str] = field(default_factory=dict)
+    # A DRA network: its PFs are published as ResourceSlices (agent/dra), not in the node state.
+    dra: bool = False
 
 
 def default_view() -> NetworkView:
@@ -101,6 +103,7 @@ def load_view(path: str) -> NetworkView:
         state_dir=conf.stateDir,
         lock_file=conf.lockFile,
         rails=conf.rails,
+        dra=conf.dra,
     )
 
 
@@ -130,19 +133,28 @@ def pf_views(node: Node, isolation: str) -> list[nodestate.PfSummary]:
     return [pf.summary(isolation) for pf in node.pfs]
 
 
-def allocations(attachments: Sequence[Attachment]) -> list[nodestate.Allocation]:
+def allocations(
+    attachments: Sequence[Attachment], published: Container[str] | None = None
+) -> list[nodestate.Allocation]:
     """One entry per pod (by uid) holding VFs, its interfaces in record order.
 
     Records without a pod (cnitool, manual runs) hold VFs, which the PF
-    counts show, but belong to no pod the scheduler knows.
+    counts show, but belong to no pod the scheduler knows. With ``published``
+    (the node state's PFs), only interfaces on those PFs: a DRA network's
+    records share the state directory but their PFs are the slices', not the
+    node state's (docs/dra.md#sharing-a-node), and a pod left with none is no
+    entry.
     """
     by_pod: dict[tuple[str, str, str], list[nodestate.InterfaceUse]] = {}
     for att in attachments:
-        if att.pod is None or not att.vfs:
+        if att.pod is None:
+            continue
+        vfs = [v for v in att.vfs if published is None or v.pf in published]
+        if not vfs:
             continue
         key = (att.pod.namespace, att.pod.name, att.pod.uid)
         uses = by_pod.setdefault(key, [])
-        uses.extend(nodestate.InterfaceUse(v.pf, v.min_tx_rate, v.max_tx_rate) for v in att.vfs)
+        uses.extend(nodestate.InterfaceUse(v.pf, v.min_tx_rate, v.max_tx_rate) for v in vfs)
     return [
         nodestate.Allocation(namespace=ns, name=name, uid=uid, interfaces=tuple(uses))
         for (ns, name, uid), uses in sorted(by_pod.items())
@@ -160,6 +172,7 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
     from rdma_cni.kernel.netlink import Rtnl
     from rdma_cni.kernel.vfcontrol import vf_control
     from rdma_cni.node.inventory import scan
+    from rdma_cni.node.prepared import holdings
     from rdma_cni.node.record import RecordStore, node_lock
 
     pfs: dict[str, nodestate.PfSummary] = {}
@@ -182,7 +195,8 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
                 node = scan(
                     pfs=list(view.pfs) if view.pfs is not None else None,
                     capacity=view.capacity,
-                    attachments=records,
+                    # DRA preparations hold VFs as ADD counts them (node/prepared).
+                    attachments=records + holdings(view.state_dir),
                     vfctl=vfctl,
                     home=VfFinder(host).in_host,
                 )
@@ -204,7 +218,7 @@ def snapshot(views: Sequence[NetworkView]) -> nodestate.NodeState:
             for name, members in networks.items()
         ),
         pfs=tuple(sorted(pfs.values(), key=lambda p: p.name)),
-        allocations=tuple(allocations([seen[k] for k in sorted(seen)])),
+        allocations=tuple(allocations([seen[k] for k in sorted(seen)], published=pfs)),
     )
 
 

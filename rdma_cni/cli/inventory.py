@@ -65,6 +65,7 @@ def _collect(config_path: str | None) -> dict[str, Any]:
     from rdma_cni.kernel.netlink import Rtnl
     from rdma_cni.kernel.vfcontrol import vf_control
     from rdma_cni.node.inventory import report, scan
+    from rdma_cni.node.prepared import holdings
     from rdma_cni.node.record import RecordStore
 
     pfs: list[str] | None = None
@@ -82,6 +83,12 @@ def _collect(config_path: str | None) -> dict[str, Any]:
     # holds is free only when the kernel proves it home in the host.
     unreadable: list[str] = []
     attachments = RecordStore(state_dir).all(unreadable)
+    try:
+        # DRA preparations hold their VFs too (node/prepared); first, so that an attached VF shows its
+        # attachment as owner.
+        attachments = holdings(state_dir) + attachments
+    except CniError as exc:
+        unreadable.append(exc.msg)
     with Rtnl() as host:
         node = scan(
             pfs=pfs,

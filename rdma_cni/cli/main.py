@@ -43,6 +43,8 @@ Operator subcommands:
   rdma-cni doctor [--json] [options]              check this node: exit 0 ok, 1 warning, 2 failure
   rdma-cni nodes [--fits JSON] [--json] [--kubeconfig FILE]
                                                   per node: free bandwidth and VFs, where a request fits
+  rdma-cni claim [--name N] [--network NET] REQUEST
+                                                  the DRA ResourceClaimTemplate for an annotation's request
   rdma-cni scheduler-extender --listen ADDR:PORT [options]
                                                   kube-scheduler extender (see docs/scheduling.md)
   rdma-cni scheduler-config --merge FILE --url URL --ca F --client-cert F --client-key F [--output F]
@@ -185,6 +187,8 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         from rdma_cni.cli.doctor import main as run_subcommand
     elif name == "nodes":
         from rdma_cni.cli.nodes import main as run_subcommand
+    elif name == "claim":
+        from rdma_cni.cli.claim import main as run_subcommand
     elif name == "scheduler-extender":
         from rdma_cni.extender.main import main as run_subcommand
     elif name == "scheduler-config":

@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    StrictBool,
     StrictInt,
     ValidationError,
     ValidatorFunctionWrapHandler,
@@ -147,6 +148,9 @@ class NetConf(BaseModel):
     lockTimeoutSeconds: Annotated[float, Field(gt=0, le=600)] = 60.0
     ipamTimeoutSeconds: Annotated[float, Field(gt=0, le=600)] = 30.0
     capacityMbps: dict[str, Annotated[StrictInt, Field(ge=0, le=MAX_RATE_MBPS)]] = {}
+    # A DRA network (docs/dra.md): its PFs are published as ResourceSlices instead of in the node
+    # state, and ADD gives a pod the VFs its claims were prepared with, not a placement of its own.
+    dra: StrictBool = False
 
     vlan: Annotated[StrictInt, Field(ge=0, le=4095)] | None = None
     vlanQoS: Annotated[StrictInt, Field(ge=0, le=7)] | None = None
@@ -226,6 +230,13 @@ class NetConf(BaseModel):
         if v is not None and (not v.startswith("/") or "\0" in v):
             raise ValueError(f"must be an absolute path, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _dra_lists_its_pfs(self) -> NetConf:
+        # Each PF is one path's (docs/dra.md): a DRA network names its PFs, never "every PF".
+        if self.dra and self.pfs is None:
+            raise ValueError('a DRA network ("dra": true) must list its PFs in pfs')
+        return self
 
     @model_validator(mode="after")
     def _vlan_qos_needs_vlan(self) -> NetConf:

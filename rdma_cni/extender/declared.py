@@ -15,12 +15,12 @@ bandwidth placement reserves). A pod that declares neither is judged as before.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.shared.nodestate import BANDWIDTH_RESOURCE, VF_RESOURCE
+from rdma_cni.shared.quantity import whole
 from rdma_cni.shared.quote import quote
 
 if TYPE_CHECKING:  # demand calls this module: the type only, no import cycle
@@ -31,35 +31,13 @@ __all__ = ["BANDWIDTH", "VFS", "check", "declared"]
 BANDWIDTH = BANDWIDTH_RESOURCE
 VFS = VF_RESOURCE
 _RESOURCES = (BANDWIDTH, VFS)
-# A whole-number Kubernetes quantity as the API server writes it back (``25k`` for 25000): digits,
-# then a decimal or binary suffix or a decimal exponent. Longer text is no sum of Mbit/s.
-_QUANTITY = re.compile(r"\+?([0-9]{1,18})(?:(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)|[eE]\+?([0-9]{1,2}))?")
-_SUFFIX = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
 
 
 def _quantity(value: Any, where: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    match = _QUANTITY.fullmatch(value) if isinstance(value, str) and len(value) <= 24 else None
-    if match is None:
+    count = whole(value)
+    if count is None:
         raise InvalidPodRequest(f"{where} is {quote(value)}, not a whole number")
-    digits, suffix, exponent = match.groups()
-    scale = 10 ** int(exponent) if exponent is not None else _SUFFIX[suffix or ""]
-    return int(digits) * scale
+    return count
 
 
 def _resources(container: Any) -> Mapping[str, Any]:

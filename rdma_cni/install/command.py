@@ -267,6 +267,19 @@ def _agent_options(agent: argparse._ArgumentGroup) -> None:
         "bytes, or 'off' (default: %(default)s)",
     )
     agent.add_argument(
+        "--kubelet-registry-dir",
+        metavar="DIR",
+        default="/var/lib/kubelet/plugins_registry",
+        help='kubelet\'s plugin registry, where the DRA plugin of the DRA networks ("dra": true) registers; '
+        "empty: no kubelet plugin (default: %(default)s)",
+    )
+    agent.add_argument(
+        "--kubelet-plugin-dir",
+        metavar="DIR",
+        default="/var/lib/kubelet/plugins/rdma-cni.io",
+        help="where the DRA plugin serves kubelet (default: %(default)s)",
+    )
+    agent.add_argument(
         "--metrics-listen",
         metavar="ADDR:PORT",
         type=exporter.address_option("--metrics-listen", "10.0.0.5:9473"),
@@ -485,7 +498,7 @@ def _start_agent(
     args: argparse.Namespace, opts: Options, stop: threading.Event, out: TextIO
 ) -> tuple[threading.Thread, MetricsPort | None]:
     """Start the node agent thread and its metrics; InstallError for what the operator must fix."""
-    from rdma_cni.agent.loop import run_agent, setup_agent, start_nri
+    from rdma_cni.agent.loop import run_agent, setup_agent, start_dra, start_nri
 
     node_name = opts.environ.get("NODE_NAME", "")
     try:
@@ -495,6 +508,9 @@ def _start_agent(
             kubeconfig=args.api_kubeconfig or opts.kubeconfig_path,
             period=args.node_state_period,
             heartbeat=args.node_state_heartbeat,
+            kubelet_dirs=(args.kubelet_registry_dir, args.kubelet_plugin_dir)
+            if args.kubelet_registry_dir
+            else None,
         )
     except ValueError as exc:
         raise InstallError(f"node agent: {exc}") from None
@@ -537,5 +553,11 @@ def _start_agent(
     memlock, why = grantable_memlock(args.memlock)
     if why:
         say(out, f"NRI: {why}")
-    start_nri(agent.views, args.nri_socket, memlock, stop)
+    start_nri(agent.all_views, args.nri_socket, memlock, stop)
+    if agent.dra is not None:
+        try:
+            start_dra(agent, stop)
+        except (OSError, RuntimeError) as exc:
+            raise InstallError(f"node agent: DRA kubelet plugin: {exc}") from None
+        say(out, f"publishing ResourceSlices of {len(agent.dra.views)} DRA network(s) on node {node_name}")
     return thread, port

@@ -43,6 +43,7 @@ NRI_STATE = "nri-state"  # rdma_cni.node.nristate.STATE_FILE
 BOOT_CHECKED = "boot-checked"  # rdma_cni.node.boot.MARKER: the boot whose records were last checked
 SERVER_LOCKS = ("cni.lock", "cni.next.lock")  # beside the CNI server's socket (rdma_cni.agent.cniserver)
 STATE_SUBDIRS = ("attachments", "quarantine", "ipam-pending")  # rdma_cni.node.statedir.SUBDIRS
+PREPARED_DIR = "prepared"  # rdma_cni.node.prepared.DIRECTORY: DRA claims' preparations
 NODE_STATE_ANNOTATION = "rdma-cni.io/node-state"  # rdma_cni.shared.nodestate.ANNOTATION
 SPOOL_NAME = "del-spool"  # rdma_cni.agent.delspool.SPOOL_NAME, beside the CNI server's socket
 CLAIMED = ".run-"  # rdma_cni.agent.delspool.CLAIMED
@@ -261,6 +262,12 @@ def run(
                 report,
                 "not empty: set-aside records or IPAM releases still pending (docs/operations.md)",
             )
+        # Kubelet unprepares a claim once its pod is gone (docs/dra.md); one still here is a pod's.
+        _remove_empty_dir(
+            os.path.join(args.state_dir, PREPARED_DIR),
+            report,
+            "not empty: DRA claims still prepared (kubelet unprepares each when its pod goes)",
+        )
         _remove_file(os.path.join(args.state_dir, BOOT_CHECKED), report)
         _remove_empty_dir(args.state_dir, report, "not empty")
     report.left.append((DEFAULT_LOG_FILE, "the plugin's logFile, if set: logs are the operator's to delete"))

@@ -130,3 +130,25 @@ def rdma_devices() -> list[str]:
 def rdma_parent_netdev(device: str) -> str:
     """The netdev a software RDMA device (rxe, siw) sits on, from its ``parent`` file."""
     return _read(os.path.join(root(), "class", "infiniband", device, "parent")) or ""
+
+
+def pcie_root(pci: str) -> str | None:
+    """The PCIe root complex of a PCI function, ``pci<domain>:<bus>``, or None when sysfs does not show one.
+
+    As Kubernetes' standard ``resource.kubernetes.io/pcieRoot`` attribute is
+    read (k8s.io/dynamic-resource-allocation, deviceattribute): the link
+    ``bus/pci/devices/<pci>`` points into ``devices/pci<domain>:<bus>/...``,
+    and the first component under ``devices`` is the root.
+    """
+    link = pci_dir(pci)
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return None
+    if not os.path.isabs(target):
+        target = os.path.normpath(os.path.join(os.path.dirname(link), target))
+    devices = os.path.join(root(), "devices") + os.sep
+    if not target.startswith(devices) or os.path.basename(target) != pci:
+        return None
+    first = target[len(devices) :].split(os.sep, 1)[0]
+    return first if re.fullmatch(r"pci[0-9a-f]{4}:[0-9a-f]{2}", first) else None

@@ -196,6 +196,14 @@ class ApiClient:
         """POST ``body`` (e.g. a Binding) and return the answer."""
         return self._json("POST", path, body=body, content_type="application/json")
 
+    def put(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT ``body`` (its ``metadata.resourceVersion`` the precondition); return it as stored."""
+        return self._json("PUT", path, body=body, content_type="application/json")
+
+    def delete(self, path: str) -> dict[str, Any]:
+        """DELETE the object at ``path``; returns the answer (the object or a Status)."""
+        return self._json("DELETE", path)
+
     def watch(
         self,
         path: str,
@@ -292,7 +300,7 @@ class ApiClient:
             raise self._answer_error(method, path, status, raw)
         try:
             doc = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's stack
             raise ApiError(
                 status,
                 "InvalidResponse",

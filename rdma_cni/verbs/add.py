@@ -39,6 +39,7 @@ from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.ipam_pending import PendingStore, retry
 from rdma_cni.node.isolation import RdmaIsolation
 from rdma_cni.node.podmeta import pod_side_names, resolve_request
+from rdma_cni.node.prepared import holdings
 from rdma_cni.node.record import (
     Attachment,
     PodInfo,
@@ -50,6 +51,7 @@ from rdma_cni.node.record import (
 )
 from rdma_cni.shared import placement
 from rdma_cni.shared.podrequest import InterfaceRequest, PodRequest
+from rdma_cni.verbs import dra
 from rdma_cni.verbs.common import ipam_for, release_vfs, settle
 
 log = logging.getLogger("rdma_cni.add")
@@ -76,7 +78,10 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
     them, so the namespace moves and IPAM, most of an ADD's time, leave the node to other pods.
     """
     mac = first_interface_mac(conf, env.args)
-    request, source = resolve_request(env, conf)
+    if conf.dra:  # the pod's prepared claims, not its annotation (verbs/dra)
+        request, source = dra.prepared_request(env, conf)
+    else:
+        request, source = resolve_request(env, conf)
     names = pod_side_names(env.ifname, list(request.interfaces), source)
     ipam = ipam_for(conf, doc, env)
     pod = Netns(env.netns)
@@ -149,17 +154,21 @@ def reserve(
     isolation = RdmaIsolation(conf.rdmaIsolation)
     # Only the chosen VFs' PF-side settings matter (their originals go into the record): each PF's
     # VF table is read once a VF of it is chosen, and the VFs held are not looked at in detail.
+    # DRA preparations hold their VFs too, attached or not (node/prepared).
     node = scan(
         pfs=conf.pfs,
         capacity=conf.capacityMbps,
-        attachments=store.all(set_aside=True),
+        attachments=store.all(set_aside=True) + holdings(conf.stateDir),
         vfctl=None,
         held_details=False,
     )
     interfaces = list(request.interfaces)
-    chosen = choose_proven(
-        node, interfaces, isolation, source, finder, rails=conf.rails, different_pfs=request.different_pfs
-    )
+    if conf.dra:
+        chosen = dra.take(node, env, conf, finder, store, len(interfaces))
+    else:
+        chosen = choose_proven(
+            node, interfaces, isolation, source, finder, rails=conf.rails, different_pfs=request.different_pfs
+        )
     tables = {pf: vfctl.read(pf) for pf in {vf.pf for vf in chosen}}
     for vf in chosen:
         vf.settings = (tables[vf.pf] or {}).get(vf.index)

@@ -497,3 +497,62 @@ def test_the_node_lock_is_never_held_across_an_api_call(cluster: Cluster) -> Non
         assert took < 2.0, f"ADD waited {took:.1f} s for the node lock while the agent talked to the API"
         for pod in (first, second):
             assert cluster.run_inproc("DEL", pod, conf).ok
+
+
+@pytest.mark.parametrize("case", ["shared pf", "no kubelet registry"])
+def test_install_refuses_a_bad_dra_setup(tmp_path: Any, case: str) -> None:
+    def conflist(name: str, **fields: Any) -> str:
+        path = tmp_path / f"{name}.conflist"
+        entry = {
+            "type": "rdma-cni",
+            "stateDir": str(tmp_path / "state"),
+            "lockFile": str(tmp_path / "lock"),
+            **fields,
+        }
+        path.write_text(json.dumps({"cniVersion": "1.1.0", "name": name, "plugins": [entry]}))
+        return f"--network-config={path}"
+
+    args = ["--watch", "--node-state", conflist("rdma-dra", pfs=["p0"], dra=True)]
+    if case == "shared pf":
+        args.append(conflist("rdma-net", pfs=["p0", "p1"]))
+        message = (
+            "node agent: PF p0 is in DRA network rdma-dra and in network rdma-net: a PF belongs to one path"
+        )
+    else:
+        (tmp_path / "registry").write_text("a file where kubelet's plugin registry should be")
+        args.append(f"--kubelet-registry-dir={tmp_path / 'registry'}")
+        args.append(f"--kubelet-plugin-dir={tmp_path / 'plugin'}")
+        message = "node agent: DRA kubelet plugin: "
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("t")
+    (sa / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")
+    source = tmp_path / "src"
+    source.write_bytes(b"x")
+    proc = subprocess.run(
+        [
+            *plugin_command(),
+            "install",
+            *args,
+            f"--source={source}",
+            f"--cni-bin-dir={tmp_path / 'bin'}",
+            f"--kubeconfig-path={tmp_path / 'kc'}",
+            f"--serviceaccount-dir={sa}",
+            "--nri-socket=",
+            "--max-iterations=1",
+            "--interval=0.1",
+        ],
+        env={
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": REPO,
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": "6443",
+            "NODE_NAME": "n",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert message in proc.stderr

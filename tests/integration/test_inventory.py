@@ -161,3 +161,31 @@ def test_doctor_reads_the_simulated_node(cluster: Cluster) -> None:
     assert checks["kubeconfig-token"]["status"] == "FAIL"  # this node has no installer's kubeconfig
     assert checks["nri-socket"]["status"] == "SKIP"
     assert out.returncode == doc["exit_code"] == 2
+
+
+def test_inventory_shows_a_dra_claims_vfs_as_held(cluster: Cluster) -> None:
+    from rdma_cni.node.prepared import Preparation, PreparedStore, PreparedVf
+
+    pci = cluster.node.vf_pci(0, 1)
+    store = PreparedStore(cluster.state_dir)
+    uid = "0f3c2a9e-6d4b-4c7e-9a1f-2b8d3e4f5a61"
+    store.write(
+        Preparation(
+            "ml",
+            "trainer-rdma",
+            uid,
+            "trainer",
+            "pod-uid",
+            [PreparedVf("if0", "rdma-dra", "simpf0", "dev", "node-1", "s", 1, pci, 15000, 0)],
+        )
+    )
+    doc = inventory(cluster, cluster.conf())
+    (vf,) = [v for pf in doc["pfs"] for v in pf["vfs"] if v["pci_address"] == pci]
+    assert vf["allocated"] and not vf["free"]
+    assert vf["owner"]["container_id"] == f"dra-claim-{uid}" and vf["owner"]["pod"] == "ml/trainer"
+    assert vf["owner"]["reserved_min_tx_rate"] == 15000
+    # An unreadable preparation is reported, as an unreadable record is.
+    with open(store.path(uid), "w") as f:
+        f.write("[")
+    doc = inventory(cluster, cluster.conf())
+    assert any("DRA preparation" in p for p in doc["unreadable_records"])

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 _PYC = re.compile(r'"[^"]*?/_internal/([^"]+)\.pyc", [^)]*\) = \d+')
 
 # The node agent's NRI plugin and its generated messages: in the tree, only the agent loads them.
-AGENT_ONLY = ("google", "rdma_cni.agent")
+AGENT_ONLY = ("google", "grpc", "rdma_cni.agent")
 # The long-running components' API client, HTTP serving and /metrics: a verb's pod GET is
 # rdma_cni.kube.podget.
 LONG_RUNNING_ONLY = (

@@ -44,6 +44,9 @@ class SimPf:
     speed: int | None = 25000
     numa_node: int = 0
     rdma: bool = False  # give each VF a fake PCI RDMA device (mlx5_N) in sysfs
+    # The PCIe root complex (``pci0000:3a``) the PF and its VFs sit under: their devices then live in
+    # ``devices/<root>/`` with ``bus/pci/devices`` linking there, as on a real host; None: no root.
+    pcie_root: str | None = None
 
 
 @dataclass
@@ -91,15 +94,14 @@ class SimNode:
         """Create the sysfs tree and the veth devices."""
         os.makedirs(self.root, exist_ok=True)
         shutil.rmtree(self.sysfs, ignore_errors=True)
-        pci_root = os.path.join(self.sysfs, "bus", "pci", "devices")
+        os.makedirs(os.path.join(self.sysfs, "bus", "pci", "devices"))
         drivers = os.path.join(self.sysfs, "bus", "pci", "drivers")
         os.makedirs(os.path.join(self.sysfs, "class", "net"))
         os.makedirs(os.path.join(self.sysfs, "class", "infiniband"))
         os.makedirs(os.path.join(drivers, "simvf"))
         os.makedirs(os.path.join(drivers, "simpf"))
         for k, pf in enumerate(self.pfs):
-            pf_dir = os.path.join(pci_root, self.pf_pci(k))
-            os.makedirs(pf_dir)
+            pf_dir = self._pci_device(pf, self.pf_pci(k))
             self._write(pf_dir, "sriov_numvfs", pf.num_vfs)
             self._write(pf_dir, "sriov_totalvfs", max(pf.num_vfs, 8))
             self._write(pf_dir, "numa_node", pf.numa_node)
@@ -109,7 +111,7 @@ class SimNode:
             os.symlink(pf_dir, os.path.join(net_dir, "device"))
             self._write(net_dir, "speed", pf.speed if pf.speed is not None else -1)
             for i in range(pf.num_vfs):
-                vf_dir = os.path.join(pci_root, self.vf_pci(k, i))
+                vf_dir = self._pci_device(pf, self.vf_pci(k, i))
                 os.makedirs(os.path.join(vf_dir, "net", self.vf_netdev(k, i)))
                 self._write(vf_dir, "rdma_cni_sim_wire", self.vf_wire(k, i))
                 os.symlink(vf_dir, os.path.join(pf_dir, f"virtfn{i}"))
@@ -121,6 +123,31 @@ class SimNode:
         with open(self.vfcontrol, "w", encoding="utf-8") as f:
             json.dump({"pfs": {}, "calls": []}, f)
         return self
+
+    def _pci_device(self, pf: SimPf, pci: str) -> str:
+        """Make PCI function ``pci``'s directory (under the PF's root complex, if any); its bus path."""
+        bus_path = os.path.join(self.sysfs, "bus", "pci", "devices", pci)
+        if pf.pcie_root is None:
+            os.makedirs(bus_path)
+            return bus_path
+        real = os.path.join(self.sysfs, "devices", pf.pcie_root, pci)
+        os.makedirs(real)
+        os.symlink(os.path.relpath(real, os.path.dirname(bus_path)), bus_path)
+        return bus_path
+
+    def set_speed(self, k: int, speed: int | None) -> None:
+        """Set PF ``k``'s link speed in sysfs (None: unknown, -1), as a renegotiated link changes it."""
+        self.pfs[k].speed = speed
+        self._write(
+            os.path.join(self.sysfs, "class", "net", self.pfs[k].name),
+            "speed",
+            speed if speed is not None else -1,
+        )
+
+    def set_num_vfs(self, k: int, count: int) -> None:
+        """Show only the first ``count`` of PF ``k``'s VFs as enabled (``sriov_numvfs``)."""
+        pf_dir = os.path.join(self.sysfs, "bus", "pci", "devices", self.pf_pci(k))
+        self._write(pf_dir, "sriov_numvfs", count)
 
     @staticmethod
     def _write(directory: str, name: str, value: object) -> None:

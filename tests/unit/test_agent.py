@@ -158,6 +158,32 @@ def record(cid: str, ifname: str, pod: PodInfo | None, *rates: tuple[str, int, i
     return att
 
 
+def test_allocations_keep_only_the_published_pfs() -> None:
+    """A DRA network's records share the state directory; their PFs are not the node state's."""
+    p1, p2 = PodInfo("ns", "a", "uid-a"), PodInfo("ns", "d", "uid-d")
+    got = snapshot.allocations(
+        [
+            record("c1", "net1", p1, ("pf0", 5000, 6000), ("dra-pf", 7000, 0)),
+            record("c2", "net1", p2, ("dra-pf", 3000, 0)),  # a claim pod: no entry
+        ],
+        published={"pf0"},
+    )
+    assert got == [nodestate.Allocation("ns", "a", "uid-a", (nodestate.InterfaceUse("pf0", 5000, 6000),))]
+    state = nodestate.NodeState(
+        version=nodestate.VERSION_2,
+        generation=0,
+        updated="2026-11-28T10:00:00Z",
+        networks=(nodestate.Network("n", ("pf0",), (None,)),),
+        pfs=(
+            PfSummary(
+                "pf0", capacity_tx_rate=100000, used_tx_rate=5000, capacity_vfs=4, used_vfs=1, numa_node=None
+            ),
+        ),
+        allocations=tuple(got),
+    )
+    assert nodestate.decode(nodestate.encode(state)).allocations == state.allocations
+
+
 def test_allocations_one_per_pod_in_record_order_without_podless_records() -> None:
     p1 = PodInfo("ns", "a", "uid-a")
     got = snapshot.allocations(

@@ -273,3 +273,7 @@ def test_the_tree_carries_the_agents_protobuf(binary: str) -> None:
     assert (internal / "rdma_cni" / "agent" / "nri" / "ttrpc_pb2.pyc").is_file()
     assert (internal / "google" / "protobuf" / "message.pyc").is_file()
     assert list((internal / "google" / "_upb").glob("_message*.so"))
+    # And what its DRA plugin needs (docs/dra.md): kubelet's messages and grpcio.
+    assert (internal / "rdma_cni" / "agent" / "dra" / "dra_v1_pb2.pyc").is_file()
+    assert (internal / "rdma_cni" / "agent" / "dra" / "registration_v1_pb2.pyc").is_file()
+    assert list((internal / "grpc" / "_cython").glob("cygrpc*.so"))

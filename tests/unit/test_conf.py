@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from rdma_cni.agent import cniserver
+from rdma_cni.agent.dra import kubelet
 from rdma_cni.agent.nri import plugin as nri_plugin
 from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR, load_netconf
 from rdma_cni.cni.errors import InvalidConfig, InvalidPodRequest, UnsupportedField
@@ -54,6 +55,8 @@ EXPECTED_FILES = {
     "network-attachment-definition-crd.yaml",
     # The node's boot unit for sriov_numvfs, checked in test_conf_node.py.
     "node",
+    # DRA (resource.k8s.io/v1, Kubernetes 1.34+): checked in test_conf_dra below and applied in tests/cluster.
+    "dra.yaml",
 }
 
 NAD_API_VERSION = "k8s.cni.cncf.io/v1"
@@ -301,10 +304,19 @@ def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
             # The NRI plugin: the runtime's socket, and the pods' namespaces to prove their VFs.
             os.path.dirname(nri_plugin.DEFAULT_SOCKET),
             "/var/run/netns",
+            # The DRA kubelet plugin's registry and own directory (the installer's defaults).
+            kubelet.DEFAULT_REGISTRY_DIR,
+            kubelet.DEFAULT_PLUGIN_DIR,
         ]
     )
     for volume, host_path in host_paths.items():
         assert mounts[volume] == host_path
+    # The installer's defaults for them are the plugin's (written out there: install never loads grpc).
+    defaults = vars(install_command._parser().parse_args([]))
+    assert (defaults["kubelet_registry_dir"], defaults["kubelet_plugin_dir"]) == (
+        kubelet.DEFAULT_REGISTRY_DIR,
+        kubelet.DEFAULT_PLUGIN_DIR,
+    )
     # The lock directory holds the node lock, the shim's socket and its DEL spool.
     assert os.path.dirname(DEFAULT_LOCK_FILE) == os.path.dirname(os.path.dirname(cniserver.DEFAULT_SOCKET))
     read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
@@ -573,3 +585,17 @@ def test_containerfile_builds_from_source_in_two_stages() -> None:
         "install",
         "--watch",
     ]
+
+
+def test_conf_dra() -> None:
+    """conf/dra.yaml against Kubernetes 1.37's schemas (resource.k8s.io/v1 exists from 1.34 only)."""
+    from rdma_cni.shared.dra import DEVICE_CLASS, DRIVER
+
+    docs = load_docs("dra.yaml")
+    for doc in docs:
+        validate_k8s(doc, kubernetes_validate.latest_version())
+    (device_class,) = [d for d in docs if d["kind"] == "DeviceClass"]
+    assert device_class["metadata"]["name"] == DEVICE_CLASS
+    assert device_class["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rdma-cni", "namespace": "kube-system"}]

@@ -25,7 +25,8 @@ from rdma_cni.extender.demand import Demands
 from rdma_cni.extender.options import parser as extender_parser
 from rdma_cni.extender.options import settings as extender_settings
 from rdma_cni.install import command as install_command
-from rdma_cni.shared import nodestate
+from rdma_cni.shared import dra, nodestate
+from rdma_cni.shared.dra import claims as dra_claims
 from rdma_cni.shared.podrequest import parse_request
 from tests.support import sched_objects as so
 
@@ -196,7 +197,11 @@ def test_the_managed_resources_are_the_ones_nodes_advertise() -> None:
 def test_every_rdma_cni_io_name_in_conf_and_docs_is_one_the_code_defines() -> None:
     """A second name for a concept (the mutual-TLS variant once routed by rdma-cni.io/interfaces,
     which no node advertises) fails here."""
-    known = {nodestate.ANNOTATION, *ADVERTISED}
+    # DRA's: the driver's attributes as a claim's constraints qualify them, and its configuration's
+    # apiVersion (shared/dra).
+    attributes = (dra.ATTR_NETWORK, dra.ATTR_PF, dra.ATTR_RAIL, dra.ATTR_LINK_SPEED, dra.ATTR_MAX_TX_RATE)
+    qualified = {f"{dra.DRIVER}/{name}" for name in attributes}
+    known = {nodestate.ANNOTATION, *ADVERTISED, *qualified, dra_claims.CONFIG_API_VERSION}
     files = [*sorted(CONF.rglob("*.yaml")), *sorted(DOCS.glob("*.md")), ROOT / "README.md"]
     unknown = {
         f"{path.relative_to(ROOT)}: {name}"
@@ -339,4 +344,5 @@ def test_one_cluster_role_per_component() -> None:
                 assert key not in defined, f"{key} in {defined.get(key)} and {path.name}"
                 defined[key] = path.name
     roles = sorted(k.split("/", 1)[1] for k in defined if k.startswith("ClusterRole/"))
-    assert roles == ["rdma-cni", "rdma-cni-scheduler-extender"]  # the agent, the extender
+    # the agent, its DRA rights (conf/dra.yaml, applied only with DRA networks), the extender
+    assert roles == ["rdma-cni", "rdma-cni-dra", "rdma-cni-scheduler-extender"]

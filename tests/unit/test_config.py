@@ -107,6 +107,7 @@ def test_full_config() -> None:
         lockTimeoutSeconds=2.5,
         ipamTimeoutSeconds=1.5,
         capacityMbps={"ens1f0": 100_000, "ens1f1": 0},
+        dra=True,
         vlan=100,
         vlanQoS=3,
         spoofchk=False,
@@ -124,6 +125,15 @@ def test_full_config() -> None:
     assert nc.defaultRequest[0] == InterfaceRequest(min_tx_rate=1000, max_tx_rate=2000)
     assert nc.defaultRequest[1].name == "rdma1"
     assert nc.vf_settings() == {"vlan": [100, 3], "spoofchk": False, "trust": True, "link_state": "enable"}
+    assert nc.dra is True
+
+
+def test_a_dra_network_lists_its_pfs() -> None:
+    with pytest.raises(InvalidConfig, match=r'a DRA network \("dra": true\) must list its PFs in pfs'):
+        load_netconf(conf(dra=True))
+    with pytest.raises(InvalidConfig, match="dra: Input should be a valid boolean"):
+        load_netconf(conf(dra="yes", pfs=["a"]))
+    assert load_netconf(conf()).dra is False
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,10 @@ SHARED_STDLIB_ONLY = (
     "shared.names",
     "shared.quote",
     "shared.errors",
+    "shared.quantity",
+    # The DRA names and the slices' rendering (the claims' module validates with pydantic, as the
+    # pod request does).
+    "shared.dra.slices",
 )
 # Every other layer: shared/ is the bottom of the house, imported by both halves, importing neither.
 ABOVE_SHARED = ("cni", "kube", *KERNEL_LAYER, "agent", "extender", *ENTRY_POINTS, "launch", "httpd", "log")
@@ -263,10 +267,13 @@ def _matches_any(name: str, graph: Graph) -> bool:
     return any(_matches(m, (name,)) for m in graph.direct)
 
 
-# The agent's NRI messages are protobuf code generated at build time (agent/nri/*.proto): protobuf
-# is a runtime dependency that only that package may import, so that no other path (a CNI verb's
-# cold start above all, which tests/unit/test_cli_binary.py watches in the binary) can load it.
-PROTOBUF_USERS = ("agent.nri",)
+# The agent's NRI messages are protobuf code generated at build time (agent/nri/*.proto), and so
+# are kubelet's DRA messages (agent/dra/*_pb2.py, from k8s.io/kubelet's .proto files): protobuf is a
+# runtime dependency that only those packages may import, so that no other path (a CNI verb's cold
+# start above all, which tests/unit/test_cli_binary.py watches in the binary) can load it.
+PROTOBUF_USERS = ("agent.nri", "agent.dra")
+# grpcio serves kubelet's DRA plugin calls, and nothing else: only the module that serves them.
+GRPC_USERS = ("agent.dra.kubelet",)
 
 
 def protobuf_importers(graph: Graph) -> list[str]:
@@ -282,6 +289,27 @@ def test_only_the_nri_plugin_imports_protobuf(graph: Graph) -> None:
     assert protobuf_importers(graph) == []
     # It does use it: the messages are generated, not coded by hand.
     assert "google.protobuf.message" in graph.direct[f"{PACKAGE}.agent.nri.plugin"]
+
+
+def grpc_reachers(graph: Graph) -> list[str]:
+    """Modules that import grpc themselves or reach a GRPC_USERS module, but are not one (or the
+    entry points and agent modules that start the plugin lazily, inside a function)."""
+    out = []
+    for module, names in sorted(graph.direct.items()):
+        if _matches(module, GRPC_USERS):
+            continue
+        if any(n.split(".")[0] == "grpc" for n in names):
+            out.append(module)
+    return out
+
+
+def test_only_the_kubelet_plugin_imports_grpc(graph: Graph) -> None:
+    assert grpc_reachers(graph) == []
+    assert "grpc" in graph.direct[f"{PACKAGE}.agent.dra.kubelet"]
+    # No CNI verb, and no shared or cluster-side module, can reach the plugin (and grpcio behind it).
+    for module in sorted(graph.direct):
+        if _matches(module, ("verbs", "node", "kernel", "shared", "extender", "cni", "kube")):
+            assert f"{PACKAGE}.agent.dra.kubelet" not in graph.reachable(module), module
 
 
 def test_protobuf_outside_the_nri_plugin_is_caught(tmp_path: object) -> None:

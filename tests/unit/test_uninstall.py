@@ -145,6 +145,18 @@ def test_leaves_a_foreign_binary_and_pending_state_and_says_why(node: Root) -> N
     assert code == 0 and not (node.bin_dir / "rdma-cni").exists()
 
 
+def test_removes_an_empty_dra_preparations_dir_and_leaves_a_prepared_claim(node: Root) -> None:
+    (node.state_dir / "prepared").mkdir()
+    code, out, _ = node.main(node.argv())
+    assert code == 0 and not node.state_dir.exists(), out
+    (node.state_dir / "prepared").mkdir(parents=True)
+    (node.state_dir / "prepared" / "uid-1.json").write_text("{}")
+    code, out, _ = node.main(node.argv())
+    assert code == 0
+    assert (node.state_dir / "prepared" / "uid-1.json").exists()
+    assert f"left {node.state_dir / 'prepared'}: not empty: DRA claims still prepared" in out
+
+
 def test_names_the_dels_spooled_while_no_agent_ran(node: Root) -> None:
     node.hold()
     (node.socket.parent / "del-spool" / "c1@net1").write_bytes(b"spooled")
@@ -225,13 +237,14 @@ def test_uninstall_does_not_go_with_watch(node: Root) -> None:
 def test_defaults_are_the_plugins() -> None:
     from rdma_cni.agent import delspool
     from rdma_cni.cni import config
-    from rdma_cni.node import boot, nristate, statedir
+    from rdma_cni.node import boot, nristate, prepared, statedir
     from rdma_cni.shared import nodestate
 
     assert uninstall.DEFAULT_STATE_DIR == config.DEFAULT_STATE_DIR
     assert uninstall.DEFAULT_LOCK_FILE == config.DEFAULT_LOCK_FILE
     assert uninstall.NRI_STATE == nristate.STATE_FILE
     assert uninstall.STATE_SUBDIRS == statedir.SUBDIRS
+    assert uninstall.PREPARED_DIR == prepared.DIRECTORY
     assert uninstall.BOOT_CHECKED == boot.MARKER
     assert uninstall.NODE_STATE_ANNOTATION == nodestate.ANNOTATION
     assert uninstall.SPOOL_NAME == delspool.SPOOL_NAME

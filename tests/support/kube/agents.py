@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 
 from tests.support.kube.controlplane import ControlPlane
@@ -54,17 +55,20 @@ def daemonset_args() -> list[str]:
     return command[2:]
 
 
-def _network_config(directory: str, name: str) -> str:
-    path = os.path.join(directory, "rdma-net.conflist")
+def _network_config(directory: str, name: str = "rdma-net", **fields: object) -> str:
+    """Write network ``name``'s conflist (the node's stateDir, lockFile and IPAM, then ``fields``)."""
+    path = os.path.join(directory, f"{name}.conflist")
+    subnet = 78 if name == "rdma-net" else 79 + sum(map(ord, name)) % 100
     doc = {
         "cniVersion": "1.1.0",
-        "name": "rdma-net",
+        "name": name,
         "plugins": [
             {
                 "type": "rdma-cni",
                 "stateDir": os.path.join(directory, "state"),
                 "lockFile": os.path.join(directory, "lock"),
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.78.0.0/24"}]]},
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": f"10.{subnet}.0.0/24"}]]},
+                **fields,
             }
         ],
     }
@@ -74,10 +78,20 @@ def _network_config(directory: str, name: str) -> str:
 
 
 def start_agent(
-    cp: ControlPlane, directory: str, name: str, pfs: list[SimPf], prefix: str, heartbeat: float
+    cp: ControlPlane,
+    directory: str,
+    name: str,
+    pfs: list[SimPf],
+    prefix: str,
+    heartbeat: float,
+    networks: dict[str, dict[str, object]] | None = None,
 ) -> Agent:
-    """Create the Node, a DaemonSet pod on it and its bound token; start the simulated node and agent."""
-    node = prepare_node(cp, directory, name, pfs, prefix)
+    """Create the Node, a DaemonSet pod on it and its bound token; start the simulated node and agent.
+
+    ``networks``: the node's networks (name -> fields of its rdma-cni entry, e.g. ``pfs`` and
+    ``dra``) instead of the one network rdma-net on every PF.
+    """
+    node = prepare_node(cp, directory, name, pfs, prefix, networks)
     try:
         process = launch_agent(cp, node, f"rdma-cni-{name}", heartbeat)
     except BaseException:
@@ -94,6 +108,27 @@ class NodeHost:
     node: SimNode
     name: str
     directory: str
+    networks: tuple[str, ...] = ("rdma-net",)
+
+    @property
+    def kubelet_dir(self) -> str:
+        """Where the agent's DRA plugin registers and serves, as kubelet's /var/lib/kubelet (a short path:
+        a unix socket's path holds at most 107 bytes)."""
+        return f"/tmp/rk-{os.getpid()}-{self.name[-24:]}"
+
+    @property
+    def registry_dir(self) -> str:
+        """kubelet's plugin registry (``--kubelet-registry-dir``)."""
+        return os.path.join(self.kubelet_dir, "plugins_registry")
+
+    @property
+    def plugin_dir(self) -> str:
+        """The DRA plugin's own directory (``--kubelet-plugin-dir``)."""
+        return os.path.join(self.kubelet_dir, "plugins", "rdma-cni.io")
+
+    def network_file(self, name: str) -> str:
+        """Network ``name``'s configuration."""
+        return os.path.join(self.directory, f"{name}.conflist")
 
     @property
     def socket(self) -> str:
@@ -115,16 +150,25 @@ class NodeHost:
         return os.path.join(self.directory, "pods", pod)
 
 
-def prepare_node(cp: ControlPlane, directory: str, name: str, pfs: list[SimPf], prefix: str) -> NodeHost:
+def prepare_node(
+    cp: ControlPlane,
+    directory: str,
+    name: str,
+    pfs: list[SimPf],
+    prefix: str,
+    networks: dict[str, dict[str, object]] | None = None,
+) -> NodeHost:
     """Create the Node and bring the simulated node up; no agent yet."""
     os.makedirs(directory, exist_ok=True)
     create_node(cp, name)
     # The CNI server's socket directory must be the agent's own, 0700.
     os.makedirs(os.path.join(directory, "agent"), mode=0o700, exist_ok=True)
-    _network_config(directory, name)
+    networks = networks if networks is not None else {"rdma-net": {}}
+    for network, fields in networks.items():
+        _network_config(directory, network, **fields)
     node = SimNode(os.path.join(directory, "node"), pfs, prefix=prefix)
     node.up()
-    return NodeHost(node, name, directory)
+    return NodeHost(node, name, directory, tuple(networks))
 
 
 def agent_pod(cp: ControlPlane, host: NodeHost, pod: str) -> str:
@@ -170,7 +214,9 @@ def launch_agent(
         f"--cni-conf-dir={os.path.join(directory, 'net.d')}",
         f"--kubeconfig-path={host.kubeconfig}",
         f"--serviceaccount-dir={os.path.join(host.pod_dir(pod), 'serviceaccount')}",
-        f"--network-config={host.network_config}",
+        *(f"--network-config={host.network_file(n)}" for n in host.networks),
+        f"--kubelet-registry-dir={host.registry_dir}",
+        f"--kubelet-plugin-dir={host.plugin_dir}",
         f"--ready-file={ready}",
         f"--live-file={os.path.join(host.pod_dir(pod), 'live')}",
         "--nri-socket=",
@@ -192,4 +238,5 @@ def stop_agent(cp: ControlPlane, agent: Agent) -> None:
     """Stop the agent, take its simulated node down and delete its Node (no later test sees it)."""
     agent.process.stop()
     agent.node.down()
+    shutil.rmtree(NodeHost(agent.node, agent.name, agent.directory).kubelet_dir, ignore_errors=True)
     cp.kubectl("delete", "node", agent.name, "--wait=false", check=False)

@@ -38,6 +38,9 @@ CONTROLLERS = ",".join(
         "root-ca-certificate-publisher-controller",
         # Type-checks ValidatingAdmissionPolicies into their status.
         "validatingadmissionpolicy-status-controller",
+        # DRA: makes a pod's ResourceClaims from its ResourceClaimTemplates and frees a claim's
+        # reservation (and a generated claim) when its pod is gone (docs/dra.md).
+        "resourceclaim-controller",
     )
 )
 
@@ -249,6 +252,19 @@ class ControlPlane:
             self.pki.ca,
             client=self.pki.controller_manager,
         )
+        # With --use-service-account-credentials=false every controller acts as
+        # system:kube-controller-manager, whose bootstrap role lacks what two of them need: the DRA
+        # claim controller's (claims from templates) and the garbage collector's (deleting any
+        # object whose owner is gone, a Node's ResourceSlices among them), the roles each would
+        # have under its own service account.
+        for controller in ("resource-claim-controller", "generic-garbage-collector"):
+            self.kubectl(
+                "create",
+                "clusterrolebinding",
+                f"tier-{controller}",
+                f"--clusterrole=system:controller:{controller}",
+                "--user=system:kube-controller-manager",
+            )
         port = free_port()
         argv = [
             self.bins["kube-controller-manager"].path,

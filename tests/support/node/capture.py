@@ -57,7 +57,10 @@ def normalized(call: dict[str, Any], sandbox: str, uid: str, namespace: str) -> 
     addresses as placeholders, and ``CNI_ARGS``' items in order."""
     text = json.dumps(call, sort_keys=True)
     text = text.replace(sandbox, "<sandbox>").replace(uid, "<pod-uid>")
-    text = text.replace(f"K8S_POD_NAMESPACE={namespace};", "K8S_POD_NAMESPACE=<namespace>;")
+    # Wherever the item falls in CNI_ARGS, the last one included (no ';' after it).
+    text = re.sub(
+        rf"K8S_POD_NAMESPACE={re.escape(namespace)}(?=[;\"])", "K8S_POD_NAMESPACE=<namespace>", text
+    )
     text = re.sub(r"/var/run/netns/cni-[0-9a-f-]+", "<netns>", text)
     text = re.sub(r'"([0-9a-f]{2}:){5}[0-9a-f]{2}"', '"<mac>"', text)
     text = re.sub(r'("address": )"[0-9.]+/\d+"', r'\1"<address>"', text)
