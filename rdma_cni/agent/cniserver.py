@@ -36,6 +36,11 @@ records, rollback, the IPAM guard, warm start) is the plugin's own, unchanged.
   answers what is left in its backlog and closes; calls under way are given
   :data:`DRAIN_SECONDS` to finish. With no successor it closes at once (the
   shim spools DELs and answers ADDs "try again later" until a server is back).
+- **Attachments whose pod namespace is gone though no DEL came** (Multus'
+  shim answering DEL itself while its daemon is down, a runtime losing one):
+  the server that owns the socket releases them in this boot, every few
+  seconds, when the kernel proves the namespace gone and the VFs home
+  (:mod:`rdma_cni.agent.orphanpass`, :mod:`rdma_cni.node.orphans`).
 - **Records of an earlier boot** (which no runtime would DEL or GC, the spool
   being lost with ``/run``) are released at the first try to start, before
   the socket is served (and while an old server still serves, during a
@@ -63,6 +68,8 @@ from collections.abc import Mapping, Sequence
 
 from rdma_cni.agent.bootrelease import StatePaths, add_state, network_states, plugin_default, release_all
 from rdma_cni.agent.delspool import Runner, Spool, entry_name, spool_dir
+from rdma_cni.agent.orphanpass import INTERVAL as ORPHAN_INTERVAL
+from rdma_cni.agent.orphanpass import OrphanPass
 from rdma_cni.agent.shimconn import REQUEST_SECONDS, hung_up, peer_allowed, read_request
 from rdma_cni.agent.shimwire import Request, WireError, encode_answer
 from rdma_cni.agent.takeover import FileLock
@@ -150,12 +157,16 @@ class CniServer:
         states: Sequence[StatePaths] = (),
         handover_seconds: float = HANDOVER_SECONDS,
         drain_seconds: float = DRAIN_SECONDS,
+        orphan_interval: float = ORPHAN_INTERVAL,
     ) -> None:
         """Nothing is opened until :meth:`start`.
 
         ``states``: the ``stateDir`` and ``lockFile`` of each network whose records of an
         earlier boot are released at start (:func:`rdma_cni.agent.bootrelease.network_states`);
         none by default, which leaves it to the verbs: a server names the node's state itself.
+        The same directories get the same-boot pass over attachments whose pod namespace is gone
+        though no DEL came, every ``orphan_interval`` seconds while this server owns the socket
+        (:mod:`rdma_cni.agent.orphanpass`; 0 turns it off).
         """
         self.states = list(states)
         self._boot_checked = False
@@ -170,6 +181,7 @@ class CniServer:
         directory = os.path.dirname(self.socket_path)
         self.spool = Spool(spool_dir(self.socket_path), self._run_spooled)
         self.runner = Runner(self.spool, verb_timeout)
+        self.orphans = OrphanPass(self.plugin, self.base_env, self.states, orphan_interval)
         self._lock = FileLock(os.path.join(directory, "cni.lock"))
         self._lock_held = False
         # Held while this server waits for the lock: a stopping owner then hands over instead of closing.
@@ -232,6 +244,7 @@ class CniServer:
         # Off the start's path: a spooled DEL (even one that fails, or hangs in its IPAM) never
         # keeps this server from serving, nor delays an ADD of another attachment.
         self.runner.start()
+        self.orphans.start()
         return True
 
     def _publish(self) -> None:
@@ -282,6 +295,7 @@ class CniServer:
         moment, and removing the path then would leave the node with no server.
         """
         self.runner.stop()
+        self.orphans.stop()
         if self._sock is not None:
             if self._lock_held and self._owns_path():
                 with contextlib.suppress(OSError):

@@ -95,6 +95,9 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
             att = plan(env, conf, finder, chosen, names, list(request.interfaces), isolation, mac)
             # What releases it without this network's configuration: after a reboot (rdma_cni.node.boot).
             att.boot_id = boot.boot_id()
+            # Which namespace, by kernel identity: what tells later in this boot that it is gone
+            # though no DEL came (rdma_cni.node.orphans).
+            att.netns_id = pod.identity()
             if conf.ipam is not None:
                 att.ipam_conf, att.cni_path = ipam_release_conf(doc), list(env.path)
             store.write(att)
