@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 log = logging.getLogger("rdma_cni.agent.cniserver")
 
 HOST_NETNS_PATH = "/proc/self/ns/net"  # its st_dev is nsfs's (the agent does not import the plugin)
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 INTERVAL = 10.0
 # A pass holds the node lock for a few releases at most; its process is given this long.
 PASS_TIMEOUT = 120.0
@@ -51,6 +52,7 @@ def suspects(state_dir: str) -> list[str]:
     except OSError:
         return []
     nsfs_dev = os.stat(HOST_NETNS_PATH).st_dev
+    this_boot = _boot_id()
     out = []
     for name in names:
         try:
@@ -60,6 +62,8 @@ def suspects(state_dir: str) -> list[str]:
             continue
         if not isinstance(doc, dict):
             continue
+        if this_boot and doc.get("boot_id") not in ("", None, this_boot):
+            continue  # an earlier boot's: the boot release's (the pass would keep it too)
         path, ident = doc.get("netns"), doc.get("netns_id")
         if not isinstance(path, str) or not path:
             continue
@@ -75,6 +79,15 @@ def suspects(state_dir: str) -> list[str]:
             # No identity kept (a record before schema 3): only a namespace file at its path keeps it.
             out.append(name[: -len(".json")])
     return out
+
+
+def _boot_id() -> str:
+    """This boot's id (rdma_cni.node.boot.boot_id; the agent does not import the plugin), or ""."""
+    try:
+        with open(BOOT_ID_FILE, encoding="ascii") as f:
+            return f.read(64).strip()
+    except (OSError, ValueError):
+        return ""
 
 
 def run_pass(

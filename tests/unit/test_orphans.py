@@ -239,15 +239,31 @@ def test_the_screen_lets_live_pods_be(tmp_path: Path) -> None:
     alive = tmp_path / "alive"
     alive.write_text("")
     st = os.stat(alive)
-    write(store, record(tmp_path, container_id="a" * 64, netns=str(alive), netns_id=[st.st_dev, st.st_ino]))
-    assert orphanpass.suspects(str(state)) == []
-    write(store, record(tmp_path, container_id="b" * 64))  # its path is gone
     write(
-        store, record(tmp_path, container_id="e" * 64, netns="/proc/self/ns/net", netns_id=[])
+        store,
+        record(
+            tmp_path,
+            boot_id=boot.boot_id(),
+            container_id="a" * 64,
+            netns=str(alive),
+            netns_id=[st.st_dev, st.st_ino],
+        ),
+    )
+    assert orphanpass.suspects(str(state)) == []
+    write(store, record(tmp_path, boot_id=boot.boot_id(), container_id="b" * 64))  # its path is gone
+    write(
+        store,
+        record(
+            tmp_path, boot_id=boot.boot_id(), container_id="e" * 64, netns="/proc/self/ns/net", netns_id=[]
+        ),
     )  # old, alive
-    write(store, record(tmp_path, container_id="f" * 64, netns=str(alive), netns_id=[]))  # old, a plain file
+    write(
+        store, record(tmp_path, boot_id=boot.boot_id(), container_id="f" * 64, netns=str(alive), netns_id=[])
+    )  # old, a plain file
     Path(store.path("9" * 64, "net1")).write_text("{not json")
-    assert orphanpass.suspects(str(state)) == [f"{'b' * 64}@net1", f"{'f' * 64}@net1"]
+    write(store, record(tmp_path, boot_id=boot.boot_id(), container_id="7" * 64))  # this boot's, path gone
+    write(store, record(tmp_path, container_id="8" * 64, boot_id=OTHER_BOOT))  # the boot release's
+    assert orphanpass.suspects(str(state)) == [f"{'7' * 64}@net1", f"{'b' * 64}@net1", f"{'f' * 64}@net1"]
 
 
 def fake_plugin(tmp_path: Path, answer: dict[str, Any]) -> list[str]:
@@ -272,7 +288,7 @@ def test_the_agent_runs_the_pass_only_for_a_suspect_and_counts_each_release(tmp_
     before = released_total()
     assert agent.once() == []  # no record: the plugin is not run
     assert not (tmp_path / "argv").exists()
-    write(store, record(tmp_path, container_id="b" * 64))
+    write(store, record(tmp_path, boot_id=boot.boot_id(), container_id="b" * 64))
     assert agent.once() == [f"{'b' * 64}/net1"]
     assert released_total() == before + 1
     assert eval((tmp_path / "argv").read_text()) == [
