@@ -57,3 +57,5 @@ def test_a_pod_deleted_while_multus_is_down_is_released(node: Node, namespace: s
     finally:
         if held(node):
             release_as_a_reboot_would(node)
+    # By the agent's same-boot pass, which says so (no DEL reached rdma-cni, no reboot came).
+    assert f"whose pod namespace is gone though no DEL came: {sandbox}/" in node.agent_log()
