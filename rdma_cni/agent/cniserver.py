@@ -45,6 +45,11 @@ pool's spare workers are: no verb on a node is a cold one.
   :data:`DRAIN_SECONDS` to finish. With no successor it closes at once (the
   shim spools DELs and answers ADDs "try again later" until a server is back).
   Each server has its workers; the waiting one's are ready before it takes over.
+- **Attachments whose pod namespace is gone though no DEL came** (Multus'
+  shim answering DEL itself while its daemon is down, a runtime losing one):
+  the server that owns the socket releases them in this boot, every few
+  seconds, when the kernel proves the namespace gone and the VFs home
+  (:mod:`rdma_cni.agent.orphanpass`, :mod:`rdma_cni.node.orphans`).
 - **Records of an earlier boot** (which no runtime would DEL or GC, the spool
   being lost with ``/run``) are released at the first try to start, before
   the socket is served (and while an old server still serves, during a
@@ -71,6 +76,8 @@ from collections.abc import Mapping, Sequence
 
 from rdma_cni.agent.bootrelease import StatePaths, add_state, network_states, plugin_default, release_all
 from rdma_cni.agent.delspool import Runner, Spool, entry_name, spool_dir
+from rdma_cni.agent.orphanpass import INTERVAL as ORPHAN_INTERVAL
+from rdma_cni.agent.orphanpass import OrphanPass
 from rdma_cni.agent.shimconn import REQUEST_SECONDS, Knock, peer_allowed, read_request
 from rdma_cni.agent.shimwire import Request, WireError, encode_answer
 from rdma_cni.agent.takeover import FileLock
@@ -137,12 +144,16 @@ class CniServer:
         states: Sequence[StatePaths] = (),
         handover_seconds: float = HANDOVER_SECONDS,
         drain_seconds: float = DRAIN_SECONDS,
+        orphan_interval: float = ORPHAN_INTERVAL,
     ) -> None:
         """Nothing is opened until :meth:`start`.
 
         ``states``: the ``stateDir`` and ``lockFile`` of each network whose records of an
         earlier boot are released at start (:func:`rdma_cni.agent.bootrelease.network_states`);
         none by default, which leaves it to the verbs: a server names the node's state itself.
+        The same directories get the same-boot pass over attachments whose pod namespace is gone
+        though no DEL came, every ``orphan_interval`` seconds while this server owns the socket
+        (:mod:`rdma_cni.agent.orphanpass`; 0 turns it off).
         """
         self.states = list(states)
         self._boot_checked = False
@@ -160,6 +171,7 @@ class CniServer:
         directory = os.path.dirname(self.socket_path)
         self.spool = Spool(spool_dir(self.socket_path), self._run_spooled)
         self.runner = Runner(self.spool, verb_timeout)
+        self.orphans = OrphanPass(self.plugin, self.base_env, self.states, orphan_interval)
         self._lock = FileLock(os.path.join(directory, "cni.lock"))
         self._lock_held = False
         # Held while this server waits for the lock: a stopping owner then hands over instead of closing.
@@ -226,6 +238,7 @@ class CniServer:
         # Off the start's path: a spooled DEL (even one that fails, or hangs in its IPAM) never
         # keeps this server from serving, nor delays an ADD of another attachment.
         self.runner.start()
+        self.orphans.start()
         return True
 
     def _publish(self) -> None:
@@ -280,6 +293,7 @@ class CniServer:
         moment, and removing the path then would leave the node with no server.
         """
         self.runner.stop()
+        self.orphans.stop()
         if self._sock is not None:
             if self._lock_held and self._owns_path():
                 with contextlib.suppress(OSError):
@@ -295,7 +309,8 @@ class CniServer:
     def _hand_over(self) -> None:
         """On stop, with a successor waiting: let it take the path, answering calls until it has."""
         assert self._sock is not None
-        self.runner.stop()  # the successor runs the spool from now on
+        self.runner.stop()  # the successor runs the spool and the orphan pass from now on
+        self.orphans.stop()
         self._lock_held = False
         self._lock.release()
         deadline = time.monotonic() + self.handover_seconds

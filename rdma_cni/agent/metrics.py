@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from rdma_cni.httpd import exporter
 
-__all__ = ["REGISTRY", "api_error", "publish_done", "serve", "watch", "watch_nri"]
+__all__ = ["REGISTRY", "api_error", "orphans_released", "publish_done", "serve", "watch", "watch_nri"]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -50,6 +50,19 @@ _API_ERRORS = Counter(
     ["class"],
     registry=REGISTRY,
 )
+
+
+_ORPHANS_RELEASED = Counter(
+    "rdma_cni_agent_orphans_released_total",
+    "Attachments released in this boot because their pod network namespace was gone and their VFs "
+    "back in the host though no DEL came (a DEL lost by another component: rdma_cni.node.orphans)",
+    registry=REGISTRY,
+)
+
+
+def orphans_released(count: int) -> None:
+    """``count`` attachments were released by the same-boot pass (:mod:`rdma_cni.agent.orphanpass`)."""
+    _ORPHANS_RELEASED.inc(count)
 
 
 def publish_done(outcome: str, started: float) -> None:

@@ -54,6 +54,9 @@ Operator subcommands:
                                                   run the verbs the host's shim hands over (docs/deploy.md)
   rdma-cni release-previous-boot [--state-dir DIR] [--lock-file FILE]
                                                   release the records an earlier boot left (docs/deploy.md)
+  rdma-cni release-orphans [--state-dir DIR] [--lock-file FILE]
+                                                  release this boot's records whose pod namespace is gone
+                                                  though no DEL came (the agent runs it; docs/deploy.md)
   rdma-cni --version
 
 The launcher also starts `rdma-cni warm-server` by itself, and the CNI server `rdma-cni cni-workers`
@@ -204,6 +207,8 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
 
         # Started by the CNI server: its workers run this module's CNI entry for each call.
         return run_workers(rest, run=cni_answer)
+    elif name == "release-orphans":
+        return _release_orphans(rest, out)
     elif name == "warm-server":
         from rdma_cni.launch.warm import main as run_warm
 
@@ -214,6 +219,38 @@ def _subcommand(argv: list[str], out: TextIO) -> int:
         sys.stderr.write(f"rdma-cni: unknown subcommand {name!r}\n\n{USAGE}")
         return 2
     return run_subcommand(rest, out)
+
+
+def _release_orphans(argv: list[str], out: TextIO) -> int:
+    """``rdma-cni release-orphans``: the node agent's same-boot pass (:mod:`rdma_cni.node.orphans`).
+
+    Prints what it did as JSON; exit 0, or 1 when a release failed or the state cannot be reached.
+    """
+    import argparse
+
+    from rdma_cni.cni.config import DEFAULT_LOCK_FILE, DEFAULT_STATE_DIR
+
+    p = argparse.ArgumentParser(
+        prog="rdma-cni release-orphans",
+        description="Release this boot's allocation records whose pod network namespace is gone and whose "
+        "VFs are back in the host, as a DEL would.",
+    )
+    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="default: %(default)s")
+    p.add_argument("--lock-file", default=DEFAULT_LOCK_FILE, help="default: %(default)s")
+    args = p.parse_args(argv)
+    for handler in logging.getLogger("rdma_cni").handlers:
+        handler.setLevel(logging.INFO)  # what was released reaches the agent's log
+    from rdma_cni.launch.startup import defer_unused
+    from rdma_cni.verbs.gc import release_orphans
+
+    defer_unused()
+    try:
+        sweep = release_orphans(args.state_dir, args.lock_file)
+    except CniError as exc:
+        _write(out, {"error": exc.msg, "code": exc.code})
+        return 1
+    _write(out, sweep.to_dict())
+    return 1 if sweep.failed else 0
 
 
 def _release_previous_boot(argv: list[str], out: TextIO) -> int:

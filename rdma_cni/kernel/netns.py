@@ -186,6 +186,15 @@ class Netns:
         host = os.stat(HOST_NETNS_PATH)
         return (mine.st_dev, mine.st_ino) == (host.st_dev, host.st_ino)
 
+    def identity(self) -> list[int]:
+        """[st_dev, st_ino] of the namespace's nsfs file: which namespace it is, as the kernel says.
+
+        Unique among the namespaces alive; a number freed with its namespace may be given to a
+        later one, so it proves a namespace is gone only by its absence, never that it lives.
+        """
+        st = os.fstat(self.fd)
+        return [st.st_dev, st.st_ino]
+
     def host_nsid(self) -> int | None:
         """The id this namespace gives the host's (how its links name a peer in the host)."""
         if not self._host_nsid_known:

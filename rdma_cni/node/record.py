@@ -61,16 +61,18 @@ from rdma_cni.shared import atomicfile
 
 log = logging.getLogger("rdma_cni.record")
 
-SCHEMA = 2
+SCHEMA = 3
 # A version reads the next version's records too, so a rollback releases what the newer version
 # allocated: the next schema (SCHEMA + 1) may only add keys, each one a reader of this schema may
 # ignore when it releases the attachment (DEL, GC) and, when absent, defaulted by the newer reader.
 # A change an older reader must not ignore skips a number, making its records unreadable here.
 # Records are only ever rewritten by the ADD that created them, so no reader drops a key it ignored.
 NEXT_SCHEMA = SCHEMA + 1
-# The version before wrote schema 1: read strictly, the keys schema 2 added taking their defaults.
-# (Schema 2 added boot_id, ipam_conf and cni_path, which schema 1's readers ignore as the rule says.)
+# The versions before wrote schemas 1 and 2: read strictly, the keys added since taking their
+# defaults. (Schema 2 added boot_id, ipam_conf and cni_path; schema 3 netns_id; each one its
+# readers before ignore as the rule says.)
 PREVIOUS_SCHEMA = SCHEMA - 1
+OLDEST_SCHEMA = 1
 # What a record's ipam_conf may hold: the operator's network configuration, never what a pod or
 # the runtime added for one call (cni-args, runtimeConfig, a chained prevResult).
 _NOT_IPAM_CONF = ("args", "runtimeConfig", "prevResult")
@@ -135,6 +137,10 @@ class Attachment:
     # a schema 1 record.
     ipam_conf: dict[str, Any] | None = None
     cni_path: list[str] = field(default_factory=list)
+    # The pod's network namespace by kernel identity, as ADD opened it: [st_dev, st_ino] of its
+    # nsfs file ([] in records before schema 3). What tells, in this boot, whether the namespace
+    # the record names still exists (rdma_cni.node.orphans); the path alone may outlive it.
+    netns_id: list[int] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -166,13 +172,15 @@ def parse_attachment(text: str) -> Attachment:
     """
     data = json.loads(text)
     # The first schema-1 writers wrote no schema key.
-    schema = data.get("schema", PREVIOUS_SCHEMA) if isinstance(data, dict) else None
-    if type(schema) is not int or schema not in (PREVIOUS_SCHEMA, SCHEMA, NEXT_SCHEMA):
+    schema = data.get("schema", OLDEST_SCHEMA) if isinstance(data, dict) else None
+    if type(schema) is not int or not OLDEST_SCHEMA <= schema <= NEXT_SCHEMA:
         raise ValueError(
-            f"record schema {schema!r} is not {SCHEMA} (or {PREVIOUS_SCHEMA} and {NEXT_SCHEMA}, read back)"
+            f"record schema {schema!r} is not {SCHEMA} (or {OLDEST_SCHEMA} to {PREVIOUS_SCHEMA} and "
+            f"{NEXT_SCHEMA}, read back)"
         )
-    if schema == PREVIOUS_SCHEMA and set(data) & _ADDED_IN_SCHEMA_2:
-        raise ValueError(f"unknown keys {sorted(set(data) & _ADDED_IN_SCHEMA_2)} in a schema 1 record")
+    later = set(data) & {key for added, keys in _ADDED_IN_SCHEMA.items() if added > schema for key in keys}
+    if later:
+        raise ValueError(f"unknown keys {sorted(later)} in a schema {schema} record")
     newer = schema == NEXT_SCHEMA
     att = _build(Attachment, data, "attachment", newer=newer)
     if att.state not in ("adding", "ready"):
@@ -192,11 +200,19 @@ def parse_attachment(text: str) -> Attachment:
         raise TypeError("cni_path must be a list of directories")
     if not isinstance(att.created_at, int | float) or isinstance(att.created_at, bool):
         raise TypeError("created_at must be a number")
+    if not isinstance(att.netns_id, list) or (
+        att.netns_id and (len(att.netns_id) != 2 or not all(type(n) is int and n >= 0 for n in att.netns_id))
+    ):
+        raise TypeError("netns_id must be [] or [st_dev, st_ino] (two non-negative integers)")
     att.schema = schema
     return att
 
 
-_ADDED_IN_SCHEMA_2 = frozenset({"boot_id", "ipam_conf", "cni_path"})
+# The keys each schema added: a record of an earlier schema holding one is corrupt.
+_ADDED_IN_SCHEMA = {
+    2: frozenset({"boot_id", "ipam_conf", "cni_path"}),
+    3: frozenset({"netns_id"}),
+}
 
 
 def ipam_release_conf(doc: dict[str, Any]) -> dict[str, Any]:

@@ -96,7 +96,9 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
             vfctl = vf_control(host)
             finder = VfFinder(host, pod)
             with node_lock(conf.lockFile, conf.lockTimeoutSeconds):
-                att = reserve(env, conf, doc, store, pendings, finder, vfctl, request, names, mac, source)
+                att = reserve(
+                    env, conf, doc, store, pendings, finder, vfctl, request, names, mac, source, pod.identity()
+                )
             progress = Progress()
             try:
                 result = perform(att, env, host, finder, vfctl, ipam, isolation, progress)
@@ -136,8 +138,12 @@ def reserve(
     names: list[str],
     mac: str,
     source: str,
+    netns_id: list[int],
 ) -> Attachment:
     """Choose the VFs and write the intent record (state ``adding``): the part of ADD under the node lock.
+
+    ``netns_id``: the pod namespace's kernel identity, which tells later in this boot that it is
+    gone though no DEL came (:mod:`rdma_cni.node.orphans`).
 
     From the moment the record is on disk its VFs are this attachment's: no ADD counts them
     free, and DEL, GC and a crash's clean-up find them there, before any kernel change.
@@ -175,6 +181,7 @@ def reserve(
     att = plan(env, conf, finder, chosen, names, interfaces, isolation, mac)
     # What releases it without this network's configuration: after a reboot (rdma_cni.node.boot).
     att.boot_id = boot.boot_id()
+    att.netns_id = netns_id
     if conf.ipam is not None:
         att.ipam_conf, att.cni_path = ipam_release_conf(doc), list(env.path)
     store.write(att)

@@ -263,6 +263,125 @@ def release_previous_boot(
     return sweep
 
 
+# Records released by one same-boot pass, at most: each costs a few netlink requests and an IPAM
+# DEL under the node lock, which every ADD waits for; the next pass (seconds later) goes on.
+MAX_ORPHANS_PER_PASS = 4
+# How long a pass waits for the node lock: a verb holding it is served first, the pass comes again.
+ORPHAN_LOCK_SECONDS = 1.0
+
+
+@dataclass
+class OrphanSweep:
+    """What one same-boot pass did (attachments as ``containerID/ifname``)."""
+
+    released: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # a kernel-side step failed: the record stays
+    kept: dict[str, str] = field(default_factory=dict)  # why each other record was not released
+    unreadable: int = 0  # records that could not be read: never judged, their VFs stay held
+    left: int = 0  # releasable beyond this pass's bound
+    busy: bool = False  # the node lock was held by a verb: no record was judged
+
+    def to_dict(self) -> dict[str, Any]:
+        """For ``rdma-cni release-orphans``' answer."""
+        return {
+            "released": self.released,
+            "failed": self.failed,
+            "kept": self.kept,
+            "unreadable": self.unreadable,
+            "left": self.left,
+            "busy": self.busy,
+        }
+
+
+def release_orphans(
+    state_dir: str,
+    lock_file: str,
+    *,
+    lock_timeout: float = ORPHAN_LOCK_SECONDS,
+    limit: int = MAX_ORPHANS_PER_PASS,
+    environ: Mapping[str, str] | None = None,
+) -> OrphanSweep:
+    """Release, in this boot, the records of ``state_dir`` whose pod network namespace is gone.
+
+    The decision is :func:`rdma_cni.node.orphans.judge`'s (namespace gone by
+    kernel identity, every VF proven home, no verb under way: the node lock is
+    held here); the release is the one the boot release makes, a DEL without
+    ``CNI_NETNS`` with the record's own IPAM configuration (:func:`_release`):
+    VFs home by identity, names, MACs, MTUs and PF-side settings (the rate
+    included) restored, IPAM released, the record removed. A node lock held by
+    a verb for longer than ``lock_timeout`` makes the pass give way (``busy``).
+    """
+    from rdma_cni.cni.errors import TryAgainLater
+    from rdma_cni.kernel.rdma import RdmaClient
+    from rdma_cni.node import orphans
+
+    sweep = OrphanSweep()
+    store = RecordStore(state_dir)
+    if not os.path.isdir(store.dir):
+        return sweep
+    seen: list[set[int]] = []
+
+    def live() -> set[int]:
+        if not seen:
+            seen.append(orphans.live_namespaces())
+        return seen[0]
+
+    def rdma_home(device: str) -> bool:
+        try:
+            with RdmaClient() as client:
+                return client.find_by_name(device) is not None
+        except OSError:  # no RDMA netlink here: it cannot be seen home
+            return False
+
+    try:
+        with node_lock(lock_file, lock_timeout):
+            unreadable: list[str] = []
+            records = store.all(unreadable)
+            sweep.unreadable = len(unreadable)
+            now = boot.current(time.time())
+            ipam_module.start_verb()
+            with Rtnl() as host:
+                finder = VfFinder(host, None)
+                vfctl = vf_control(host)
+                for att in records:
+                    key = f"{att.container_id}/{att.ifname}"
+                    why = orphans.judge(
+                        att,
+                        vf_home=lambda pci, name: finder.in_host(pci, name) is not None,
+                        rdma_home=rdma_home,
+                        live=live,
+                        now=now,
+                    )
+                    if why is not None:
+                        sweep.kept[key] = why
+                        continue
+                    if len(sweep.released) + len(sweep.failed) >= limit:
+                        sweep.left += 1
+                        continue
+                    log.info(
+                        "releasing %s: its network namespace %s is gone and its VFs are back in the host, "
+                        "but no DEL came",
+                        describe(att),
+                        att.netns,
+                    )
+                    problem = _release(att, state_dir, store, host, finder, vfctl, None, environ)
+                    if problem is None or problem.code == 104:
+                        sweep.released.append(key)
+                    else:
+                        sweep.failed.append(key)
+                    if problem is not None:
+                        log.error(
+                            "%s: %s%s", key, problem.msg, f" ({problem.details})" if problem.details else ""
+                        )
+    except TryAgainLater:
+        sweep.busy = True
+    if sweep.unreadable:
+        log.warning(
+            "%d record(s) in %s cannot be read: not judged, their VFs stay held", sweep.unreadable, state_dir
+        )
+    return sweep
+
+
 def _in_use_elsewhere(att: Attachment, finder: VfFinder) -> bool:
     """Whether a VF of ``att`` exists and is not proven home in the host (it may sit in a live pod)."""
     return any(

@@ -94,7 +94,7 @@ def added_pod_of_an_earlier_boot(cluster: Cluster, conf: dict[str, Any]) -> dict
     with open(record_path(cluster, pod)) as f:
         doc = json.load(f)
     # ADD keeps what releases it without the network's configuration.
-    assert doc["schema"] == 2 and doc["boot_id"] == boot.boot_id()
+    assert doc["schema"] == 3 and doc["boot_id"] == boot.boot_id()
     assert doc["ipam_conf"]["ipam"] == conf["ipam"] and doc["cni_path"] == cluster.cni_path.split(":")
     assert "args" not in doc["ipam_conf"]
     reboot_away(cluster, pod)
@@ -217,7 +217,7 @@ def test_a_record_of_this_boot_is_never_released(cluster: Cluster) -> None:
 
 def as_the_version_before(doc: dict[str, Any], created_at: float) -> None:
     """A schema 1 record: no boot id, no IPAM configuration of its own."""
-    for key in ("boot_id", "ipam_conf", "cni_path"):
+    for key in ("boot_id", "ipam_conf", "cni_path", "netns_id"):
         del doc[key]
     doc["schema"] = 1
     doc["created_at"] = created_at

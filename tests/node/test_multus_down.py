@@ -1,21 +1,20 @@
-"""A pod deleted while Multus' daemon is down: its DELs never reach rdma-cni (a known gap).
+"""A pod deleted while Multus' daemon is down: its DELs never reach rdma-cni, the agent releases it.
 
 Multus' thick shim answers DEL itself, with success, when its daemon does not answer
 (multus-cni v4.3.0 ``pkg/server/api/shim.go``, "No error in DEL (as of CNI spec)"). kubelet's
 StopPodSandbox and RemovePodSandbox both succeed that way, the sandbox is forgotten, and no
-runtime here calls GC: the pod's records stay, holding its VFs and addresses, until the next
-boot (whose agent releases records of earlier boots). rdma-cni's own shim spools a DEL it cannot
-hand over; Multus' does not. The test asserts the node at rest afterwards and is expected to
-fail until rdma-cni releases, within the same boot, records whose pod namespace is gone; it then
-puts the node back at rest as a reboot would (the leaked records marked as an earlier boot's,
-the agent restarted) so that the tests after it start clean.
+runtime here calls GC. rdma-cni's own shim spools a DEL it cannot hand over; Multus' does not.
+What releases the pod in the same boot: the agent's periodic pass (rdma_cni/agent/orphanpass.py,
+rdma_cni/node/orphans.py) finds its namespace gone and its VFs back in the host (moved home here
+as the kernel moves a real VF) and releases its record, VF, rate and lease as a DEL would. Should
+it not, the node is put back at rest as a reboot would (the leaked records marked as an earlier
+boot's, the agent restarted) so that the tests after it start clean.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.node.conftest import held, release_as_a_reboot_would, wait_at_rest
@@ -28,9 +27,6 @@ def multus_pods(node: Node) -> list[dict[str, Any]]:
     return list(node.get("pods", "-n", "kube-system", "-l", "app=multus")["items"])
 
 
-@pytest.mark.xfail(
-    strict=True, reason="Multus' shim swallows DEL while its daemon is down; no same-boot release"
-)
 def test_a_pod_deleted_while_multus_is_down_is_released(node: Node, namespace: str) -> None:
     pods.create(node, pods.pod_manifest(namespace, "gone", "default/rdma-net", [{"min_tx_rate": 1000}]))
     pods.wait_running(node, namespace, ["gone"])
@@ -61,3 +57,5 @@ def test_a_pod_deleted_while_multus_is_down_is_released(node: Node, namespace: s
     finally:
         if held(node):
             release_as_a_reboot_would(node)
+    # By the agent's same-boot pass, which says so (no DEL reached rdma-cni, no reboot came).
+    assert f"whose pod namespace is gone though no DEL came: {sandbox}/" in node.agent_log()

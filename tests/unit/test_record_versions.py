@@ -31,6 +31,10 @@ SCHEMA_1_POD = {"namespace", "name", "uid"}
 # written in, and what releases its IPAM without the network's configuration: rdma_cni.node.boot).
 SCHEMA_2_ADDED = {"boot_id", "ipam_conf", "cni_path"}
 SCHEMA_2_ATTACHMENT = SCHEMA_1_ATTACHMENT | SCHEMA_2_ADDED
+# Schema 3 added the pod namespace's kernel identity (what the same-boot release of an attachment
+# whose DEL was lost compares: rdma_cni.node.orphans); a schema-2 reader ignores it.
+SCHEMA_3_ADDED = {"netns_id"}
+SCHEMA_3_ATTACHMENT = SCHEMA_2_ATTACHMENT | SCHEMA_3_ADDED
 BOOT_ID = "0f5c8a2e-4b1d-4c3e-9a7f-1e2d3c4b5a69"
 
 
@@ -61,8 +65,8 @@ def next_schema(att: Attachment) -> dict[str, Any]:
 
 def test_this_schema_writes_exactly_the_frozen_keys() -> None:
     doc = json.loads(attachment().to_json())
-    assert record.SCHEMA == 2
-    assert set(doc) == SCHEMA_2_ATTACHMENT
+    assert record.SCHEMA == 3
+    assert set(doc) == SCHEMA_3_ATTACHMENT
     assert set(doc["vfs"][0]) == SCHEMA_1_VF
     assert set(doc["pod"]) == SCHEMA_1_POD
 
@@ -73,13 +77,13 @@ def test_a_record_of_the_previous_release_is_read() -> None:
     vf |= {"host_mac": "02:00:00:00:00:03", "host_mtu": 1500, "pod_name": "net1"}
     doc = {"container_id": "c" * 64, "ifname": "net1", "network": "n", "netns": "/p", "cni_version": "1.0.0"}
     att = parse_attachment(json.dumps({**doc, "vfs": [vf]}))
-    assert att.state == "adding" and att.schema == record.PREVIOUS_SCHEMA and att.vfs[0].rdma_action == ""
+    assert att.state == "adding" and att.schema == record.OLDEST_SCHEMA and att.vfs[0].rdma_action == ""
     assert (att.boot_id, att.ipam_conf, att.cni_path) == ("", None, [])
 
 
 def test_a_schema_1_record_as_the_version_before_writes_it_is_read_with_the_new_keys_defaulted() -> None:
     doc = json.loads(attachment().to_json())
-    for key in SCHEMA_2_ADDED:
+    for key in SCHEMA_2_ADDED | SCHEMA_3_ADDED:
         del doc[key]
     doc["schema"] = 1
     att = parse_attachment(json.dumps(doc))
@@ -92,9 +96,33 @@ def test_a_schema_1_record_with_a_schema_2_key_is_corrupt() -> None:
     doc = json.loads(attachment().to_json())
     doc["schema"] = 1
     doc["boot_id"] = BOOT_ID
-    del doc["ipam_conf"], doc["cni_path"]
+    del doc["ipam_conf"], doc["cni_path"], doc["netns_id"]
     with pytest.raises(ValueError, match=r"unknown keys \['boot_id'\] in a schema 1 record"):
         parse_attachment(json.dumps(doc))
+
+
+def test_a_schema_2_record_as_the_version_before_writes_it_is_read_without_an_identity() -> None:
+    doc = json.loads(attachment().to_json())
+    del doc["netns_id"]
+    doc["schema"] = 2
+    att = parse_attachment(json.dumps(doc))
+    expected = attachment()
+    expected.schema = 2
+    assert att == expected and att.netns_id == []
+
+
+def test_a_schema_2_record_with_a_schema_3_key_is_corrupt() -> None:
+    doc = json.loads(attachment().to_json())
+    doc["schema"] = 2
+    doc["netns_id"] = [4, 4026532000]
+    with pytest.raises(ValueError, match=r"unknown keys \['netns_id'\] in a schema 2 record"):
+        parse_attachment(json.dumps(doc))
+
+
+def test_the_namespace_identity_round_trips() -> None:
+    att = attachment()
+    att.netns_id = [4, 4026532000]
+    assert parse_attachment(att.to_json()) == att
 
 
 def test_the_schema_2_keys_round_trip() -> None:
@@ -116,6 +144,11 @@ def test_the_schema_2_keys_round_trip() -> None:
         ("cni_path", [1], "cni_path must be a list"),
         ("created_at", "yesterday", "created_at must be a number"),
         ("created_at", True, "created_at must be a number"),
+        ("netns_id", [4], "netns_id must be"),
+        ("netns_id", [4, -1], "netns_id must be"),
+        ("netns_id", [4, "4026532000"], "netns_id must be"),
+        ("netns_id", {"dev": 4}, "netns_id must be"),
+        ("netns_id", [True, 4026532000], "netns_id must be"),
     ],
 )
 def test_bad_schema_2_values_are_corrupt(key: str, value: Any, message: str) -> None:
@@ -158,7 +191,7 @@ def test_unknown_keys_in_this_schema_are_still_corrupt() -> None:
         parse_attachment(json.dumps(doc))
 
 
-@pytest.mark.parametrize("schema", [0, record.SCHEMA + 2, "1", "2", None, True, 2.0])
+@pytest.mark.parametrize("schema", [0, -1, record.SCHEMA + 2, "1", "2", None, True, 2.0])
 def test_other_schemas_are_unreadable(schema: Any) -> None:
     doc = json.loads(attachment().to_json())
     doc["schema"] = schema
