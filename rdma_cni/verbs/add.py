@@ -95,9 +95,10 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
         ):
             vfctl = vf_control(host)
             finder = VfFinder(host, pod)
+            netns_id = pod.identity()
             with node_lock(conf.lockFile, conf.lockTimeoutSeconds):
                 att = reserve(
-                    env, conf, doc, store, pendings, finder, vfctl, request, names, mac, source, pod.identity()
+                    env, conf, doc, store, pendings, finder, vfctl, request, names, mac, source, netns_id
                 )
             progress = Progress()
             try:
