@@ -285,16 +285,6 @@ def start_default_scheduler(cp: ControlPlane, qps: float) -> Component:
     )
 
 
-class _Direct:
-    """Stands where the tier's recorder would: kube-scheduler calls the extender's own port."""
-
-    def __init__(self, target_port: int) -> None:
-        self.port = target_port
-
-    def stop(self) -> None:
-        """Nothing runs."""
-
-
 # -- inputs
 
 
@@ -723,9 +713,8 @@ def main() -> None:
                 sched.stop()
         if not args.skip_rdma:
             # kube-scheduler calls the extender itself, as in the Deployment (no recorder in between).
-            rdmascheduler.start_recorder = _Direct  # type: ignore[assignment]
             queued = queue_pods(api, "rdma-scheduler", "rdma-scheduler", args, base) if args.queued else None
-            pair = rdmascheduler.start_rdma_scheduler(cp, tag="bench")
+            pair = rdmascheduler.start_rdma_scheduler(cp, tag="bench", record=False)
             try:
                 procs = {**base, "kube-scheduler": pid_of(pair.scheduler), "extender": pid_of(pair.extender)}
                 results.append(

@@ -416,23 +416,12 @@ def measure(
         print(table(results[-1:]), flush=True)
 
     def start_extender() -> Callable[[], None]:
-        rdmascheduler.start_recorder = _Direct  # type: ignore[assignment]
-        pair = rdmascheduler.start_rdma_scheduler(cp, tag="dra-bench")
+        pair = rdmascheduler.start_rdma_scheduler(cp, tag="dra-bench", record=False)
         return pair.stop
 
     results.append(run_path(api, "extender", stream, node_states, start_extender, stall))
     print(table(results[-1:]), flush=True)
     return results
-
-
-class _Direct:
-    """Where the tier's recorder would be: kube-scheduler calls the extender directly, as deployed."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-
-    def stop(self) -> None:
-        pass
 
 
 def _exists(api: Api, path: str) -> bool:

@@ -25,7 +25,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -162,6 +162,7 @@ def start_rdma_scheduler(
     networks: str | None = None,
     *,
     extender_api_port: int | None = None,
+    record: bool = True,
 ) -> RdmaScheduler:
     """Start the extender and kube-scheduler of ``manifest_name`` (already applied to ``cp``).
 
@@ -169,6 +170,8 @@ def start_rdma_scheduler(
     every rdma-cni network there, as the manifest's comment says).
     ``extender_api_port``: the extender reaches kube-apiserver at that loopback port instead (a
     test's relay in between); kube-scheduler always reaches it directly.
+    ``record``: kube-scheduler calls the extender through the recorder; without, directly, as
+    deployed (the benchmarks: a recorder's hop is not what they measure).
     """
     assert cp.pki is not None
     docs = manifest(manifest_name)
@@ -194,7 +197,7 @@ def start_rdma_scheduler(
     )
 
     # kube-scheduler with the ConfigMap the API server holds.
-    recorder = start_recorder(ports["--listen"])
+    recorder = start_recorder(ports["--listen"]) if record else cast(Recorder, _Direct(ports["--listen"]))
     try:
         volume = next(
             v for v in deployment["spec"]["template"]["spec"]["volumes"] if v.get("configMap") is not None
@@ -243,3 +246,13 @@ def start_rdma_scheduler(
     return RdmaScheduler(
         extender, scheduler, ports["--listen"], probe, ports.get("--metrics-listen"), config, recorder, port
     )
+
+
+class _Direct:
+    """Where the recorder would be with ``record=False``: its port is the extender's own."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def stop(self) -> None:
+        pass
