@@ -91,8 +91,9 @@ class Sampler:
 
 def test_a_burst_of_32_pods_fits_the_agents_limits(node: Node, namespace: str) -> None:
     # The worst case: an agent that has served nothing yet (just started, as after a reboot or a
-    # rollout), so no warm server: the burst's first verbs all start cold, each a whole plugin
-    # process (a warm agent's burst peaked at a quarter of it).
+    # rollout). Its verb workers are forked from the zygote as the burst needs them, up to the
+    # server's bound, each with its own IPAM execs; before the workers every verb was a whole
+    # plugin process, and that burst is what set conf/'s limit (docs/testing.md, "Node tier").
     (old,) = node.agent_pods()
     node.kubectl("delete", "pod", old["metadata"]["name"], "-n", "kube-system", "--wait=true")
     wait_for(
