@@ -339,6 +339,9 @@ def test_the_extenders_rbac_denies_the_pod_itself(extender: Extender) -> None:
     assert caught.value.status == 403
 
 
+UNCHECKABLE_STATUS_FIELDS = {"allocatedResources"}
+
+
 def test_the_pod_policy_names_every_field_of_the_pods_status(extender: Extender) -> None:
     """A field Kubernetes adds to PodStatus must be named in the policy, or the extender could change it."""
     openapi = json.loads(extender.cp.kubectl("get", "--raw", "/openapi/v3/api/v1").stdout)
@@ -347,4 +350,7 @@ def test_the_pod_policy_names_every_field_of_the_pods_status(extender: Extender)
         d for d in documents("scheduler-extender-mtls.yaml") if d.get("kind") == "ValidatingAdmissionPolicy"
     )
     named = set(re.findall(r"oldObject\.status\.(\w+)", json.dumps(policy["spec"])))
-    assert named == fields, (sorted(fields - named), sorted(named - fields))
+    # The one field left out, and why: the policy's comment (kube-apiserver's type check calls it
+    # undefined; test_conf_applies.py requires no type-check warning; only kubelet sets it).
+    assert not named & UNCHECKABLE_STATUS_FIELDS
+    assert named | UNCHECKABLE_STATUS_FIELDS == fields, (sorted(fields - named), sorted(named - fields))

@@ -118,8 +118,10 @@ def start_recorder(target_port: int) -> Recorder:
                 )
                 resp = conn.getresponse()
                 answer, status, ctype = resp.read(), resp.status, resp.getheader("Content-Type", "")
-            except OSError:
-                self.send_error(502)
+            except (OSError, http.client.HTTPException) as exc:
+                # An answer cut short is the extender's failure to show, not the recorder's to hide
+                # behind a dropped connection (kube-scheduler would report only "EOF").
+                self.send_error(502, explain=f"{type(exc).__name__}: {exc}"[:300])
                 return
             finally:
                 conn.close()
