@@ -251,6 +251,8 @@ class CniServer:
                 os.unlink(temp)  # a server that died between bind and rename: we hold the lock
             sock.bind(temp)
             sock.listen(64)
+            # Not shared/atomicfile: a listening socket is published, not a file's content (bind
+            # cannot replace a name, so it is bound aside and renamed); /run does not outlive the boot.
             os.rename(temp, self.socket_path)
             st = os.stat(self.socket_path)
         except OSError as exc:

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from rdma_cni.agent.shimconn import hung_up
 from rdma_cni.agent.shimwire import ANSWER_HEADER, ANSWER_MAGIC, Request, encode_request
-from rdma_cni.agent.verbworker import FORK, FORK_FAILED, FORKED, WORKER_READY, ZYGOTE_READY
+from rdma_cni.agent.verbworker import FORK, FORK_FAILED, FORKED, WORKER_READY, ZYGOTE_READY, read_exact
 
 log = logging.getLogger("rdma_cni.agent.cniserver")
 
@@ -293,14 +293,14 @@ class WorkerPool:
         )
         worker.channel.settimeout(ANSWER_SECONDS)
         try:
-            head = _recv_exact(worker.channel, ANSWER_HEADER.size)
+            head = read_exact(worker.channel, ANSWER_HEADER.size)
             magic, status, out_len, err_len, _ = ANSWER_HEADER.unpack(head)
             if magic != ANSWER_MAGIC or out_len > MAX_OUTPUT or err_len > MAX_STDERR:
                 log.error("worker %d answered %s with something it never sends: killed", worker.pid, command)
                 return self._Outcome(
                     1, cni_error(999, "the plugin's answer is too large to relay"), b"", False
                 )
-            body = _recv_exact(worker.channel, out_len + err_len)
+            body = read_exact(worker.channel, out_len + err_len)
         except (OSError, EOFError):
             log.error("worker %d died running %s", worker.pid, command)
             return self._Outcome(1, cni_error(11, died), b"", keep=False)
@@ -497,13 +497,3 @@ def _send(channel: socket.socket, data: bytes, fd: int | None) -> None:
     sent = channel.sendmsg([data], ancillary)
     if sent < len(data):
         channel.sendall(data[sent:])
-
-
-def _recv_exact(channel: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = channel.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return bytes(buf)

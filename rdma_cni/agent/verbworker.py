@@ -238,7 +238,7 @@ def receive(channel: socket.socket) -> tuple[Request, int | None]:
                 raise EOFError
             raw += more
         header = parse_header(raw)
-        body = _read_exact(channel, header.env_len + header.stdin_len)
+        body = read_exact(channel, header.env_len + header.stdin_len)
         request = Request(
             env=parse_env(body[: header.env_len]),
             stdin=body[header.env_len :],
@@ -251,7 +251,8 @@ def receive(channel: socket.socket) -> tuple[Request, int | None]:
     return request, (fds[0] if fds else None)
 
 
-def _read_exact(channel: socket.socket, n: int) -> bytes:
+def read_exact(channel: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from the pool's and the workers' socketpair; EOFError when it closes."""
     buf = bytearray()
     while len(buf) < n:
         chunk = channel.recv(min(n - len(buf), 1 << 20))
