@@ -10,20 +10,34 @@ DaemonSet's hostPath mounts), calls NodePrepareResources before the sandbox, and
 through the shim applies the allocated bandwidth as the VF's guaranteed rate. Deleting the pod
 runs DEL and kubelet's NodeUnprepareResources: nothing is left held or prepared. The node is put
 back as the other tests expect it (the shipped DaemonSet, no DRA objects).
+
+``RDMA_CNI_RECORD_DRA_WIRE=<file>`` records kubelet's calls to the plugin into ``<file>`` (the
+unit tier's tests/unit/data/kubelet-dra-wire.json, docs/testing.md#the-kubelets-dra-calls): the
+DaemonSet's two kubelet hostPath volumes then point out of kubelet's sight, and
+tests/support/drawire.py's Recorder serves the paths kubelet dials (the agent's registration
+socket's name in kubelet's plugin registry, the endpoint the agent's GetInfo names), passing
+every call's bytes on to the agent unchanged. Without it the DaemonSet's paths are as shipped.
 """
 
 from __future__ import annotations
 
+import datetime
+import glob
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
+from rdma_cni.agent.dra import dra_v1_pb2 as dra_pb
+from rdma_cni.agent.dra import registration_v1_pb2 as reg_pb
+from rdma_cni.agent.dra.kubelet import DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
 from tests.node.conftest import wait_at_rest
+from tests.support import drawire
 from tests.support.kube.controlplane import REPO
 from tests.support.kube.dra import allocation_of, claim_template, devices, pod_claim
 from tests.support.node import pods
@@ -36,6 +50,15 @@ CONFIGMAP = "rdma-cni-networks"
 MOUNT = "/etc/rdma-cni/network"
 PREPARED = os.path.join(STATE_DIR, "prepared")
 REQUEST = [{"min_tx_rate": 15000, "max_tx_rate": 20000}]
+WIRE = os.path.join(REPO, "tests", "unit", "data", "kubelet-dra-wire.json")
+RECORD = os.environ.get("RDMA_CNI_RECORD_DRA_WIRE", "")
+# Recording: where the agent's two kubelet directories are instead (kubelet's plugin watcher looks
+# in its plugins_registry only, so it never sees the agent's own registration socket here).
+HIDDEN = os.path.join(os.path.dirname(DEFAULT_PLUGIN_DIR), "rdma-cni.io-recorded")
+HIDDEN_VOLUMES = {
+    "kubelet-plugins-registry": os.path.join(HIDDEN, "registry"),
+    "kubelet-plugin": os.path.join(HIDDEN, "plugin"),
+}
 
 
 def network_configs(node: Node) -> dict[str, dict[str, Any]]:
@@ -49,11 +72,16 @@ def network_configs(node: Node) -> dict[str, dict[str, Any]]:
     return {"rdma-net.json": rdma_net, f"{DRA_NETWORK}.json": dra}
 
 
-def daemonset_with_networks(text: str, files: list[str]) -> str:
+def daemonset_with_networks(text: str, files: list[str], hidden: bool = False) -> str:
     """conf/daemonset.yaml (as the tier applies it) with the network configurations mounted from
-    the ConfigMap and named by ``--network-config``, as its comment tells an operator to."""
+    the ConfigMap and named by ``--network-config``, as its comment tells an operator to; with
+    ``hidden`` (recording), its kubelet volumes' host paths are :data:`HIDDEN_VOLUMES`'s."""
     doc = yaml.safe_load(text)
     spec = doc["spec"]["template"]["spec"]
+    if hidden:
+        for volume in spec["volumes"]:
+            if volume["name"] in HIDDEN_VOLUMES:
+                volume["hostPath"]["path"] = HIDDEN_VOLUMES[volume["name"]]
     (container,) = [c for c in spec["containers"] if c["name"] == "install"]
     container["command"] += [f"--network-config={MOUNT}/{name}" for name in files]
     container["volumeMounts"].append({"name": "network-config", "mountPath": MOUNT, "readOnly": True})
@@ -88,7 +116,7 @@ def dra_node(node: Node) -> Iterator[Node]:
         "data": {name: json.dumps(config) for name, config in configs.items()},
     }
     node.kubectl("apply", "-f", "-", input=json.dumps(configmap))
-    text = daemonset_with_networks(node.daemonset_text, sorted(configs))
+    text = daemonset_with_networks(node.daemonset_text, sorted(configs), hidden=bool(RECORD))
     node.kubectl("apply", "--server-side", "--field-manager=rdma-cni-operator", "-f", "-", input=text)
     try:
         rollout(node)
@@ -100,6 +128,38 @@ def dra_node(node: Node) -> Iterator[Node]:
         node.kubectl("delete", "--ignore-not-found", "network-attachment-definition", DRA_NETWORK)
         node.kubectl("delete", "resourceslices", "--field-selector=spec.driver=rdma-cni.io")
         node.kubectl("delete", "--ignore-not-found", "-f", "-", input=conf_dra())
+        shutil.rmtree(HIDDEN, ignore_errors=True)
+
+
+@pytest.fixture
+def wire(dra_node: Node) -> Iterator[drawire.Recorder | None]:
+    """With ``RDMA_CNI_RECORD_DRA_WIRE``: the Recorder between kubelet and the new agent's plugin."""
+    if not RECORD:
+        yield None
+        return
+
+    def agent_sockets() -> tuple[str, str] | None:
+        registration = glob.glob(
+            os.path.join(HIDDEN_VOLUMES["kubelet-plugins-registry"], "rdma-cni.io-*-reg.sock")
+        )
+        endpoint = glob.glob(os.path.join(HIDDEN_VOLUMES["kubelet-plugin"], "dra-*.sock"))
+        return (registration[0], endpoint[0]) if len(registration) == len(endpoint) == 1 else None
+
+    registration, endpoint = wait_for(agent_sockets, 120, "the agent's DRA sockets")
+    # The names kubelet would have seen: the registration socket's in its registry, and the
+    # endpoint GetInfo answers with (the agent's path in its container, as shipped).
+    listen = {
+        "dra": os.path.join(DEFAULT_PLUGIN_DIR, os.path.basename(endpoint)),
+        "registration": os.path.join(DEFAULT_REGISTRY_DIR, os.path.basename(registration)),
+    }
+    os.makedirs(DEFAULT_PLUGIN_DIR, exist_ok=True)
+    # dra first: kubelet's plugin watcher calls GetInfo as soon as the registration socket exists.
+    recorder = drawire.Recorder(listen, {"dra": endpoint, "registration": registration})
+    recorder.start()
+    try:
+        yield recorder
+    finally:
+        recorder.stop()
 
 
 def preparations() -> dict[str, dict[str, Any]]:
@@ -114,7 +174,19 @@ def preparations() -> dict[str, dict[str, Any]]:
     return out
 
 
-def test_kubelet_prepares_a_claim_and_add_applies_the_allocated_rate(dra_node: Node, namespace: str) -> None:
+def test_the_recorded_wire_is_this_kubelets(node: Node) -> None:
+    # The unit tier replays tests/unit/data/kubelet-dra-wire.json as kubelet's calls: it must be
+    # this tier's kubelet that sent them, or the recording is stale.
+    recorded = drawire.provenance(WIRE).get("kubelet")
+    assert RECORD or recorded == node.bins["kubelet"].version, (
+        f"{WIRE} was recorded from kubelet {recorded}, this node runs {node.bins['kubelet'].version}: "
+        "re-record it (docs/testing.md#the-kubelets-dra-calls)"
+    )
+
+
+def test_kubelet_prepares_a_claim_and_add_applies_the_allocated_rate(
+    dra_node: Node, wire: drawire.Recorder | None, namespace: str
+) -> None:
     node = dra_node
     first, second = (pf.name for pf in node.sim.pfs)
     # The agent publishes the DRA network's PF, and only that one, as a device of its node.
@@ -173,3 +245,66 @@ def test_kubelet_prepares_a_claim_and_add_applies_the_allocated_rate(dra_node: N
     pods.wait_gone(node, namespace, ["dra-pod"])
     wait_at_rest(node)
     wait_for(lambda: not preparations(), 120, "the claim unprepared")
+    if wire is not None:
+        save_recording(node, wire, claim)
+
+
+def answered(recorder: drawire.Recorder, method: str) -> bool:
+    return any(
+        c.method == drawire.DRA + method and (c.answer is not None or c.code != "OK")
+        for c in list(recorder.calls)
+    )
+
+
+def save_recording(node: Node, recorder: drawire.Recorder, claim_object: dict[str, Any]) -> None:
+    """The recorded calls are kubelet's for this pod's claim; written to ``RDMA_CNI_RECORD_DRA_WIRE``.
+
+    With them, the claim and its allocation as kube-apiserver has them (``api``): what the unit
+    tier checks the plugin's reading of the bytes and its answer against, known without them.
+    """
+    meta = claim_object["metadata"]
+    claim = (meta["namespace"], meta["uid"], meta["name"])
+    # The preparation is gone before the plugin answers: wait for the answer to be recorded too.
+    wait_for(lambda: answered(recorder, "NodeUnprepareResources"), 60, "NodeUnprepareResources answered")
+    calls = list(recorder.calls)
+    by_method = {c.method: c for c in calls}
+    assert reg_pb.RegistrationStatus.FromString(
+        by_method[drawire.REGISTRATION + "NotifyRegistrationStatus"].request
+    ).plugin_registered, calls
+    for method, message in (
+        ("NodePrepareResources", dra_pb.NodePrepareResourcesRequest),
+        ("NodeUnprepareResources", dra_pb.NodeUnprepareResourcesRequest),
+    ):
+        for call in (c for c in calls if c.method == drawire.DRA + method):
+            sent = message.FromString(call.request)
+            assert [(c.namespace, c.uid, c.name) for c in sent.claims] == [claim], (method, sent)
+    kubelet = node.bins["kubelet"].version
+    provenance = {
+        "kubelet": kubelet,
+        "containerd": node.bins["containerd"].version,
+        "recorded": datetime.datetime.now(datetime.UTC).date().isoformat(),
+        "how": (
+            "make node's tests/node/test_dra.py with RDMA_CNI_RECORD_DRA_WIRE set to this file: "
+            "tests/support/drawire.py's Recorder served the paths kubelet dials (the agent's "
+            "registration socket's name in kubelet's plugin registry, the endpoint the agent's "
+            "GetInfo names) and passed every call's bytes on to the agent's DRA plugin unchanged; "
+            "one pod with one ResourceClaim, created and deleted"
+        ),
+        "normalized": (
+            "nothing of the bytes: request and answer are as they crossed the sockets (the claim's "
+            "namespace, uid and name, the node's name and the socket paths are that run's); "
+            "timeout is the deadline left when the call arrived, rounded up to whole seconds"
+        ),
+    }
+    api = {
+        "claims": [dict(zip(("namespace", "uid", "name"), claim, strict=True))],
+        "allocation": [
+            {k: r.get(k, "") for k in ("request", "pool", "device", "shareID")}
+            for r in allocation_of(claim_object)
+        ],
+    }
+    source = (
+        f"recorded from the real kubelet {kubelet} (containerd {provenance['containerd']}) by the node tier"
+    )
+    with open(RECORD, "w") as f:
+        f.write(recorder.to_json(source, provenance, api))

@@ -1,33 +1,21 @@
-"""kubelet's calls to a DRA plugin, as bytes: recorded, replayed, and (until recorded) built from its source.
+"""kubelet's calls to a DRA plugin, as bytes: recorded from the real kubelet, and replayed.
 
 A call is the gRPC method's path, the request's serialized protobuf message
 (base64 in the fixture) and the socket it went to (``registration`` or
-``dra``). :func:`replay` sends recorded calls, byte for byte, to a plugin's
-sockets and returns the raw answers; :class:`Recorder` stands where kubelet
-expects the plugin (both sockets), forwards each call's bytes unchanged to
-the real plugin's sockets and remembers them: the node tier records the real
-kubelet v1.37.2 through it.
-
-:func:`from_source` builds the calls the way kubelet v1.37.2's code builds
-them, for the unit tier until the recording exists:
-``pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go`` dials the
-registration socket by its path (so the path is the call's authority),
-calls ``GetInfo(&InfoRequest{})`` and, once it has taken the plugin,
-``NotifyRegistrationStatus(&RegistrationStatus{PluginRegistered: true})``;
-``pkg/kubelet/cm/dra/manager.go`` sends ``NodePrepareResourcesRequest{Claims:
-[{Namespace, Uid, Name}]}`` with the claims of a pod, and the same claims in
-``NodeUnprepareResourcesRequest`` when the pod is done. Go's protobuf and
-Python's serialize these messages to the same bytes (fields in number order,
-no unknown fields), so the bytes are kubelet's.
-
-    python -m tests.support.drawire > tests/unit/data/kubelet-dra-wire.json
+``dra``); recorded, also the plugin's answer, its status, the deadline the
+caller gave and its user agent. :class:`Recorder` stands where kubelet expects
+the plugin (both sockets), forwards each call's bytes unchanged to the real
+plugin's sockets and remembers them: the node tier records kubelet v1.37.2
+through it (tests/node/test_dra.py, ``RDMA_CNI_RECORD_DRA_WIRE``), into
+tests/unit/data/kubelet-dra-wire.json. :func:`replay` sends recorded calls,
+byte for byte, to a plugin's sockets and returns the raw answers.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import sys
+import math
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -37,10 +25,6 @@ import grpc
 
 REGISTRATION = "/pluginregistration.Registration/"
 DRA = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
-SOURCE = (
-    "built from kubelet v1.37.2's source (pluginmanager/operationexecutor/operation_generator.go, "
-    "cm/dra/manager.go) by tests/support/drawire.py"
-)
 
 
 @dataclass
@@ -52,6 +36,10 @@ class Call:
     request: bytes
     answer: bytes | None = None
     code: str = "OK"
+    # What the caller sent besides the message, as recorded (not replayed): its deadline in whole
+    # seconds (the time left when the call arrived, rounded up) and its user agent.
+    timeout: int | None = None
+    user_agent: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -62,6 +50,10 @@ class Call:
         if self.answer is not None:
             doc["answer"] = base64.b64encode(self.answer).decode()
         doc["code"] = self.code
+        if self.timeout is not None:
+            doc["timeout"] = self.timeout
+        if self.user_agent is not None:
+            doc["user_agent"] = self.user_agent
         return doc
 
     @classmethod
@@ -73,33 +65,9 @@ class Call:
             base64.b64decode(doc["request"]),
             base64.b64decode(answer) if answer is not None else None,
             doc.get("code", "OK"),
+            doc.get("timeout"),
+            doc.get("user_agent"),
         )
-
-
-def from_source(claims: list[tuple[str, str, str]]) -> list[Call]:
-    """kubelet's calls for one pod with ``claims`` ((namespace, uid, name) each), as its source makes them."""
-    from rdma_cni.agent.dra import dra_v1_pb2 as dra_pb
-    from rdma_cni.agent.dra import registration_v1_pb2 as reg_pb
-
-    refs = [dra_pb.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
-    return [
-        Call("registration", REGISTRATION + "GetInfo", reg_pb.InfoRequest().SerializeToString()),
-        Call(
-            "registration",
-            REGISTRATION + "NotifyRegistrationStatus",
-            reg_pb.RegistrationStatus(plugin_registered=True).SerializeToString(),
-        ),
-        Call(
-            "dra",
-            DRA + "NodePrepareResources",
-            dra_pb.NodePrepareResourcesRequest(claims=refs).SerializeToString(),
-        ),
-        Call(
-            "dra",
-            DRA + "NodeUnprepareResources",
-            dra_pb.NodeUnprepareResourcesRequest(claims=refs).SerializeToString(),
-        ),
-    ]
 
 
 def _channel(path: str, authority: str | None) -> grpc.Channel:
@@ -154,10 +122,17 @@ class Recorder:
 
                 def call(request: bytes, context: grpc.ServicerContext) -> bytes:
                     entry = Call(name, method, request)
+                    left = context.time_remaining()
+                    if left is not None and left < 1e6:  # grpcio says "no deadline" with a huge number
+                        entry.timeout = math.ceil(left)
+                    agents = [v for k, v in context.invocation_metadata() if k == "user-agent"]
+                    entry.user_agent = str(agents[0]) if agents else None
                     with recorder._lock:
                         recorder.calls.append(entry)
                     try:
-                        entry.answer = channel.unary_unary(method)(request, timeout=60)
+                        entry.answer = channel.unary_unary(method)(
+                            request, timeout=min(left, 60) if left is not None else 60
+                        )
                     except grpc.RpcError as exc:
                         entry.code = exc.code().name
                         context.abort(exc.code(), exc.details() or "")
@@ -179,9 +154,18 @@ class Recorder:
         for server in self._servers:
             server.stop(0).wait()
 
-    def to_json(self, source: str) -> str:
+    def to_json(
+        self, source: str, provenance: dict[str, Any] | None = None, api: dict[str, Any] | None = None
+    ) -> str:
+        """The fixture: ``source``, ``provenance``, ``api`` (what the run knew besides the bytes), calls."""
         with self._lock:
-            return json.dumps({"source": source, "calls": [c.to_json() for c in self.calls]}, indent=1)
+            doc: dict[str, Any] = {"source": source}
+            if provenance is not None:
+                doc["provenance"] = provenance
+            if api is not None:
+                doc["api"] = api
+            doc["calls"] = [c.to_json() for c in self.calls]
+            return json.dumps(doc, indent=1) + "\n"
 
 
 def load(path: str) -> tuple[str, list[Call]]:
@@ -191,11 +175,13 @@ def load(path: str) -> tuple[str, list[Call]]:
     return doc["source"], [Call.from_json(c) for c in doc["calls"]]
 
 
-if __name__ == "__main__":
-    calls = from_source(
-        [
-            ("ml", "0f3c2a9e-6d4b-4c7e-9a1f-2b8d3e4f5a61", "trainer-0-rdma-x7k2p"),
-            ("ml", "8e429df2-3685-44e6-88ec-31a0f2e3d8c7", "trainer-0-gpu-q9w4z"),
-        ]
-    )
-    sys.stdout.write(json.dumps({"source": SOURCE, "calls": [c.to_json() for c in calls]}, indent=1) + "\n")
+def provenance(path: str) -> dict[str, Any]:
+    """A recorded fixture's provenance (kubelet's version, when, how, what was normalized)."""
+    with open(path) as f:
+        return dict(json.load(f).get("provenance", {}))
+
+
+def api(path: str) -> dict[str, Any]:
+    """A recorded fixture's ``api``: the claims and allocation kube-apiserver had in that run."""
+    with open(path) as f:
+        return dict(json.load(f).get("api", {}))

@@ -1,15 +1,22 @@
 """The kubelet plugin's gRPC (agent/dra/kubelet) answering kubelet's calls, replayed byte for byte.
 
-The calls are tests/unit/data/kubelet-dra-wire.json: until the node tier
-records the real kubelet v1.37.2 (tests/support/drawire.py's Recorder), they
-are built from kubelet's own source (the fixture says which). What the
-plugin decides about a claim is agent/dra/prepare's (a stand-in here, the
-integration and cluster tiers run the real one); this is the wire:
+The calls are tests/unit/data/kubelet-dra-wire.json: the real kubelet v1.37.2's
+calls to the agent's plugin, recorded by the node tier (tests/node/test_dra.py
+with ``RDMA_CNI_RECORD_DRA_WIRE``, docs/testing.md#the-kubelets-dra-calls):
+registration's GetInfo and NotifyRegistrationStatus, then NodePrepareResources
+and NodeUnprepareResources for one pod's claim, each request as kubelet
+serialized it and each answer as the agent gave it. Beside the bytes the
+fixture has the claim and its allocation as kube-apiserver had them in that
+run (``api``), so what the plugin reads out of kubelet's bytes and what it
+answers are checked against something the bytes did not give. What the plugin
+decides about a claim is agent/dra/prepare's (a stand-in here, the
+integration, cluster and node tiers run the real one); this is the wire:
 registration, every claim answered, errors per claim, bounds, sockets.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Iterator, Sequence
@@ -23,9 +30,10 @@ from rdma_cni.agent.dra import registration_v1_pb2 as reg_pb
 from rdma_cni.agent.dra.kubelet import MAX_CLAIMS, KubeletPlugin
 from rdma_cni.agent.dra.prepare import ClaimRef, Prepared, PreparedDevice
 from rdma_cni.shared.dra import DRIVER
-from tests.support.drawire import DRA, REGISTRATION, Call, load, replay
+from tests.support.drawire import DRA, REGISTRATION, Call, api, load, provenance, replay
 
 WIRE = Path(__file__).parent / "data" / "kubelet-dra-wire.json"
+KUBELET = "v1.37.2"  # the node tier's (scripts/build_components.sh); its test_dra checks the same
 
 
 class FakePreparer:
@@ -55,9 +63,29 @@ class FakePreparer:
         return {ref.uid: "" for ref in claims}
 
 
-@pytest.fixture
-def plugin(tmp_path: Path) -> Iterator[tuple[KubeletPlugin, FakePreparer]]:
-    preparer = FakePreparer()
+class RecordedPreparer:
+    """Prepares the recorded run's claim as the real agent did there, from the API's allocation."""
+
+    def __init__(self) -> None:
+        seen = api(str(WIRE))
+        self.claims = [ClaimRef(c["namespace"], c["uid"], c["name"]) for c in seen["claims"]]
+        self.devices = [
+            PreparedDevice((a["request"],), a["pool"], a["device"], a["shareID"]) for a in seen["allocation"]
+        ]
+        self.asked: list[list[ClaimRef]] = []
+        self.unasked: list[list[ClaimRef]] = []
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Prepared]:
+        self.asked.append(list(claims))
+        return {ref.uid: Prepared(list(self.devices)) for ref in claims}
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        self.unasked.append(list(claims))
+        return {ref.uid: "" for ref in claims}
+
+
+@contextlib.contextmanager
+def serve(tmp_path: Path, preparer: object) -> Iterator[KubeletPlugin]:
     # A short path: a unix socket's path is at most 107 bytes.
     base = Path(f"/tmp/dra-{os.getpid()}-{tmp_path.name[-12:]}")
     served = KubeletPlugin(
@@ -67,7 +95,7 @@ def plugin(tmp_path: Path) -> Iterator[tuple[KubeletPlugin, FakePreparer]]:
     )
     served.start()
     try:
-        yield served, preparer
+        yield served
     finally:
         served.stop(0)
         import shutil
@@ -75,51 +103,104 @@ def plugin(tmp_path: Path) -> Iterator[tuple[KubeletPlugin, FakePreparer]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture
+def plugin(tmp_path: Path) -> Iterator[tuple[KubeletPlugin, FakePreparer]]:
+    preparer = FakePreparer()
+    with serve(tmp_path, preparer) as served:
+        yield served, preparer
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> Iterator[tuple[KubeletPlugin, RecordedPreparer]]:
+    preparer = RecordedPreparer()
+    with serve(tmp_path, preparer) as served:
+        yield served, preparer
+
+
 def sockets(p: KubeletPlugin) -> dict[str, str]:
     return {"registration": p.registration_socket, "dra": p.endpoint}
 
 
-def test_the_fixture_is_kubelets_sequence() -> None:
+def test_the_fixture_is_the_real_kubelets_registration_then_one_pods_claim() -> None:
     source, calls = load(str(WIRE))
-    assert "kubelet v1.37.2" in source
-    assert [c.method for c in calls] == [
-        REGISTRATION + "GetInfo",
-        REGISTRATION + "NotifyRegistrationStatus",
-        DRA + "NodePrepareResources",
-        DRA + "NodeUnprepareResources",
+    made = provenance(str(WIRE))
+    assert source.startswith(f"recorded from the real kubelet {KUBELET}") and made["kubelet"] == KUBELET
+    assert made["recorded"] and made["how"] and made["normalized"]
+    assert [(c.socket, c.method) for c in calls] == [
+        ("registration", REGISTRATION + "GetInfo"),
+        ("registration", REGISTRATION + "NotifyRegistrationStatus"),
+        ("dra", DRA + "NodePrepareResources"),
+        ("dra", DRA + "NodeUnprepareResources"),
     ]
+    # kubelet's deadlines (the plugin's docstring): GetInfo within 1 s, 5 s for the verdict,
+    # 45 s for each of the DRA calls; all of them answered by the agent.
+    assert [c.timeout for c in calls] == [1, 5, 45, 45]
+    assert all(c.code == "OK" and c.answer is not None for c in calls)
+    assert all((c.user_agent or "").startswith("grpc-go/") for c in calls)
 
 
-def test_kubelets_calls_are_answered(plugin: tuple[KubeletPlugin, FakePreparer]) -> None:
-    served, preparer = plugin
+def test_python_serializes_kubelets_requests_to_kubelets_bytes() -> None:
+    # The cluster tier, which has no kubelet, sends these requests itself (tests/support/kube/dra.py):
+    # built from the claim the API had, Python's protobuf gives the bytes the real kubelet sent.
+    _, calls = load(str(WIRE))
+    refs = [dra_pb.Claim(**c) for c in api(str(WIRE))["claims"]]
+    assert calls[0].request == reg_pb.InfoRequest().SerializeToString() == b""
+    assert calls[1].request == reg_pb.RegistrationStatus(plugin_registered=True).SerializeToString()
+    assert calls[2].request == dra_pb.NodePrepareResourcesRequest(claims=refs).SerializeToString()
+    assert calls[3].request == dra_pb.NodeUnprepareResourcesRequest(claims=refs).SerializeToString()
+
+
+def test_kubelets_calls_are_answered_as_the_agent_answered_kubelet(
+    recorded: tuple[KubeletPlugin, RecordedPreparer],
+) -> None:
+    served, preparer = recorded
     _, calls = load(str(WIRE))
     answers = replay(calls, sockets(served))
     assert [code for code, _ in answers] == ["OK"] * 4
 
+    # GetInfo: the recorded answer but for the endpoint, which is this plugin's own socket.
     info = reg_pb.PluginInfo.FromString(answers[0][1])
-    assert info.type == "DRAPlugin" and info.name == DRIVER
-    assert info.endpoint == served.endpoint and list(info.supported_versions) == ["v1.DRAPlugin"]
-    assert served.registered is True
+    assert (info.type, info.name, list(info.supported_versions)) == ("DRAPlugin", DRIVER, ["v1.DRAPlugin"])
+    assert info.endpoint == served.endpoint
+    expected = reg_pb.PluginInfo.FromString(calls[0].answer)
+    expected.endpoint = served.endpoint
+    assert answers[0][1] == expected.SerializeToString()
+    assert answers[1][1] == calls[1].answer and served.registered is True
 
-    asked = dra_pb.NodePrepareResourcesRequest.FromString(calls[2].request)
-    assert [r.uid for r in preparer.asked[0]] == [c.uid for c in asked.claims]
-    prepared = dra_pb.NodePrepareResourcesResponse.FromString(answers[2][1])
-    first, second = (c.uid for c in asked.claims)
-    assert set(prepared.claims) == {first, second}  # every claim asked about is answered
-    devices = prepared.claims[first].devices
+    # kubelet's claim read out of its bytes is the claim kube-apiserver had, and the answers are
+    # the bytes the real kubelet took from the agent.
+    assert preparer.asked == [preparer.claims] and preparer.unasked == [preparer.claims]
+    assert answers[2][1] == calls[2].answer
+    assert answers[3][1] == calls[3].answer
+
+
+def test_a_claim_refused_among_others_is_answered_with_its_error(
+    plugin: tuple[KubeletPlugin, FakePreparer],
+) -> None:
+    # kubelet's recorded request with a second claim after its own (repeated fields concatenate):
+    # every claim asked about is answered, the refused one with its error and no device.
+    served, preparer = plugin
+    _, calls = load(str(WIRE))
+    second = dra_pb.NodePrepareResourcesRequest(
+        claims=[dra_pb.Claim(namespace="ml", uid="8e429df2-3685-44e6-88ec-31a0f2e3d8c7", name="gpu")]
+    )
+    request = calls[2].request + second.SerializeToString()
+    call = Call("dra", DRA + "NodePrepareResources", request)
+    ((code, answer),) = replay([call], sockets(served))
+    assert code == "OK"
+    asked = dra_pb.NodePrepareResourcesRequest.FromString(request)
+    first_uid, second_uid = (c.uid for c in asked.claims)
+    assert [r.uid for r in preparer.asked[0]] == [first_uid, second_uid]
+    prepared = dra_pb.NodePrepareResourcesResponse.FromString(answer)
+    assert set(prepared.claims) == {first_uid, second_uid}
+    devices = prepared.claims[first_uid].devices
     assert [(list(d.request_names), d.pool_name, d.device_name, d.share_id) for d in devices] == [
         (["if0"], "node-1", "rdma-dra-ens1f0-12345678", "share-a"),
         (["if1"], "node-1", "rdma-dra-ens1f0-12345678", "share-b"),
     ]
-    assert prepared.claims[first].error == ""
-    assert (
-        prepared.claims[second].error.startswith("rdma-cni: claim ml/")
-        and not prepared.claims[second].devices
-    )
-
-    unprepared = dra_pb.NodeUnprepareResourcesResponse.FromString(answers[3][1])
-    assert set(unprepared.claims) == {first, second}
-    assert all(c.error == "" for c in unprepared.claims.values())
+    assert prepared.claims[first_uid].error == ""
+    assert prepared.claims[second_uid].error == "rdma-cni: claim ml/gpu: it is not allocated"
+    assert not prepared.claims[second_uid].devices
 
 
 def test_a_refused_registration_is_remembered(plugin: tuple[KubeletPlugin, FakePreparer]) -> None:

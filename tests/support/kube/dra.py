@@ -4,8 +4,10 @@ There is no kubelet in the cluster tier (the node tier has one): where kubelet
 would prepare a pod's claims, :func:`kubelet_prepare` makes kubelet's calls to
 the agent's own plugin, found as kubelet finds it (its registration socket in
 the registry directory, then ``GetInfo``'s endpoint), with the requests
-kubelet's source builds (tests/support/drawire.py); ADD then goes through the
-shim as the runtime's would.
+kubelet builds, serialized to the bytes the real kubelet sends (the node tier's
+recording, tests/unit/data/kubelet-dra-wire.json: test_dra_kubelet checks the
+same messages serialize to its bytes); ADD then goes through the shim as the
+runtime's would.
 """
 
 from __future__ import annotations
