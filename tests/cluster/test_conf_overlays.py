@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +33,7 @@ import yaml
 from tests.cluster.conftest import unique
 from tests.support.kube.applyconf import FIELD_MANAGER
 from tests.support.kube.controlplane import REPO, ControlPlane
+from tests.support.kube.rdmascheduler import start_rdma_scheduler
 
 CONF = os.path.join(REPO, "conf")
 OVERLAYS = os.path.join(CONF, "overlays")
@@ -222,7 +225,7 @@ def throwaway(
 
 
 def test_a_namespace_overlay_applies_for_real_in_a_throwaway_namespace(
-    applied: ControlPlane, throwaway: tuple[str, str, list[dict[str, Any]]]
+    applied: ControlPlane, throwaway: tuple[str, str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     overlay, namespace, docs = throwaway
     text = "---\n".join(yaml.safe_dump(d) for d in docs)
@@ -267,3 +270,34 @@ def test_a_namespace_overlay_applies_for_real_in_a_throwaway_namespace(
         assert compiled.get("status", {}).get("typeChecking", {}).get("expressionWarnings") in (None, [])
         condition = json.dumps(compiled["spec"]["matchConditions"])
         assert f"system:serviceaccount:{namespace}:" in condition and "kube-system" not in condition
+    if overlay == "namespace":
+        the_moved_sidecar_runs(applied, namespace, docs, tmp_path)
+
+
+def the_moved_sidecar_runs(
+    cp: ControlPlane, namespace: str, docs: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """rdma-scheduler as the moved Deployment runs it, on its account in the namespace.
+
+    Its kube-scheduler leads through the lease the moved configuration names, which the Role in the
+    namespace lets it renew, and reads kube-system's extension-apiserver-authentication ConfigMap
+    through the one binding left there (without it kube-scheduler logs that it cannot, and goes on).
+    """
+    manifest = tmp_path / "namespace-overlay.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    pair = start_rdma_scheduler(cp, str(manifest), tag=namespace, record=False)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            lease = cp.kubectl("get", "lease", "rdma-scheduler", "-n", namespace, "-o", "json", check=False)
+            if lease.returncode == 0 and json.loads(lease.stdout)["spec"].get("holderIdentity"):
+                break
+            assert time.monotonic() < deadline, f"no lease rdma-scheduler in {namespace}: {lease.stderr}"
+            time.sleep(1)
+        assert pair.scheduler.alive() and pair.ready()
+        log = Path(pair.scheduler.log).read_text(errors="replace")
+        # Without that binding: "Unable to get configmap/extension-apiserver-authentication in
+        # kube-system", and each of its reads "is forbidden".
+        assert "Unable to get configmap" not in log and "is forbidden" not in log, log[-3000:]
+    finally:
+        pair.stop()
