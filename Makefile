@@ -144,7 +144,7 @@ node-components:  ## kubelet, containerd 2.x, Multus, crictl, pause; the image b
 	scripts/builderroot.sh >/dev/null
 
 # The node tier: kubelet and containerd 2.x on the simulated node, registered with
-# the control plane; Multus from its own manifest, conf/daemonset.yaml as shipped.
+# the control plane; Multus from its own manifest, conf/base/node/daemonset.yaml as shipped.
 node: build components node-components
 	RDMA_CNI_BINARY=$(CURDIR)/$(BINARY) $(BIN)/pytest -q -p no:cacheprovider tests/node
 

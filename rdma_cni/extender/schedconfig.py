@@ -48,7 +48,7 @@ __all__ = ["Refused", "main", "merge", "stanza"]
 PROG = "rdma-cni scheduler-config"
 API_VERSION = "kubescheduler.config.k8s.io/v1"
 KIND = "KubeSchedulerConfiguration"
-# conf/scheduler-extender-mtls.yaml's Service, the name its serving certificate is for.
+# conf/base/extender-mtls/scheduler-extender-mtls.yaml's Service, the name its serving certificate is for.
 SERVICE_NAME = "rdma-cni-scheduler-extender.kube-system.svc"
 # kubeadm's kube-scheduler kubeconfig: what a configuration written from nothing connects with.
 KUBEADM_KUBECONFIG = "/etc/kubernetes/scheduler.conf"

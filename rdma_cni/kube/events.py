@@ -5,7 +5,7 @@ when the queue is full (the API is slow or down) the event is dropped and
 counted, never waited for. A ``key`` rate-limits: at most one event per key
 per ``min_interval`` seconds (e.g. one "cannot publish" per node per ten
 minutes, not one per retry). Events need ``create`` on ``events`` in the
-core API group, and nothing else (conf/rbac.yaml).
+core API group, and nothing else (conf/base/node/rbac.yaml).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def applied(control_plane: ControlPlane) -> ControlPlane:
 
 @pytest.fixture(scope="session")
 def rdma_scheduler(applied: ControlPlane) -> Iterator[RdmaScheduler]:
-    """rdma-scheduler (kube-scheduler and the extender sidecar) from conf/scheduler-extender.yaml."""
+    """rdma-scheduler (kube-scheduler and the extender sidecar) from conf/base/extender/'s manifest."""
     pair = start_rdma_scheduler(applied)
     try:
         yield pair

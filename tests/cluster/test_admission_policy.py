@@ -7,9 +7,10 @@ DaemonSet's projected token is), may change node A's
 node B, another annotation, a label, the spec or any other status field are
 denied with the policy's message, and a token bound to no node is denied.
 
-The mutual-TLS extender's account (conf/scheduler-extender-mtls.yaml) may set its retry condition in
-the status of a pod not yet bound and nothing else: another condition, the phase, the nominated
-node, a label, an annotation or a finalizer, and any write to a bound pod, are denied.
+The mutual-TLS extender's account (conf/base/extender-mtls/scheduler-extender-mtls.yaml) may set
+its retry condition in the status of a pod not yet bound and nothing else: another condition, the
+phase, the nominated node, a label, an annotation or a finalizer, and any write to a bound pod, are
+denied.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ def test_the_policy_names_every_field_of_the_nodes_status(agents: Agents) -> Non
     """A field Kubernetes adds to NodeStatus must be named in the policy, or the agent could change it."""
     openapi = json.loads(agents.cp.kubectl("get", "--raw", "/openapi/v3/api/v1").stdout)
     fields = set(openapi["components"]["schemas"]["io.k8s.api.core.v1.NodeStatus"]["properties"])
-    policy = next(d for d in documents("rbac.yaml") if d.get("kind") == "ValidatingAdmissionPolicy")
+    policy = next(d for d in documents("base/node/rbac.yaml") if d.get("kind") == "ValidatingAdmissionPolicy")
     text = json.dumps(policy["spec"])  # capacity and allocatable in its variables, the rest in a rule
     named = set(re.findall(r"oldObject\.status\.(\w+)", text))
     assert named == fields, (sorted(fields - named), sorted(named - fields))
@@ -222,7 +223,7 @@ def test_the_agents_rbac_denies_what_the_policy_does_not_see(agents: Agents) -> 
     assert json.loads(json.dumps(agents.cp.get("node", agents.node_b)))["metadata"]["name"] == agents.node_b
 
 
-# -- the mutual-TLS extender's pod writes (conf/scheduler-extender-mtls.yaml) ------------------------
+# -- the mutual-TLS extender's pod writes (conf/base/extender-mtls/scheduler-extender-mtls.yaml) --------
 
 EXTENDER_ACCOUNT = "rdma-cni-scheduler-extender"
 WRONG_POD_FIELD = (
@@ -347,7 +348,9 @@ def test_the_pod_policy_names_every_field_of_the_pods_status(extender: Extender)
     openapi = json.loads(extender.cp.kubectl("get", "--raw", "/openapi/v3/api/v1").stdout)
     fields = set(openapi["components"]["schemas"]["io.k8s.api.core.v1.PodStatus"]["properties"])
     policy = next(
-        d for d in documents("scheduler-extender-mtls.yaml") if d.get("kind") == "ValidatingAdmissionPolicy"
+        d
+        for d in documents("base/extender-mtls/scheduler-extender-mtls.yaml")
+        if d.get("kind") == "ValidatingAdmissionPolicy"
     )
     named = set(re.findall(r"oldObject\.status\.(\w+)", json.dumps(policy["spec"])))
     # The one field left out, and why: the policy's comment (kube-apiserver's type check calls it

@@ -11,7 +11,7 @@ from tests.support.kube.controlplane import REPO, ControlPlane
 def test_every_conf_manifest_applies_server_side(applied: ControlPlane) -> None:
     names = manifests()
     assert names[0] == "network-attachment-definition-crd.yaml", "the CRD goes before the objects of its kind"
-    assert "rbac.yaml" in names and "scheduler-extender.yaml" in names
+    assert "base/node/rbac.yaml" in names and "base/extender/scheduler-extender.yaml" in names
     for name in names:
         # Applied once already by the fixture: applying again must still pass
         # (and change nothing), as an operator re-applying conf/ would.

@@ -195,7 +195,7 @@ def test_the_service_deleted(variant: Variant) -> None:
     v.relays.drop(old_ip)  # kube-proxy's rules go with the Service
     restarted_and_scheduling(v)
     waiting = rdma_waits(v, *NOTHING_THERE)
-    v.operator.run("kubectl apply -f conf/scheduler-extender-mtls.yaml\n")
+    v.operator.run("kubectl apply -f conf/base/extender-mtls/scheduler-extender-mtls.yaml\n")
     new_ip = cluster_ip(v.cp)
     assert new_ip != old_ip
     v.operator.run(v.blocks[2])  # step 4, as written: the new ClusterIP

@@ -2,7 +2,7 @@
 
 One simulated node whose two PFs are the DRA network rdma-dra's (simpf0 under
 PCIe root pci0000:3a, simpf1 under pci0000:5c, 4 VFs and 25000 Mbit/s each),
-its agent run as conf/daemonset.yaml runs it. Pods ask through the
+its agent run as conf/base/node/daemonset.yaml runs it. Pods ask through the
 ResourceClaimTemplates the built ``rdma-cni claim`` prints and are scheduled
 by the cluster's default kube-scheduler v1.37.2 (DRA and consumable capacity
 on, as they are by default). Where kubelet would prepare a pod's claims, the

@@ -1,6 +1,6 @@
 """Claim pods and annotation pods on one node: each PF promised by one path only, never over-committed.
 
-One simulated node, its agent run as conf/daemonset.yaml runs it, with two
+One simulated node, its agent run as conf/base/node/daemonset.yaml runs it, with two
 networks: rdma-net on simpf0 (the annotation, judged by rdma-scheduler and
 its extender from the node state) and the DRA network rdma-dra on simpf1 and
 simpf2 (ResourceSlices, allocated by the default kube-scheduler). Pods of

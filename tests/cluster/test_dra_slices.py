@@ -1,6 +1,6 @@
 """The node agent publishes its DRA networks' PFs as ResourceSlices on the real API server, kept true.
 
-One simulated node, its agent run with conf/daemonset.yaml's args and a token
+One simulated node, its agent run with conf/base/node/daemonset.yaml's args and a token
 bound to its DaemonSet pod (so conf/dra.yaml's admission policy judges every
 write), two networks: rdma-net on simpf0 (the extender's path) and the DRA
 network rdma-dra on simpf1 and simpf2. The slices hold only the DRA network's

@@ -104,7 +104,7 @@ def test_a_right_added_to_a_role_is_caught(applied: ControlPlane, baseline: set[
     # The comparison is not vacuous: one more verb on the agent's account shows up.
     account = unique("widened")
     applied.kubectl("create", "serviceaccount", account, "-n", "kube-system")
-    # The agent's account holds conf/rbac.yaml's role and conf/dra.yaml's (the DRA driver's rights).
+    # The agent's account holds conf/base/node/rbac.yaml's role and conf/dra.yaml's (the DRA driver's rights).
     for granted in ("rdma-cni", "rdma-cni-dra"):
         applied.kubectl("create", "clusterrolebinding", f"{account}-{granted}", f"--clusterrole={granted}",
                         f"--serviceaccount=kube-system:{account}")  # fmt: skip

@@ -208,7 +208,9 @@ def test_pods_of_the_default_scheduler_are_never_sent_to_the_extender(cluster: C
 
 def test_requests_in_multus_cni_args_are_placed_too(cluster: Cluster) -> None:
     c = cluster
-    ext = container(find(manifest("scheduler-extender.yaml"), "Deployment", "rdma-scheduler"), "extender")
+    ext = container(
+        find(manifest("base/extender/scheduler-extender.yaml"), "Deployment", "rdma-scheduler"), "extender"
+    )
     # Shipped on: without --networks the extender would judge cni-args blind (issue 30's defaults).
     assert any(a.startswith("--networks") for a in ext.get("command", []) + ext.get("args", []))
     name = unique("cniargs")
@@ -499,7 +501,9 @@ def test_the_recorded_wire_is_what_kube_scheduler_sends(cluster: Cluster) -> Non
     Kubernetes upgrade). It runs last in this module, after the preemption.
     """
     whole = cluster.rs.recorder.whole
-    ext = container(find(manifest("scheduler-extender.yaml"), "Deployment", "rdma-scheduler"), "extender")
+    ext = container(
+        find(manifest("base/extender/scheduler-extender.yaml"), "Deployment", "rdma-scheduler"), "extender"
+    )
     best_one = "--best-nodes=1" in ext.get("command", []) + ext.get("args", [])
     # conf/'s --best-nodes=1 passes one node per pod, and kube-scheduler scores (and asks prioritize)
     # only among several: that it never asked is what the option promises. The fixture keeps the

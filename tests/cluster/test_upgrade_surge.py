@@ -1,4 +1,4 @@
-"""A rollout with surge on one node, as conf/daemonset.yaml ships it (``maxSurge: 1, maxUnavailable: 0``).
+"""A rollout with surge on one node, as conf/'s DaemonSet ships it (``maxSurge: 1, maxUnavailable: 0``).
 
 Two real agent processes on one simulated node, each with a token bound to its
 own pod object by TokenRequest (the DaemonSet's projected token): the old one
@@ -315,7 +315,7 @@ def test_a_rollout_undone_during_the_surge_keeps_a_valid_token(
 def test_the_daemonsets_pods_hold_no_host_port(applied: ControlPlane) -> None:
     from tests.support.kube.rdmascheduler import find, manifest
 
-    template = find(manifest("daemonset.yaml"), "DaemonSet", "rdma-cni")["spec"]["template"]
+    template = find(manifest("base/node/daemonset.yaml"), "DaemonSet", "rdma-cni")["spec"]["template"]
 
     def stored(spec: dict[str, Any]) -> dict[str, Any]:
         doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": unique("ds-pod")}, "spec": spec}

@@ -129,7 +129,7 @@ def rdma_pod(m: Mtls, name: str, request: list[dict[str, int]], on_node: str | N
 
 
 def advertise(m: Mtls, node: str, state: nodestate.NodeState) -> None:
-    """The node's agent advertises ``state``'s RDMA resources (conf/rbac.yaml's RBAC and policy)."""
+    """The node's agent advertises ``state``'s RDMA resources (conf/base/node/rbac.yaml's RBAC and policy)."""
     agent_advertise(m.cp, node, state, unique("agent"))
 
 

@@ -1,7 +1,7 @@
 """What kubelet does with an RDMA pod while the agent is not there, and after it comes back.
 
 The DaemonSet is deleted (its agent pod goes, the socket with it), an RDMA pod is created, and
-then conf/daemonset.yaml is applied again as the tier applied it. While the agent is away the
+then conf/base/node/daemonset.yaml is applied again as the tier applied it. While the agent is away the
 shim answers ADD with code 11 ("try again later") and kubelet keeps the pod ContainerCreating,
 retrying its sandbox; each failed sandbox's DEL is spooled by the shim and run by the agent when
 it is back. The pod then runs with its VFs, and once deleted nothing is held.

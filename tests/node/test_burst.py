@@ -6,7 +6,7 @@ kernel's peak is ``memory.max_usage_in_bytes``, v2's ``memory.peak``) is read be
 and its working set (usage less inactive file pages: what kubelet evicts on, and what the
 kernel cannot reclaim before it OOM-kills) sampled throughout, with its CPU time and throttling.
 The test fails when the burst's working set, with :data:`HEADROOM`, would not fit the limit
-conf/daemonset.yaml sets, when the agent hit its limit hard enough to be
+conf/base/node/daemonset.yaml sets, when the agent hit its limit hard enough to be
 killed, or when a pod was not served.
 """
 
@@ -41,8 +41,8 @@ def quantity(text: str) -> int:
 
 
 def conf_resources() -> dict[str, Any]:
-    """conf/daemonset.yaml's resources for the agent container."""
-    with open(os.path.join(REPO, "conf", "daemonset.yaml")) as f:
+    """conf/base/node/daemonset.yaml's resources for the agent container."""
+    with open(os.path.join(REPO, "conf", "base/node/daemonset.yaml")) as f:
         (ds,) = [d for d in yaml.safe_load_all(f) if d and d["kind"] == "DaemonSet"]
     return dict(ds["spec"]["template"]["spec"]["containers"][0]["resources"])
 

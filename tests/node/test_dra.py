@@ -1,6 +1,6 @@
 """A pod with a ResourceClaim, prepared by the real kubelet through the agent's DRA plugin.
 
-The DRA path end to end on a real node (docs/dra.md): the agent, conf/daemonset.yaml as shipped
+The DRA path end to end on a real node (docs/dra.md): the agent, conf/base/node/daemonset.yaml as shipped
 but for the network configurations an operator adds (a ConfigMap and ``--network-config``, as
 the manifest's comment says: conf/'s ``rdma-net`` on the first PF, a DRA network on the second),
 publishes the second PF as a ResourceSlice through conf/dra.yaml's rights; the pod refers to the
@@ -73,7 +73,7 @@ def network_configs(node: Node) -> dict[str, dict[str, Any]]:
 
 
 def daemonset_with_networks(text: str, files: list[str], hidden: bool = False) -> str:
-    """conf/daemonset.yaml (as the tier applies it) with the network configurations mounted from
+    """conf/base/node/daemonset.yaml (as the tier applies it) with the network configurations mounted from
     the ConfigMap and named by ``--network-config``, as its comment tells an operator to; with
     ``hidden`` (recording), its kubelet volumes' host paths are :data:`HIDDEN_VOLUMES`'s."""
     doc = yaml.safe_load(text)

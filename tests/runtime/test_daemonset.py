@@ -1,5 +1,5 @@
-"""conf/daemonset.yaml as kubelet would run it, under podman: the image's entrypoint with the manifest's
-security context, volumes, environment and command, read from the manifest itself.
+"""conf/base/node/daemonset.yaml as kubelet would run it, under podman: the image's entrypoint with the
+manifest's security context, volumes, environment and command, read from the manifest itself.
 
 The image is conf/Containerfile's image stage, built by ``podman build`` on a stand-in for its
 ``debian:12-slim`` base made offline (:func:`tests.runtime.images.glibc_base_tar`), with this
@@ -42,7 +42,7 @@ from tests.support.apiserver import ApiServer
 from tests.support.nri_capture import replay_runtime
 from tests.support.processes import cache_id
 
-MANIFEST = Path(REPO) / "conf" / "daemonset.yaml"
+MANIFEST = Path(REPO) / "conf" / "base/node/daemonset.yaml"
 CONTAINERFILE = Path(REPO) / "conf" / "Containerfile"
 BASE_IMAGE = "localhost/rdma-cni-base-standin:tier"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

@@ -348,7 +348,7 @@ def test_rfc3339() -> None:
 
 
 def test_the_shipped_daemonset_needs_no_network_config_for_the_shipped_network(tmp_path: Any) -> None:
-    # conf/daemonset.yaml runs the agent without --network-config: the plugin's
+    # conf/base/node/daemonset.yaml runs the agent without --network-config: the plugin's
     # defaults must then describe the sample network exactly, its name included.
     import yaml
 
@@ -365,7 +365,7 @@ def test_the_shipped_daemonset_needs_no_network_config_for_the_shipped_network(t
         default.state_dir,
         default.lock_file,
     )
-    with open(os.path.join(conf, "daemonset.yaml")) as f:
+    with open(os.path.join(conf, "base/node/daemonset.yaml")) as f:
         ds = next(d for d in yaml.safe_load_all(f) if d and d.get("kind") == "DaemonSet")
     command = ds["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--node-state" in command and not any(a.startswith("--network-config") for a in command)

@@ -36,18 +36,30 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 # schemas the installed kubernetes-validate ships.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
-MANIFESTS = ("daemonset.yaml", "rbac.yaml", "pod.yaml", "network-attachment-definition.yaml", "metrics.yaml")
+MANIFESTS = (
+    "base/node/daemonset.yaml",
+    "base/node/rbac.yaml",
+    "pod.yaml",
+    "network-attachment-definition.yaml",
+    "base/node/metrics.yaml",
+)
+# conf/'s files by path below it; a directory whose files are checked by a test of its own is one entry.
 EXPECTED_FILES = {
     *MANIFESTS,
     "rdma-cni.conflist",
     "kubeconfig.template.json",
-    "kustomization.yaml",  # with overlays/: checked in test_conf_kustomize.py
+    # The kustomizations (the node side's base and each variant's), with overlays/ and components/:
+    # checked in test_conf_kustomize.py.
+    "kustomization.yaml",
+    "base/node/kustomization.yaml",
+    "base/extender/kustomization.yaml",
+    "base/extender-mtls/kustomization.yaml",
     "overlays",
+    "components",
     "Containerfile",
-    "metrics.yaml",
     # Checked in test_conf_scheduler.py:
-    "scheduler-extender.yaml",
-    "scheduler-extender-mtls.yaml",
+    "base/extender/scheduler-extender.yaml",
+    "base/extender-mtls/scheduler-extender-mtls.yaml",
     "kube-scheduler-default.yaml",
     # conf/monitoring/prometheus-rules.yaml, checked in test_conf_monitoring.py.
     "monitoring",
@@ -58,6 +70,7 @@ EXPECTED_FILES = {
     # DRA (resource.k8s.io/v1, Kubernetes 1.34+): checked in test_conf_dra below and applied in tests/cluster.
     "dra.yaml",
 }
+WHOLE_DIRS = {"overlays", "components", "monitoring", "node"}
 
 NAD_API_VERSION = "k8s.cni.cncf.io/v1"
 NAD_KIND = "NetworkAttachmentDefinition"
@@ -113,7 +126,14 @@ def validate_nad(doc: dict[str, Any]) -> dict[str, Any]:
 
 def test_conf_holds_exactly_the_checked_files() -> None:
     # A new file must get a test here; a missing one is a packaging mistake.
-    assert {p.name for p in CONF.iterdir()} == EXPECTED_FILES
+    found = {
+        p.relative_to(CONF).parts[0]
+        if p.relative_to(CONF).parts[0] in WHOLE_DIRS
+        else p.relative_to(CONF).as_posix()
+        for p in CONF.rglob("*")
+        if p.is_file()
+    }
+    assert found == EXPECTED_FILES
 
 
 # --------------------------------------------------------------------------
@@ -139,7 +159,7 @@ def test_manifest_validates_strictly(name: str, version: str) -> None:
     ],
 )
 def test_broken_daemonset_fails_validation(path: tuple[str | int, ...], value: Any) -> None:
-    doc = copy.deepcopy(one("daemonset.yaml", "DaemonSet"))
+    doc = copy.deepcopy(one("base/node/daemonset.yaml", "DaemonSet"))
     node: Any = doc
     for key in path[:-1]:
         node = node[key]
@@ -250,7 +270,7 @@ def test_pod_works_with_nri_and_rdma_scheduler() -> None:
         # node agents advertise (test_conf_shipped.py checks their values).
         ours = {VF_RESOURCE, BANDWIDTH_RESOURCE}
         assert named - ours <= {"cpu", "memory", "ephemeral-storage"}, named
-    ds = one("daemonset.yaml", "DaemonSet")
+    ds = one("base/node/daemonset.yaml", "DaemonSet")
     (agent,) = ds["spec"]["template"]["spec"]["containers"]
     memlock = [a.split("=", 1)[1] for a in agent["command"] if a.startswith("--memlock")]
     assert memlock in ([], ["unlimited"])  # the default, unlimited, is what lets IPC_LOCK go
@@ -262,10 +282,10 @@ def test_pod_works_with_nri_and_rdma_scheduler() -> None:
 
 
 def test_daemonset_installs_the_shim_and_runs_the_verbs() -> None:
-    ds = one("daemonset.yaml", "DaemonSet")
+    ds = one("base/node/daemonset.yaml", "DaemonSet")
     assert ds["metadata"]["namespace"] == "kube-system"
     spec = ds["spec"]["template"]["spec"]
-    sa = one("rbac.yaml", "ServiceAccount")
+    sa = one("base/node/rbac.yaml", "ServiceAccount")
     assert spec["serviceAccountName"] == sa["metadata"]["name"]
     assert ds["metadata"]["namespace"] == sa["metadata"]["namespace"]
     assert {"operator": "Exists"} in spec["tolerations"]
@@ -341,7 +361,7 @@ def test_daemonset_liveness_reads_the_file_the_agent_keeps_fresh(tmp_path: Path)
     """
     import subprocess
 
-    spec = one("daemonset.yaml", "DaemonSet")["spec"]["template"]["spec"]
+    spec = one("base/node/daemonset.yaml", "DaemonSet")["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     (live,) = [a.split("=", 1)[1] for a in container["command"] if a.startswith("--live-file=")]
     assert "--watch" in container["command"] and not any(
@@ -383,7 +403,7 @@ def test_daemonset_liveness_reads_the_file_the_agent_keeps_fresh(tmp_path: Path)
 
 
 def test_daemonset_rolls_with_surge_and_gives_the_handover_its_time() -> None:
-    ds = one("daemonset.yaml", "DaemonSet")
+    ds = one("base/node/daemonset.yaml", "DaemonSet")
     # The new pod runs beside the old one until Ready: the node's token never dies first.
     assert ds["spec"]["updateStrategy"] == {
         "type": "RollingUpdate",
@@ -401,7 +421,7 @@ def test_daemonset_rolls_with_surge_and_gives_the_handover_its_time() -> None:
 def test_rbac_gets_pods_and_patches_nodes_only() -> None:
     (role,) = [
         d
-        for d in load_docs("rbac.yaml")
+        for d in load_docs("base/node/rbac.yaml")
         if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "rdma-cni"
     ]
     assert role["rules"] == [
@@ -412,8 +432,8 @@ def test_rbac_gets_pods_and_patches_nodes_only() -> None:
         # The agent's NodeStatePublishFailed Event (rdma_cni/kube/events.py posts core v1 Events).
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
-    binding = one("rbac.yaml", "ClusterRoleBinding")
-    sa = one("rbac.yaml", "ServiceAccount")
+    binding = one("base/node/rbac.yaml", "ClusterRoleBinding")
+    sa = one("base/node/rbac.yaml", "ServiceAccount")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
@@ -425,16 +445,18 @@ def test_rbac_gets_pods_and_patches_nodes_only() -> None:
 
 
 def _metrics_service(component: str) -> dict[str, Any]:
-    (service,) = [doc for doc in load_docs("metrics.yaml") if component in doc["spec"]["selector"].values()]
+    (service,) = [
+        doc for doc in load_docs("base/node/metrics.yaml") if component in doc["spec"]["selector"].values()
+    ]
     return service
 
 
 @pytest.mark.parametrize(
     ("component", "manifest", "kind"),
     [
-        ("rdma-cni", "daemonset.yaml", "DaemonSet"),
-        ("rdma-cni-scheduler-extender", "scheduler-extender.yaml", "Deployment"),  # the sidecar
-        ("rdma-cni-scheduler-extender", "scheduler-extender-mtls.yaml", "Deployment"),
+        ("rdma-cni", "base/node/daemonset.yaml", "DaemonSet"),
+        ("rdma-cni-scheduler-extender", "base/extender/scheduler-extender.yaml", "Deployment"),  # the sidecar
+        ("rdma-cni-scheduler-extender", "base/extender-mtls/scheduler-extender-mtls.yaml", "Deployment"),
     ],
 )
 def test_metrics_service_reaches_the_port_the_component_serves(
@@ -480,9 +502,9 @@ def test_metrics_service_reaches_the_port_the_component_serves(
 
 
 def test_node_patches_are_confined_by_an_admission_policy() -> None:
-    sa = one("rbac.yaml", "ServiceAccount")
-    policy = one("rbac.yaml", "ValidatingAdmissionPolicy")
-    binding = one("rbac.yaml", "ValidatingAdmissionPolicyBinding")
+    sa = one("base/node/rbac.yaml", "ServiceAccount")
+    policy = one("base/node/rbac.yaml", "ValidatingAdmissionPolicy")
+    binding = one("base/node/rbac.yaml", "ValidatingAdmissionPolicyBinding")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"

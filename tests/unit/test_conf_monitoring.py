@@ -130,7 +130,11 @@ def _threshold(alert: str) -> float:
 
 def test_thresholds_are_conf_s_own_settings() -> None:
     """Stale means what the shipped extender's --max-state-age means; not publishing, three heartbeats."""
-    conf = [d for d in yaml.safe_load_all((ROOT / "conf" / "scheduler-extender.yaml").read_text()) if d]
+    conf = [
+        d
+        for d in yaml.safe_load_all((ROOT / "conf" / "base/extender/scheduler-extender.yaml").read_text())
+        if d
+    ]
     (deployment,) = [d for d in conf if d["kind"] == "Deployment"]
     (extender,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"]
     max_age = extender_parser().parse_args(extender["command"][2:]).max_state_age
@@ -148,13 +152,13 @@ def test_operations_md_lists_the_rules() -> None:
 def _services() -> dict[str, dict[str, Any]]:
     return {
         d["metadata"]["name"]: d
-        for d in yaml.safe_load_all((ROOT / "conf" / "metrics.yaml").read_text())
+        for d in yaml.safe_load_all((ROOT / "conf" / "base/node/metrics.yaml").read_text())
         if d
     }
 
 
 def test_the_service_monitors_select_the_metrics_services() -> None:
-    """Each metrics Service of conf/metrics.yaml is selected by one ServiceMonitor, by its port's name."""
+    """Each metrics Service of conf/base/node/metrics.yaml has one ServiceMonitor, by its port's name."""
     monitors = [d for d in yaml.safe_load_all(MONITORS.read_text()) if d]
     assert {(m["apiVersion"], m["kind"]) for m in monitors} == {
         ("monitoring.coreos.com/v1", "ServiceMonitor")

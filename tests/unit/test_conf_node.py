@@ -177,7 +177,7 @@ def apply_json_patch(doc: dict, ops: list[dict]) -> dict:
 
 
 def test_the_openshift_patch_moves_the_shim_to_multus_bin_dir() -> None:
-    """docs/deploy.md's patch on conf/daemonset.yaml: the shim lands in the host's /var/lib/cni/bin."""
+    """docs/deploy.md's patch on conf/base/node/daemonset.yaml: shim lands in the host's /var/lib/cni/bin."""
     import json
 
     import yaml
@@ -186,7 +186,7 @@ def test_the_openshift_patch_moves_the_shim_to_multus_bin_dir() -> None:
 
     (text,) = deploy_blocks("sh", "patch daemonset rdma-cni")
     ops = json.loads(re.search(r"-p '(.*)'", text, re.S).group(1))  # type: ignore[union-attr]
-    with open(CONF / "daemonset.yaml", encoding="utf-8") as f:
+    with open(CONF / "base/node/daemonset.yaml", encoding="utf-8") as f:
         daemonset = yaml.safe_load(f)
     patched = apply_json_patch(daemonset, ops)
     spec = patched["spec"]["template"]["spec"]

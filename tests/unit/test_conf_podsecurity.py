@@ -120,10 +120,12 @@ def test_the_checker_sees_each_control() -> None:
 
 def test_the_daemonset_needs_privileged() -> None:
     """Host network and host paths are its job: neither baseline nor restricted admits it."""
-    assert violations(template("daemonset.yaml", "DaemonSet"), "baseline")
+    assert violations(template("base/node/daemonset.yaml", "DaemonSet"), "baseline")
 
 
-@pytest.mark.parametrize("name", ["scheduler-extender.yaml", "scheduler-extender-mtls.yaml"])
+@pytest.mark.parametrize(
+    "name", ["base/extender/scheduler-extender.yaml", "base/extender-mtls/scheduler-extender-mtls.yaml"]
+)
 def test_the_extenders_meet_restricted(name: str) -> None:
     assert violations(template(name, "Deployment"), "restricted") == []
 

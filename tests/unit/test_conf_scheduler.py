@@ -32,8 +32,8 @@ from rdma_cni.extender.retry import CONDITION
 CONF = Path(__file__).resolve().parents[2] / "conf"
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
-SIDECAR = "scheduler-extender.yaml"  # the default
-MTLS = "scheduler-extender-mtls.yaml"
+SIDECAR = "base/extender/scheduler-extender.yaml"  # the default
+MTLS = "base/extender-mtls/scheduler-extender-mtls.yaml"
 EXTENDERS = (SIDECAR, MTLS)
 # Where each KubeSchedulerConfiguration is: the sidecar's in its ConfigMap.
 SCHEDULER_CONFIGS = ("sidecar", "kube-scheduler-default.yaml")
@@ -207,8 +207,8 @@ def one(name: str, kind: str, metadata_name: str | None = None) -> dict[str, Any
 
 
 def extender_role() -> dict[str, Any]:
-    """The extender's ClusterRole, which conf/rbac.yaml holds for both variants."""
-    return one("rbac.yaml", "ClusterRole", "rdma-cni-scheduler-extender")
+    """The extender's ClusterRole, which conf/base/node/rbac.yaml holds for both variants."""
+    return one("base/node/rbac.yaml", "ClusterRole", "rdma-cni-scheduler-extender")
 
 
 def pod_spec(name: str) -> dict[str, Any]:
@@ -296,8 +296,9 @@ def test_exactly_one_replica_replaced_not_rolled(name: str) -> None:
 
 
 def _extender_files() -> list[str]:
-    """Every file in conf/ that runs the extender."""
-    return sorted(p.name for p in CONF.glob("*.yaml") if "scheduler-extender\n" in p.read_text() + "\n")
+    """Every manifest of conf/ and its bases that runs the extender, by path below conf/."""
+    files = [*CONF.glob("*.yaml"), *CONF.glob("base/*/*.yaml")]
+    return sorted(str(p.relative_to(CONF)) for p in files if "scheduler-extender\n" in p.read_text() + "\n")
 
 
 def test_no_variant_serves_the_network_without_client_certificates() -> None:
@@ -450,7 +451,7 @@ def test_extender_rbac_is_exactly_what_it_uses(name: str) -> None:
 
 
 def test_both_variants_bind_the_one_extender_role() -> None:
-    """One ClusterRole per component, in conf/rbac.yaml: no variant defines (and so redefines) one."""
+    """One ClusterRole per component, in conf/base/node/rbac.yaml: no variant defines (redefines) one."""
     assert [d for n in EXTENDERS for d in load(n) if d["kind"] == "ClusterRole"] == []
     for name in EXTENDERS:
         refs = [d["roleRef"]["name"] for d in load(name) if d["kind"] == "ClusterRoleBinding"]

@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 DOCS = ROOT / "docs"
 SIDECAR, MTLS, DEFAULT_CONFIG = (
-    "scheduler-extender.yaml",
-    "scheduler-extender-mtls.yaml",
+    "base/extender/scheduler-extender.yaml",
+    "base/extender-mtls/scheduler-extender-mtls.yaml",
     "kube-scheduler-default.yaml",
 )
 # The Kubernetes minor version conf/ is proven on (issue 31's cluster tier: v1.37.x).
@@ -110,7 +110,7 @@ def as_pod(spec: dict[str, Any]) -> dict[str, Any]:
 def other_pods() -> dict[str, dict[str, Any]]:
     """Pods that are not RDMA pods: conf/'s own workloads and a plain pod."""
     return {
-        "daemonset": as_pod(pod_spec("daemonset.yaml", "DaemonSet")),
+        "daemonset": as_pod(pod_spec("base/node/daemonset.yaml", "DaemonSet")),
         SIDECAR: as_pod(pod_spec(SIDECAR)),
         MTLS: as_pod(pod_spec(MTLS)),
         "plain": as_pod({"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}),
@@ -132,7 +132,7 @@ def rdma_pod_for(variant: str) -> dict[str, Any]:
 def test_daemonset_unpacks_into_a_writable_volume() -> None:
     """A read-only root needs RDMA_CNI_CACHE_DIR on a writable, non-host volume (the launcher would
     fall back to /tmp/rdma-cni-0 anyway; the manifest says where, as its comment promises)."""
-    spec = pod_spec("daemonset.yaml", "DaemonSet")
+    spec = pod_spec("base/node/daemonset.yaml", "DaemonSet")
     (agent,) = spec["containers"]
     assert agent["securityContext"]["readOnlyRootFilesystem"] is True
     env = {e["name"]: e.get("value") for e in agent["env"]}
@@ -292,7 +292,11 @@ def _mebibytes(quantity: str) -> float:
 
 
 def test_every_container_requests_cpu_and_memory() -> None:
-    for name, kind in [("daemonset.yaml", "DaemonSet"), (SIDECAR, "Deployment"), (MTLS, "Deployment")]:
+    for name, kind in [
+        ("base/node/daemonset.yaml", "DaemonSet"),
+        (SIDECAR, "Deployment"),
+        (MTLS, "Deployment"),
+    ]:
         for c in pod_spec(name, kind)["containers"]:
             requests = c.get("resources", {}).get("requests", {})
             assert {"cpu", "memory"} <= set(requests), f"{name}: {c['name']} requests {requests}"
@@ -306,7 +310,7 @@ def _measured(pattern: str) -> float:
 
 def test_requests_and_limits_match_the_measured_figures() -> None:
     """Requests cover what docs/performance.md measured in normal use, limits the measured peaks."""
-    agent = container(pod_spec("daemonset.yaml", "DaemonSet"), "install")["resources"]
+    agent = container(pod_spec("base/node/daemonset.yaml", "DaemonSet"), "install")["resources"]
     agent_mb = _measured(r"The node agent \(the installer with the agent, built binary\) uses (\d+) MB")
     assert _mebibytes(agent["requests"]["memory"]) >= agent_mb
     assert _mebibytes(agent["limits"]["memory"]) >= 2 * agent_mb
@@ -337,12 +341,12 @@ def test_every_file_a_conf_file_names_exists(name: str) -> None:
 def test_one_cluster_role_per_component() -> None:
     """No two files (or variants) define the same ClusterRole: applying one never rewrites another's."""
     defined: dict[str, str] = {}
-    for path in sorted(CONF.glob("*.yaml")):
-        for doc in docs(path.name):
+    for path in sorted([*CONF.glob("*.yaml"), *CONF.glob("base/*/*.yaml")]):
+        for doc in docs(str(path.relative_to(CONF))):
             if doc.get("kind") in ("ClusterRole", "ClusterRoleBinding"):
                 key = f"{doc['kind']}/{doc['metadata']['name']}"
-                assert key not in defined, f"{key} in {defined.get(key)} and {path.name}"
-                defined[key] = path.name
+                assert key not in defined, f"{key} in {defined.get(key)} and {path}"
+                defined[key] = str(path)
     roles = sorted(k.split("/", 1)[1] for k in defined if k.startswith("ClusterRole/"))
     # the agent, its DRA rights (conf/dra.yaml, applied only with DRA networks), the extender
     assert roles == ["rdma-cni", "rdma-cni-dra", "rdma-cni-scheduler-extender"]

@@ -1,5 +1,5 @@
 """The node tier's machinery without a node: its build (``build_components.sh --node``), the
-binaries' lookup, and what the tier changes in conf/daemonset.yaml (its image line only)."""
+binaries' lookup, and what the tier changes in conf/base/node/daemonset.yaml (its image line only)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_a_missing_node_component_names_make_node_components(
 
 
 def test_the_daemonset_is_applied_with_only_its_image_changed() -> None:
-    shipped = (REPO / "conf" / "daemonset.yaml").read_text()
+    shipped = (REPO / "conf" / "base/node/daemonset.yaml").read_text()
     applied = nodesupport.shipped_daemonset("localhost/other:1")
     diff = [(a, b) for a, b in zip(shipped.splitlines(), applied.splitlines(), strict=True) if a != b]
     assert diff == [(f"          image: {nodesupport.SHIPPED_IMAGE}", "          image: localhost/other:1")]

@@ -25,8 +25,8 @@ def uninstall_text() -> str:
 
 
 def test_every_conf_manifest_is_deleted() -> None:
-    deleted = set(re.findall(r"-f conf/([\w.-]+\.yaml)", uninstall_text()))
-    assert set(manifests()) - {"daemonset.yaml"} <= deleted, sorted(set(manifests()) - deleted)
+    deleted = set(re.findall(r"-f conf/([\w./-]+\.yaml)", uninstall_text()))
+    assert set(manifests()) - {"base/node/daemonset.yaml"} <= deleted, sorted(set(manifests()) - deleted)
     # The DaemonSet and both extenders' Deployments by name, before anything else of theirs.
     text = uninstall_text()
     for workload in (
@@ -35,7 +35,7 @@ def test_every_conf_manifest_is_deleted() -> None:
         "deployment/rdma-cni-scheduler-extender",
     ):
         assert workload in text
-    assert text.index("daemonset/rdma-cni") < text.index("-f conf/rbac.yaml")
+    assert text.index("daemonset/rdma-cni") < text.index("-f conf/base/node/rbac.yaml")
 
 
 def test_what_the_operator_made_by_hand_and_the_lease_are_deleted() -> None:
@@ -49,7 +49,7 @@ def test_what_the_operator_made_by_hand_and_the_lease_are_deleted() -> None:
         assert obj in text
     lease = [
         d
-        for d in yaml.safe_load_all((ROOT / "conf" / "scheduler-extender.yaml").read_text())
+        for d in yaml.safe_load_all((ROOT / "conf" / "base/extender/scheduler-extender.yaml").read_text())
         if d and d["kind"] == "Role"
     ]
     assert any("rdma-scheduler" in r.get("resourceNames", []) for role in lease for r in role["rules"])

@@ -1,4 +1,4 @@
-"""Node agents as conf/daemonset.yaml runs them, one per simulated node, against the real API server.
+"""Node agents as conf/base/node/daemonset.yaml runs them, one per simulated node, against the API server.
 
 Each agent is ``rdma-cni`` with the args of the DaemonSet's container, on a
 simulated node of its own (tests/support/simnode.py), authenticated by a token
@@ -47,8 +47,8 @@ class Agent:
 
 
 def daemonset_args() -> list[str]:
-    """The install container's command after the executable, as conf/daemonset.yaml has it."""
-    ds = find(manifest("daemonset.yaml"), "DaemonSet", "rdma-cni")
+    """The install container's command after the executable, as conf/base/node/daemonset.yaml has it."""
+    ds = find(manifest("base/node/daemonset.yaml"), "DaemonSet", "rdma-cni")
     c = container(ds, "install")
     command = list(c.get("command", [])) + list(c.get("args", []))
     assert command[0].endswith("/rdma-cni") and command[1] == "install", command

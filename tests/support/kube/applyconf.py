@@ -1,8 +1,9 @@
 """Apply conf/ to a real API server as an operator would: ``kubectl apply --server-side``, a dry run first.
 
-Every YAML file of conf/ whose documents are API objects is applied; the
-files that are not (a KubeSchedulerConfiguration, which kube-scheduler reads
-from disk) are named in :data:`NOT_API_OBJECTS` with the reason. Files
+Every YAML file of conf/ and of its kustomize bases (conf/base/*/) whose
+documents are API objects is applied; the files that are not (a
+KubeSchedulerConfiguration, which kube-scheduler reads from disk; the
+kustomizations) are named in :data:`NOT_API_OBJECTS` with the reason. Files
 defining CustomResourceDefinitions go first, and each CRD is awaited until
 established, so the custom objects after them are accepted.
 """
@@ -20,7 +21,7 @@ CONF = os.path.join(REPO, "conf")
 # conf/ files kube-apiserver never sees.
 NOT_API_OBJECTS = {
     "kube-scheduler-default.yaml": "a KubeSchedulerConfiguration file for the cluster's own kube-scheduler",
-    "kustomization.yaml": "kustomize's input (its resources are the files applied here)",
+    "kustomization.yaml": "kustomize's input, conf/'s and each base's (their resources are applied here)",
 }
 FIELD_MANAGER = "rdma-cni-operator"
 
@@ -36,8 +37,16 @@ class Applied:
 
 
 def manifests() -> list[str]:
-    """The conf/ YAML files that hold API objects, CRD files first, then by name."""
-    names = sorted(n for n in os.listdir(CONF) if n.endswith((".yaml", ".yml")) and n not in NOT_API_OBJECTS)
+    """The YAML files of conf/ and its bases (conf/base/*/) that hold API objects, by path below conf/.
+
+    CRD files first, then by file name (the order from before the bases had directories of their own).
+    """
+    names = [n for n in os.listdir(CONF) if n.endswith((".yaml", ".yml"))]
+    for base in sorted(os.listdir(os.path.join(CONF, "base"))):
+        names += [
+            f"base/{base}/{n}" for n in os.listdir(os.path.join(CONF, "base", base)) if n.endswith(".yaml")
+        ]
+    names = sorted((n for n in names if os.path.basename(n) not in NOT_API_OBJECTS), key=os.path.basename)
     return sorted(names, key=lambda n: "CustomResourceDefinition" not in kinds(n))
 
 

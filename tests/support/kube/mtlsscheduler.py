@@ -20,7 +20,7 @@ the stand-ins a loopback run needs and nothing more:
   (a ``..data`` link swapped at once), when the extender starts and again on
   :meth:`MtlsExtender.sync` (the kubelet's periodic sync of a changed Secret).
 
-The extender runs with the args of conf/scheduler-extender-mtls.yaml's
+The extender runs with the args of conf/base/extender-mtls/scheduler-extender-mtls.yaml's
 Deployment, on its service account's token.
 """
 
@@ -62,7 +62,7 @@ DEPLOY_MD = Path(REPO) / "docs" / "deploy.md"
 SECTION = "## Certificates for the mutual-TLS variant"
 ETC = "/etc/kubernetes/"
 CONFIG = "kube-scheduler-config.yaml"
-MTLS_MANIFEST = "scheduler-extender-mtls.yaml"
+MTLS_MANIFEST = "base/extender-mtls/scheduler-extender-mtls.yaml"
 SERVICE = "rdma-cni-scheduler-extender"
 VFS, BANDWIDTH = nodestate.VF_RESOURCE, nodestate.BANDWIDTH_RESOURCE
 # What the operator's kube-scheduler ran with before the variant (step 4 merges into it): kubeadm's
@@ -223,7 +223,7 @@ def _write_volume(into: Path, files: dict[str, bytes]) -> None:
 
 @dataclass
 class MtlsExtender:
-    """The extender container of conf/scheduler-extender-mtls.yaml, its mounts from the cluster."""
+    """The extender container of conf/base/extender-mtls/'s manifest, its mounts from the cluster."""
 
     cp: ControlPlane
     root: Path
@@ -402,7 +402,7 @@ def advertise(cp: ControlPlane, node: str, state: nodestate.NodeState, tag: str)
     """The node's agent advertises ``state``'s RDMA resources in the Node's status.
 
     The agent's own code (agent/capacity), with a token bound to a pod on the node as the
-    DaemonSet's is, so through conf/rbac.yaml's RBAC and admission policy.
+    DaemonSet's is, so through conf/base/node/rbac.yaml's RBAC and admission policy.
     """
     pod = f"rdma-cni-agent-{tag}"
     create(cp, pod_doc("kube-system", pod, node=node, account="rdma-cni"))

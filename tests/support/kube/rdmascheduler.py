@@ -157,7 +157,7 @@ def in_cluster_env(cp: ControlPlane, sa_dir: str, token: str) -> dict[str, str]:
 
 def start_rdma_scheduler(
     cp: ControlPlane,
-    manifest_name: str = "scheduler-extender.yaml",
+    manifest_name: str = "base/extender/scheduler-extender.yaml",
     tag: str = "rdma",
     networks: str | None = None,
     *,

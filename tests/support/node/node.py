@@ -5,8 +5,8 @@ control plane on the run's loopback address with the DaemonSet controller; conf/
 NetworkAttachmentDefinition CRD and network, metrics Services and rdma-scheduler's objects
 applied as shipped; the simulated node's sysfs and veth VFs; the images; containerd 2.x;
 the node's default network (Debian's ``bridge`` and ``host-local``) in
-``/etc/cni/net.d``; kubelet; Multus' own thick-plugin manifest; conf/daemonset.yaml with only its
-image changed; rdma-scheduler from conf/scheduler-extender.yaml (as the cluster tier runs it).
+``/etc/cni/net.d``; kubelet; Multus' own thick-plugin manifest; conf/base/node/daemonset.yaml with only its
+image changed; rdma-scheduler from conf/base/extender/scheduler-extender.yaml (as the cluster tier runs it).
 :func:`tear_down` undoes it all, the pods' cgroups, the sysctls kubelet set and the bridge
 included.
 """
@@ -48,16 +48,18 @@ NODE_COMPONENTS = (
 DEBIAN_PLUGINS = "/usr/lib/cni"  # containernetworking-plugins (make deps)
 SIM_ROOT = "/run/rdma-cni/simnode"  # inside a directory the DaemonSet mounts, at the same path
 STATE_DIR = "/var/lib/cni/rdma-cni"  # the plugin's default stateDir, on the node
-SHIPPED_IMAGE = "localhost/rdma-cni:0.1.0"  # conf/daemonset.yaml's image: conf/Containerfile's build
+SHIPPED_IMAGE = (
+    "localhost/rdma-cni:0.1.0"  # conf/base/node/daemonset.yaml's image: conf/Containerfile's build
+)
 IMAGE = "localhost/rdma-cni-simnode:0.1.0"  # that image, plus the simulated node's environment
 MULTUS_IMAGE = "localhost/multus-cni:node-thick"
 # conf/ files the node needs: RBAC, the CRD and sample network, metrics Services, rdma-scheduler's
 # objects (kube-scheduler reads its ConfigMap back). daemonset.yaml goes in with its image changed.
 CONF_FILES = (
     "network-attachment-definition-crd.yaml",
-    "rbac.yaml",
-    "metrics.yaml",
-    "scheduler-extender.yaml",
+    "base/node/rbac.yaml",
+    "base/node/metrics.yaml",
+    "base/extender/scheduler-extender.yaml",
     "network-attachment-definition.yaml",
 )
 # A second rdma-cni network beside conf/'s rdma-net (a second rail): its NAD is conf/'s with
@@ -103,7 +105,7 @@ class Node:
     bridge: str
     scheduler: RdmaScheduler | None = None
     sysctls: dict[str, str] = field(default_factory=dict)
-    daemonset_text: str = ""  # conf/daemonset.yaml as applied
+    daemonset_text: str = ""  # conf/base/node/daemonset.yaml as applied
     image_shim: str = ""  # the shim copied out of the image conf/Containerfile built
     multus_images_replaced: list[str] = field(default_factory=list)
     # The simulated RDMA character devices: VF netdev -> (major, minor) of its uverbs node.
@@ -344,18 +346,20 @@ def bring_up(node: Node) -> None:
 
 
 def apply_daemonset(node: Node) -> None:
-    """Apply conf/daemonset.yaml as the tier applies it (server-side, as an operator would)."""
+    """Apply conf/base/node/daemonset.yaml as the tier applies it (server-side, as an operator would)."""
     node.kubectl(
         "apply", "--server-side", "--field-manager=rdma-cni-operator", "-f", "-", input=node.daemonset_text
     )
 
 
 def shipped_daemonset(image: str) -> str:
-    """conf/daemonset.yaml's text with its image, and nothing else, changed to ``image``."""
-    with open(os.path.join(REPO, "conf", "daemonset.yaml")) as f:
+    """conf/base/node/daemonset.yaml's text with its image, and nothing else, changed to ``image``."""
+    with open(os.path.join(REPO, "conf", "base/node/daemonset.yaml")) as f:
         text = f.read()
     line = f"image: {SHIPPED_IMAGE}"
-    assert text.count(line) == 1, f"conf/daemonset.yaml no longer names its image once as {SHIPPED_IMAGE}"
+    assert text.count(line) == 1, (
+        f"conf/base/node/daemonset.yaml no longer names its image once as {SHIPPED_IMAGE}"
+    )
     return text.replace(line, f"image: {image}")
 
 
