@@ -133,6 +133,17 @@ class Mode:
 servers_of_fat: set[int] = set()
 
 
+def knows_kubeconfig(binary: str, tmp: str) -> bool:
+    """Whether ``binary cni-server`` takes ``--kubeconfig`` (asked with a cache of its own)."""
+    out = subprocess.run(
+        [binary, "cni-server", "--help"],
+        env={"PATH": os.environ.get("PATH", ""), "RDMA_CNI_CACHE_DIR": os.path.join(tmp, "probe-cache")},
+        capture_output=True,
+        check=False,
+    )
+    return b"--kubeconfig" in out.stdout
+
+
 class Agent:
     """``rdma-cni cni-server`` of one build on its own socket and cache, on the rig's state."""
 
@@ -144,6 +155,9 @@ class Agent:
         self.cache = os.path.join(self.dir, "cache")
         self.tree_dir = os.path.join(self.cache, cache_id(binary))
         conf = rig.conf
+        # As shipped, the agent names the kubeconfig it writes, and its workers connect ahead
+        # (a build from before that option is run as it was).
+        ahead = ["--kubeconfig", str(conf["kubeconfig"])] if knows_kubeconfig(binary, tmp) else []
         started = time.perf_counter()
         self.proc = subprocess.Popen(
             [
@@ -151,6 +165,7 @@ class Agent:
                 "cni-server",
                 *("--socket", self.socket),
                 *("--state-dir", str(conf["stateDir"]), "--lock-file", str(conf["lockFile"])),
+                *ahead,
             ],
             env={**env, "RDMA_CNI_CACHE_DIR": self.cache},
             stdout=subprocess.PIPE,

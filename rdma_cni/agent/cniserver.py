@@ -145,6 +145,7 @@ class CniServer:
         handover_seconds: float = HANDOVER_SECONDS,
         drain_seconds: float = DRAIN_SECONDS,
         orphan_interval: float = ORPHAN_INTERVAL,
+        kubeconfigs: Sequence[str] = (),
     ) -> None:
         """Nothing is opened until :meth:`start`.
 
@@ -153,7 +154,8 @@ class CniServer:
         none by default, which leaves it to the verbs: a server names the node's state itself.
         The same directories get the same-boot pass over attachments whose pod namespace is gone
         though no DEL came, every ``orphan_interval`` seconds while this server owns the socket
-        (:mod:`rdma_cni.agent.orphanpass`; 0 turns it off).
+        (:mod:`rdma_cni.agent.orphanpass`; 0 turns it off). ``kubeconfigs``: those the networks
+        name, whose API servers each worker connects to before it is ready.
         """
         self.states = list(states)
         self._boot_checked = False
@@ -162,7 +164,7 @@ class CniServer:
         self.verb_timeout = verb_timeout
         self.base_env = plugin_environment(os.environ if environ is None else environ)
         # Started at the first try to start, so that the workers import while the boot release runs.
-        self.pool = WorkerPool(self.plugin, self.base_env, size=workers)
+        self.pool = WorkerPool(self.plugin, self.base_env, size=workers, kubeconfigs=kubeconfigs)
         self._served = False  # serve() ran: it closes the pool once the calls under way are done
         self._slots = threading.BoundedSemaphore(max_connections)
         # Calls told "busy" are bounded too: beyond these, a call is closed unanswered.
@@ -543,6 +545,14 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--lock-file", help="its lockFile (default: the plugin's)")
     p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="the kubeconfig the networks name: each verb worker connects to its API server before the "
+        "server says it is ready, so that the first ADD does not; repeat for several",
+    )
+    p.add_argument(
         "--take-over",
         action="store_true",
         help="if another server serves the socket, wait for it to stop and take over from it with no call "
@@ -580,6 +590,7 @@ def main(argv: list[str]) -> int:
         max_connections=args.max_connections,
         workers=args.workers,
         states=_states(args),
+        kubeconfigs=args.kubeconfig,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

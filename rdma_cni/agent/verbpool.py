@@ -130,9 +130,12 @@ class WorkerPool:
         size: int = MAX_WORKERS,
         spare: int = SPARE_WORKERS,
         idle_seconds: float = IDLE_SECONDS,
+        kubeconfigs: Sequence[str] = (),
     ) -> None:
         self.command = list(command)
         self.env = dict(env)
+        # Each worker connects to these kubeconfigs' API servers before it is ready (verbworker.warm_up).
+        self.kubeconfigs = list(kubeconfigs)
         self.size = max(1, size)
         self.spare = max(1, min(spare, self.size))
         self.idle_seconds = idle_seconds
@@ -371,7 +374,12 @@ class WorkerPool:
             theirs.set_inheritable(True)
             try:
                 zygote = subprocess.Popen(
-                    [*self.command, "cni-workers", f"--control-fd={theirs.fileno()}"],
+                    [
+                        *self.command,
+                        "cni-workers",
+                        f"--control-fd={theirs.fileno()}",
+                        *(f"--kubeconfig={path}" for path in self.kubeconfigs),
+                    ],
                     env=self.env,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,

@@ -49,7 +49,7 @@ import signal
 import socket
 import struct
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from rdma_cni.agent.shimwire import REQUEST_HEADER, Request, WireError, encode_answer, parse_env, parse_header
 
@@ -99,6 +99,13 @@ def parser() -> argparse.ArgumentParser:
         prog="rdma-cni cni-workers", description="The CNI server's verb workers (started by the CNI server)."
     )
     p.add_argument("--control-fd", type=int, required=True, help="the pool's end of the control socket")
+    p.add_argument(
+        "--kubeconfig",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a kubeconfig the verbs will name: each worker connects to its API server before it is ready",
+    )
     return p
 
 
@@ -138,7 +145,7 @@ def main(argv: list[str], run: RunVerb, preload: Callable[[], None] | None = Non
             for fd in fds:
                 os.close(fd)
             continue
-        _fork_worker(control, fds[0], run)
+        _fork_worker(control, fds[0], run, args.kubeconfig)
 
 
 def _reap(_signo: int, _frame: object) -> None:
@@ -147,7 +154,7 @@ def _reap(_signo: int, _frame: object) -> None:
             pass
 
 
-def _fork_worker(control: socket.socket, channel: int, run: RunVerb) -> None:
+def _fork_worker(control: socket.socket, channel: int, run: RunVerb, kubeconfigs: Sequence[str] = ()) -> None:
     """Fork one worker on ``channel`` and tell the pool its pid (and pidfd); the worker never returns."""
     try:
         pid = os.fork()
@@ -160,7 +167,7 @@ def _fork_worker(control: socket.socket, channel: int, run: RunVerb) -> None:
         code = 70
         try:
             control.close()
-            code = _worker(channel, run)
+            code = _worker(channel, run, kubeconfigs)
         except BaseException:  # nothing may escape into a second copy of the zygote's loop
             with contextlib.suppress(Exception):
                 log.exception("a CNI verb worker failed")
@@ -181,7 +188,7 @@ def _fork_worker(control: socket.socket, channel: int, run: RunVerb) -> None:
             os.close(fd)
 
 
-def _worker(channel_fd: int, run: RunVerb) -> int:
+def _worker(channel_fd: int, run: RunVerb, kubeconfigs: Sequence[str] = ()) -> int:
     """A worker's life: become ready, then serve verbs until the pool hangs up or a check fails."""
     os.setpgid(0, 0)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the verbs wait for their own children (the IPAM guards)
@@ -192,7 +199,7 @@ def _worker(channel_fd: int, run: RunVerb) -> int:
     # This process outlives its verbs: keep the API server's connection and TLS context between them.
     podget.keep_connections(True)
     verbs = Verbs(run)
-    verbs.warm_up()
+    verbs.warm_up(kubeconfigs)
     baseline = Baseline.now()
     channel.sendall(WORKER_READY)
     served = 0
@@ -282,14 +289,27 @@ class Verbs:
         # Where fd 2 points during a verb: what the verb writes to stderr is its answer's stderr.
         self.capture = os.memfd_create("verb-stderr", os.MFD_CLOEXEC)
 
-    def warm_up(self) -> None:
+    def warm_up(self, kubeconfigs: Sequence[str] = ()) -> None:
         """What the first verb would do first, done before the worker says it is ready.
 
         The first verb of a fresh fork would otherwise copy the pages it writes (the entry point, a
         configuration's validation, the logging set-up) while a runtime waits; a VERSION run through
-        the whole entry touches them now.
+        the whole entry touches them now. For each of ``kubeconfigs`` (the ones the node's networks
+        name) the API server's connection is opened too: its TLS context and handshake were about a
+        third of the first ADD after an agent started. One that fails is only logged: the verb
+        that needs it meets the failure and reports it as it would have.
         """
         self.run_one(Request(env={"CNI_COMMAND": "VERSION"}, stdin=b'{"cniVersion": "1.0.0"}'), None)
+        from rdma_cni.cni.errors import CniError
+        from rdma_cni.kube import credentials, podget
+
+        for path in kubeconfigs:
+            try:
+                problem = podget.connect_ahead(credentials.load_credentials(path))
+            except CniError as exc:  # a kubeconfig not written yet (a first install) or malformed
+                problem = f"{exc.msg}: {exc.details}" if exc.details else exc.msg
+            if problem:
+                log.info("no connection opened ahead for kubeconfig %s: %s", path, problem)
 
     def run_one(self, request: Request, fd: int | None) -> Answer:
         """Run one verb; the namespace fd (if any) is closed after it."""

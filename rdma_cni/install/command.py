@@ -365,7 +365,7 @@ def _run(args: argparse.Namespace, opts: Options, out: TextIO, err: TextIO) -> i
 
             try:
                 states = network_states(args.network_config)
-                server, cni = _start_cni_server(args.cni_socket, states, stop, out)
+                server, cni = _start_cni_server(args.cni_socket, states, stop, out, [opts.kubeconfig_path])
             except InstallError as exc:
                 err.write(f"rdma-cni install: error: {exc}\n")
                 err.flush()
@@ -452,7 +452,11 @@ def _install_and_watch(
 
 
 def _start_cni_server(
-    socket_path: str, states: Sequence[tuple[str, str]], stop: threading.Event, out: TextIO
+    socket_path: str,
+    states: Sequence[tuple[str, str]],
+    stop: threading.Event,
+    out: TextIO,
+    kubeconfigs: Sequence[str] = (),
 ) -> tuple[threading.Thread, CniServer]:
     """Serve the shim's calls in a thread until ``stop``; InstallError when the socket cannot be served.
 
@@ -461,12 +465,13 @@ def _start_cni_server(
     ``states``: the ``stateDir`` and ``lockFile`` of the node's networks, whose records of an
     earlier boot the server releases before it serves. Another agent serving the socket (the old
     one of a rollout with surge) is no error: this one takes the socket over in the background
-    the moment that one lets go.
+    the moment that one lets go. ``kubeconfigs``: the one this install writes, which its network
+    configuration names; each verb worker connects to its API server before it is ready.
     """
     from rdma_cni.agent.cniserver import TAKEOVER_POLL, CniServer, ServerError
     from rdma_cni.agent.takeover import HELD, take_over
 
-    server = CniServer(socket_path, states=states)
+    server = CniServer(socket_path, states=states, kubeconfigs=kubeconfigs)
     try:
         serving = server.try_start()
     except ServerError as exc:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -150,6 +151,13 @@ class Attachment:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
 
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    # dataclasses.fields() walks the class on every call: a third of parsing the records under
+    # the node lock, for an answer that never changes.
+    return frozenset(f.name for f in fields(cls))
+
+
 def _build(cls: type, data: Any, where: str, *, newer: bool = False) -> Any:
     """Construct a record dataclass from JSON, strictly (unknown or missing keys are errors).
 
@@ -157,7 +165,7 @@ def _build(cls: type, data: Any, where: str, *, newer: bool = False) -> Any:
     """
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected an object")
-    names = {f.name for f in fields(cls)}
+    names = _field_names(cls)
     unknown = set(data) - names
     if unknown and not newer:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
@@ -324,13 +332,15 @@ class RecordStore:
         except OSError:
             return []
 
-    def write(self, att: Attachment, *, new_name: bool = True) -> None:
+    def write(self, att: Attachment, *, new_name: bool = True, sync_dir: bool | None = None) -> None:
         """Atomically replace the record of ``att`` (0600, fsynced).
 
         ``new_name=False`` says a record of this attachment is already on disk
         (ADD marking it ready): the directory is then not fsynced, since after a
         crash either version is a record DEL can finish from (one directory
-        fsync less per pod, milliseconds on a busy disk).
+        fsync less per pod, milliseconds on a busy disk). ``sync_dir=False``
+        leaves a new name's directory fsync to the caller (:meth:`sync_dir`):
+        ADD's intent record, whose fsync need not keep the node lock.
         """
         self.ensure()
         write_atomic(
@@ -338,8 +348,15 @@ class RecordStore:
             f"{att.container_id}@{att.ifname}{_SUFFIX}",
             att.to_json(),
             "allocation record",
-            sync_dir=new_name,
+            sync_dir=new_name if sync_dir is None else sync_dir,
         )
+
+    def sync_dir(self) -> None:
+        """Make the names written without a directory fsync durable; code 5 if the fsync fails."""
+        try:
+            self._sync_dir()
+        except OSError as exc:
+            raise IOFailure(f"cannot flush state directory {self.dir}: {exc.strerror}") from exc
 
     def delete(self, container_id: str, ifname: str) -> None:
         """Remove a record (missing is fine)."""
@@ -555,6 +572,33 @@ def _open_lock_file(lock_file: str) -> int:
     return fd
 
 
+# The nice value of a node lock holder. In a burst every other ADD queues on this lock while the
+# verbs that passed it (namespace moves, IPAM) take the cores: a holder sharing them ran three to
+# five times longer than alone, and the queue drained at that pace (a lock convoy). Ahead of them,
+# it leaves the lock sooner and they lose nothing they were not waiting for anyway.
+HOLDER_NICE = -10
+
+
+@contextlib.contextmanager
+def _ahead() -> Iterator[None]:
+    """Run this thread at :data:`HOLDER_NICE` (if it is not already higher) for the block.
+
+    Without CAP_SYS_NICE (an unprivileged run) the nice value stays as it was: the lock works
+    the same, a burst only drains more slowly.
+    """
+    try:
+        before = os.getpriority(os.PRIO_PROCESS, 0)
+        os.setpriority(os.PRIO_PROCESS, 0, min(before, HOLDER_NICE))
+    except OSError:
+        before = None
+    try:
+        yield
+    finally:
+        if before is not None:
+            with contextlib.suppress(OSError):  # raising one's own nice value is always allowed
+                os.setpriority(os.PRIO_PROCESS, 0, before)
+
+
 @contextlib.contextmanager
 def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
     """Hold the node-wide lock (flock on ``lock_file``); code 11 after ``timeout`` seconds, code 5 at once
@@ -587,7 +631,8 @@ def node_lock(lock_file: str, timeout: float) -> Iterator[None]:
         acquired = time.monotonic()
         _held.append(fd)
         try:
-            yield
+            with _ahead():
+                yield
         finally:
             _held.remove(fd)
             log.info(

@@ -102,6 +102,11 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
                 )
             progress = Progress()
             try:
+                # The intent record's name reaches the disk before the kernel or IPAM changes
+                # anything, and outside the node lock: other pods need not wait for a disk flush.
+                # Until then only a machine crash can lose it, and nothing had acted on it: its
+                # VFs are still in the host and no lease was taken.
+                store.sync_dir()
                 result = perform(att, env, host, finder, vfctl, ipam, isolation, progress)
                 result.dns = merged_dns(conf, att)
                 att.state = "ready"
@@ -185,7 +190,8 @@ def reserve(
     att.netns_id = netns_id
     if conf.ipam is not None:
         att.ipam_conf, att.cni_path = ipam_release_conf(doc), list(env.path)
-    store.write(att)
+    # Its directory fsync is the caller's, once the node lock is released (run).
+    store.write(att, sync_dir=False)
     return att
 
 

@@ -9,6 +9,7 @@ no RDMA stack; the QEMU tier covers the real one).
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from rdma_cni.cni.errors import IOFailure, KernelError
 from rdma_cni.kernel import rdma
 from rdma_cni.kernel.netns import Netns
-from rdma_cni.node import attach
+from rdma_cni.node import attach, record
 from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.isolation import RdmaIsolation
 from rdma_cni.node.record import RecordStore
@@ -100,11 +101,12 @@ def test_failure_writing_the_final_record_rolls_back(
     real = RecordStore.write
     calls = {"n": 0}
 
-    def flaky(self: RecordStore, att: Any) -> None:
+    def flaky(self: RecordStore, att: Any, **how: Any) -> None:
         calls["n"] += 1
         if calls["n"] == 2:
+            assert how == {"new_name": False}  # the ready record, not a TypeError of this stand-in
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(self, att)
+        real(self, att, **how)
 
     monkeypatch.setattr(RecordStore, "write", flaky)
     pod = cluster.pod([{}, {}])
@@ -279,4 +281,60 @@ def test_rollback_that_cannot_drop_the_record_reports_adds_own_error(
     assert len(cluster.records) == 1  # the record stays, listing VFs that are home: DEL drops it
     monkeypatch.setattr(RecordStore, "delete", real_delete)
     assert cluster.run("DEL", pod, conf).ok
+    assert_node_pristine(cluster)
+
+
+def _node_lock_free(lock_file: str) -> bool:
+    """Whether the node lock (an flock of the whole file) could be taken right now."""
+    fd = os.open(lock_file, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing the only descriptor of this open file lets go of it
+    return True
+
+
+def test_the_intent_record_is_flushed_outside_the_node_lock_before_any_change(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = cluster.conf()
+    pod = cluster.pod([{}])
+    seen: list[tuple[bool, list[str], dict[str, list[str]]]] = []
+    real = record._sync_dir
+
+    def observe(directory: str) -> None:
+        if not seen:
+            seen.append((_node_lock_free(conf["lockFile"]), cluster.records, addresses_in(ns_name(pod))))
+        real(directory)
+
+    monkeypatch.setattr(record, "_sync_dir", observe)
+    out = cluster.run_inproc("ADD", pod, conf)
+    assert out.ok, out.doc
+    # The first directory flush of the ADD: its intent record is already there for every other
+    # verb to see, the node lock is free for them, and nothing is in the pod yet.
+    assert seen == [(True, [f"{pod['CNI_CONTAINERID']}@net1.json"], {"lo": []})]
+    assert cluster.run_inproc("DEL", pod, conf).ok
+    assert_node_pristine(cluster)
+
+
+def test_an_intent_record_that_cannot_be_flushed_fails_the_add_and_leaves_nothing(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = record._sync_dir
+    failed: list[str] = []
+
+    def broken_once(directory: str) -> None:
+        if not failed:
+            failed.append(directory)
+            raise OSError(errno.EIO, "Input/output error")
+        real(directory)
+
+    monkeypatch.setattr(record, "_sync_dir", broken_once)
+    pod = cluster.pod([{"min_tx_rate": 1000}])
+    out = cluster.run_inproc("ADD", pod, cluster.conf())
+    assert out.code == 1 and out.doc is not None and out.doc["code"] == 5, out.doc
+    assert "cannot flush state directory" in out.doc["msg"] and failed[0] in out.doc["msg"], out.doc
+    assert addresses_in(ns_name(pod)) == {"lo": []}
     assert_node_pristine(cluster)

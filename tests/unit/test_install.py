@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -652,6 +653,26 @@ def test_mode_shim_with_watch_serves_the_socket_first(node: Node, tmp_path: Path
     code, _, err = run(argv)
     assert code == 1 and "CNI server" in err and "mode 0700" in err
     assert not node.target.exists()
+
+
+def test_mode_shim_with_watch_has_the_workers_connect_to_the_kubeconfig_it_writes(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rdma_cni.agent import cniserver
+
+    asked: list[list[str]] = []
+
+    class Recording(cniserver.CniServer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            asked.append(list(kwargs.get("kubeconfigs", ())))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(cniserver, "CniServer", Recording)
+    net = network_conf(tmp_path / "net-a.conflist", tmp_path / "state", tmp_path / "run" / "lock")
+    with host_state_untouched():
+        code, _, err = run(shim_watch_args(node, tmp_path, net))
+    assert code == 0, err
+    assert asked == [[str(node.kubeconfig)]]
 
 
 class Logged(logging.Handler):

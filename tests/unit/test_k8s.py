@@ -8,12 +8,14 @@ import json
 import logging
 import os
 import socket
+import ssl
 import stat
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -1003,3 +1005,96 @@ def test_a_connection_is_kept_per_context_a_changed_ca_gets_its_own(
     own_ca.write_bytes(b"# rotated\n" + Path(creds.ca_file).read_bytes())  # other bytes: another context
     podget.get_pod(creds, "default", "web-0")
     assert len(set(_ports(api))) == 2 and len(podget.kept_fds()) == 2
+
+
+# A worker connects before its first verb (rdma_cni/agent/verbworker.py, Verbs.warm_up)
+
+
+def test_a_connection_opened_ahead_is_the_one_the_first_get_uses(
+    api: ApiServer, token_creds: credentials.ClusterCredentials, keeping: None
+) -> None:
+    assert podget.connect_ahead(token_creds) is None
+    (conn,) = podget._kept.values()
+    assert conn.sock is not None and api.requests_seen == []  # connected and handshaken; nothing sent
+    port = conn.sock.getsockname()[1]
+    assert podget.connect_ahead(token_creds) is None  # once per server and context
+    assert len(podget.kept_fds()) == 1
+    assert podget.get_pod(token_creds, "default", "web-0")["metadata"]["uid"] == "1111-2222"
+    assert _ports(api) == [port]
+
+
+def test_a_process_that_keeps_no_connection_opens_none_ahead(
+    api: ApiServer, token_creds: credentials.ClusterCredentials
+) -> None:
+    assert podget.connect_ahead(token_creds) == "connections are not kept in this process"
+    assert podget.kept_fds() == set()
+
+
+def test_a_server_that_cannot_be_reached_ahead_is_said_and_left_to_the_verb(
+    token_creds: credentials.ClusterCredentials, keeping: None
+) -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    creds = dataclasses.replace(token_creds, server=f"https://127.0.0.1:{port}")
+    problem = podget.connect_ahead(creds, timeout=2)
+    assert problem is not None and problem.startswith("ConnectionRefusedError"), problem
+    assert podget.kept_fds() == set()
+
+
+def test_credentials_whose_ca_cannot_be_read_ahead_are_said(
+    token_creds: credentials.ClusterCredentials, tmp_path: Path, keeping: None
+) -> None:
+    creds = dataclasses.replace(token_creds, ca_file=str(tmp_path / "gone.crt"), ca_data=None)
+    problem = podget.connect_ahead(creds)
+    assert problem is not None and "certificate authority" in problem and "No such file" in problem, problem
+    assert podget.kept_fds() == set()
+
+
+class _ReadableTls(ssl.SSLSocket):
+    """A TLS socket with something to read, and what reading it without waiting gives."""
+
+    def __init__(self, readable: socket.socket, gives: bytes | Exception) -> None:  # no handshake
+        self.readable, self.gives, self.timeouts = readable, gives, [5.0]
+
+    def fileno(self) -> int:
+        return self.readable.fileno()
+
+    def gettimeout(self) -> float | None:
+        return self.timeouts[-1]
+
+    def setblocking(self, flag: bool) -> None:
+        self.timeouts.append(None if flag else 0.0)
+
+    def settimeout(self, value: float | None) -> None:
+        self.timeouts.append(value)
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        if isinstance(self.gives, Exception):
+            raise self.gives
+        return self.gives
+
+
+@pytest.mark.parametrize(
+    ("gives", "reusable"),
+    [
+        (ssl.SSLWantReadError("session tickets only"), True),
+        (b"", False),  # the server closed it
+        (b"H", False),  # something nobody asked for
+        (ConnectionResetError(104, "Connection reset by peer"), False),
+    ],
+    ids=["tickets", "closed", "stray-data", "reset"],
+)
+def test_a_kept_tls_connection_with_only_session_tickets_waiting_is_reused(
+    gives: bytes | Exception, reusable: bool
+) -> None:
+    ours, theirs = socket.socketpair()
+    theirs.send(b"x")  # readable, as a TLS record waiting makes it
+    try:
+        sock = _ReadableTls(ours, gives)
+        assert podget._reusable(types.SimpleNamespace(sock=sock)) is reusable  # type: ignore[arg-type]
+        assert sock.timeouts[-1] == 5.0  # its timeout as it was
+    finally:
+        ours.close()
+        theirs.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rdma_cni.cni.errors import IOFailure, TryAgainLater
+from rdma_cni.node import record
 from rdma_cni.node.record import attachment_lock, attachment_lock_if_free, held_lock, node_lock
 
 
@@ -220,3 +221,45 @@ def test_an_attachment_lock_on_an_unusable_lock_file_is_code_5(tmp_path: Path) -
         pass
     with pytest.raises(IOFailure), attachment_lock_if_free(str(tmp_path / "dir"), "c", "n"):
         pass
+
+
+def test_the_holder_runs_ahead_of_the_verbs_not_waiting_and_goes_back_after(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("lowering a nice value needs CAP_SYS_NICE (the unit tier runs as root in CI)")
+    lock = tmp_path / "rdma-cni.lock"
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    with node_lock(str(lock), 1):
+        assert os.getpriority(os.PRIO_PROCESS, 0) == min(before, record.HOLDER_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+    with pytest.raises(RuntimeError), node_lock(str(lock), 1):
+        raise RuntimeError("a verb failing under the lock")
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
+def test_a_holder_already_higher_is_left_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nice = {"now": -15}
+    monkeypatch.setattr(os, "getpriority", lambda which, who: nice["now"])
+    monkeypatch.setattr(os, "setpriority", lambda which, who, value: nice.update(now=value))
+    with node_lock(str(tmp_path / "rdma-cni.lock"), 1):
+        assert nice["now"] == -15
+    assert nice["now"] == -15
+
+
+def test_without_cap_sys_nice_the_lock_is_taken_all_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[int] = []
+
+    def refused(which: int, who: int, value: int) -> None:
+        asked.append(value)
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "getpriority", lambda which, who: 0)
+    monkeypatch.setattr(os, "setpriority", refused)
+    lock = tmp_path / "rdma-cni.lock"
+    with node_lock(str(lock), 1):
+        fd = os.open(lock, os.O_RDWR)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(fd)
+    assert asked == [record.HOLDER_NICE]  # asked once; nothing to give back

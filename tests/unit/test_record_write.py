@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
 
 import pytest
 
+from rdma_cni.cni.errors import IOFailure
 from rdma_cni.node import record
 from rdma_cni.node.record import Attachment, RecordStore
 
@@ -26,3 +28,32 @@ def test_only_a_new_record_name_fsyncs_the_directory(tmp_path: Path, monkeypatch
     assert json.loads(path.read_text())["state"] == "ready"
     assert path.stat().st_mode & 0o777 == 0o600
     assert sorted(os.listdir(store.dir)) == ["c1@net1.json"]  # no temporary left behind
+
+
+def test_a_new_name_can_leave_its_directory_fsync_to_the_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RecordStore(str(tmp_path))
+    synced: list[str] = []
+    monkeypatch.setattr(record, "_sync_dir", synced.append)
+    att = Attachment(container_id="c1", ifname="net1", network="n", netns="/run/netns/x", cni_version="1.0.0")
+    store.write(att, sync_dir=False)  # ADD's intent record, under the node lock
+    assert synced == []
+    assert Path(store.path("c1", "net1")).exists()
+    store.sync_dir()  # once the lock is released
+    assert synced == [store.dir]
+
+
+def test_a_failed_directory_fsync_is_code_5_naming_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RecordStore(str(tmp_path))
+    store.ensure()
+
+    def broken(directory: str) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(record, "_sync_dir", broken)
+    with pytest.raises(IOFailure) as got:
+        store.sync_dir()
+    assert got.value.code == 5 and store.dir in got.value.msg and "Input/output error" in got.value.msg

@@ -235,3 +235,42 @@ def test_a_plugin_whose_workers_cannot_start_is_said_so(pools: list[WorkerPool],
     assert "did not start" in (pool.never_started() or "")
     status, doc, _ = verb(pool, {})
     assert status == 1 and "cannot run verbs" in doc["msg"]
+
+
+def _kubeconfig(path: Any, server: str) -> str:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return str(path)
+
+
+def test_each_worker_connects_to_the_networks_api_server_before_it_is_ready(
+    pools: list[WorkerPool], echo: str, tmp_path: Any
+) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+    try:
+        kubeconfig = _kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{listener.getsockname()[1]}")
+        pool = make(pools, echo, kubeconfigs=[kubeconfig], size=2, spare=2)
+        assert "--kubeconfig=" + kubeconfig in pool._zygote.args  # type: ignore[union-attr]
+        # Ready, no verb run yet: both spare workers have their connection.
+        accepted = [listener.accept()[0] for _ in range(2)]
+        for conn in accepted:
+            conn.close()
+    finally:
+        listener.close()
+
+
+def test_a_kubeconfig_that_cannot_be_read_does_not_keep_the_workers_from_ready(
+    pools: list[WorkerPool], echo: str, tmp_path: Any
+) -> None:
+    pool = make(pools, echo, kubeconfigs=[str(tmp_path / "not-written-yet")], size=1, spare=1)
+    status, doc, _err = verb(pool, {})
+    assert status == 0 and doc["env"]["CNI_CONTAINERID"] == "ctr1"
