@@ -213,6 +213,9 @@ def test_concurrent_runners_never_run_one_attachment_twice_at_once(tmp_path: Any
     children = [ctx.Process(target=_settle_in_child, args=(spool, log, start)) for _ in range(3)]
     for c in children:
         c.start()
+    # One spooled before they start: on a loaded machine their settles could otherwise all come
+    # before the first, run nothing and leave no log to read.
+    _put(spool)
     start.set()
     deadline = time.monotonic() + 20
     while any(c.is_alive() for c in children) and time.monotonic() < deadline:
