@@ -8,8 +8,10 @@ ResourceClaimTemplate the built ``rdma-cni claim`` prints; the default kube-sche
 allocates the claim; kubelet v1.37.2 finds the agent's plugin in its plugin registry (the
 DaemonSet's hostPath mounts), calls NodePrepareResources before the sandbox, and Multus' ADD
 through the shim applies the allocated bandwidth as the VF's guaranteed rate. Deleting the pod
-runs DEL and kubelet's NodeUnprepareResources: nothing is left held or prepared. The node is put
-back as the other tests expect it (the shipped DaemonSet, no DRA objects).
+runs DEL and kubelet's NodeUnprepareResources: nothing is left held or prepared. A claim the node
+can no longer honour (its PF's link fell below the allocation between kube-scheduler's allocation
+and kubelet's preparation) is refused in kubelet's own event with the agent's reason, and leaves
+nothing. The node is put back as the other tests expect it (the shipped DaemonSet, no DRA objects).
 
 ``RDMA_CNI_RECORD_DRA_WIRE=<file>`` records kubelet's calls to the plugin into ``<file>`` (the
 unit tier's tests/unit/data/kubelet-dra-wire.json, docs/testing.md#the-kubelets-dra-calls): the
@@ -27,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,10 +39,10 @@ import yaml
 from rdma_cni.agent.dra import dra_v1_pb2 as dra_pb
 from rdma_cni.agent.dra import registration_v1_pb2 as reg_pb
 from rdma_cni.agent.dra.kubelet import DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRY_DIR
-from tests.node.conftest import wait_at_rest
+from tests.node.conftest import held, wait_at_rest
 from tests.support import drawire
 from tests.support.kube.controlplane import REPO
-from tests.support.kube.dra import allocation_of, claim_template, devices, pod_claim
+from tests.support.kube.dra import allocation_of, claim_template, devices, pod_claim, wait_allocated
 from tests.support.node import pods
 from tests.support.node.node import STATE_DIR, Node, apply_daemonset, second_network, wait_agent_ready
 from tests.support.waiting import wait_for
@@ -101,9 +104,12 @@ def rollout(node: Node) -> None:
     wait_for(lambda: len(node.agent_pods()) == 1, 120, "the old agent pod gone")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def dra_node(node: Node) -> Iterator[Node]:
-    """The node's agent with a DRA network; the shipped DaemonSet and no DRA object after."""
+    """The node's agent with a DRA network; the shipped DaemonSet and no DRA object after.
+
+    One for the module's tests: each rollout (here and back) costs the shared machine a minute.
+    """
     configs = network_configs(node)
     node.kubectl("apply", "-f", "-", input=conf_dra())
     nad = second_network(DRA_NETWORK, DRA_SUBNET)
@@ -162,6 +168,18 @@ def wire(dra_node: Node) -> Iterator[drawire.Recorder | None]:
         recorder.stop()
 
 
+def create_claim_pod(node: Node, namespace: str, name: str) -> None:
+    """A pod of the DRA network whose claim comes from the template ``rdma-cni claim`` prints
+    (:data:`REQUEST`), for the default kube-scheduler: its DRA allocator."""
+    template = claim_template(json.dumps(REQUEST), "trainer", DRA_NETWORK, namespace)
+    node.kubectl("create", "-f", "-", input=json.dumps(template))
+    pod = pods.pod_manifest(namespace, name, f"default/{DRA_NETWORK}")
+    pod["spec"].pop("schedulerName")
+    pod["spec"]["resourceClaims"] = [{"name": "rdma", "resourceClaimTemplateName": "trainer"}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "rdma"}]}
+    pods.create(node, pod)
+
+
 def preparations() -> dict[str, dict[str, Any]]:
     """The node's DRA preparations (``<stateDir>/prepared``), by claim uid."""
     if not os.path.isdir(PREPARED):
@@ -194,13 +212,7 @@ def test_kubelet_prepares_a_claim_and_add_applies_the_allocated_rate(
     assert sorted(published) == [second], published
     assert published[second]["capacity"]["bandwidth"]["value"] in ("100k", "100000")
 
-    template = claim_template(json.dumps(REQUEST), "trainer", DRA_NETWORK, namespace)
-    node.kubectl("create", "-f", "-", input=json.dumps(template))
-    pod = pods.pod_manifest(namespace, "dra-pod", f"default/{DRA_NETWORK}")
-    pod["spec"].pop("schedulerName")  # the default kube-scheduler: its DRA allocator
-    pod["spec"]["resourceClaims"] = [{"name": "rdma", "resourceClaimTemplateName": "trainer"}]
-    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "rdma"}]}
-    pods.create(node, pod)
+    create_claim_pod(node, namespace, "dra-pod")
     running = pods.wait_running(node, namespace, ["dra-pod"], timeout=240)["dra-pod"]
     assert running["spec"]["nodeName"] == node.name
 
@@ -247,6 +259,81 @@ def test_kubelet_prepares_a_claim_and_add_applies_the_allocated_rate(
     wait_for(lambda: not preparations(), 120, "the claim unprepared")
     if wire is not None:
         save_recording(node, wire, claim)
+
+
+def test_a_claim_the_node_can_no_longer_honour_fails_kubelets_preparation_and_leaves_nothing(
+    dra_node: Node, wire: drawire.Recorder | None, namespace: str
+) -> None:
+    node = dra_node
+    second = node.sim.pfs[1]
+    speed = second.speed
+    assert speed is not None
+    published = wait_for(lambda: devices(node.cp, node.name) or None, 120, "the agent's ResourceSlice")
+    assert published[second.name]["capacity"]["bandwidth"]["value"] in ("100k", "100000")
+    before = {"prepared": preparations(), "held": held(node), "vfs home": node.vfs_home()}
+    assert before == {"prepared": {}, "held": {}, "vfs home": node.all_vfs()}, before
+    kubelet = node.kubelet.component.proc if node.kubelet and node.kubelet.component else None
+    assert kubelet is not None and kubelet.poll() is None
+    try:
+        # kubelet held off (stopped, not gone: its connections and plugin registration stay) while
+        # kube-scheduler allocates the claim from the published slice and binds the pod; then the
+        # PF's link renegotiates to 10 Gbit/s, below the 15000 Mbit/s allocated: the node changed
+        # between the allocation and kubelet's preparation, which no publishing can close.
+        os.kill(kubelet.pid, signal.SIGSTOP)
+        try:
+            create_claim_pod(node, namespace, "dra-late")
+            claim = wait_allocated(node.cp, namespace, "dra-late", 120)
+            (result,) = allocation_of(claim)
+            assert result["device"] == published[second.name]["name"], result
+            node.sim.set_speed(1, 10000)
+        finally:
+            os.kill(kubelet.pid, signal.SIGCONT)
+
+        # kubelet's NodePrepareResources got the agent's reason, and its event on the pod says it.
+        reason = (
+            f"PF {second.name} has 10000 of 10000 Mbit/s unreserved, this claim was allocated 15000 "
+            "there (the node changed since the allocation): nothing prepared"
+        )
+
+        def refused() -> list[str] | None:
+            seen = [e for e in pods.events(node, namespace, "dra-late") if reason in e]
+            return seen or None
+
+        (event, *_) = wait_for(refused, 120, "kubelet's event with the agent's reason")
+        claim_name = claim["metadata"]["name"]
+        assert event.startswith("FailedPrepareDynamicResources: "), event
+        assert f"rdma-cni: claim {namespace}/{claim_name}: {reason}" in event, event
+        print(f"kubelet's event: {event}")
+        # Nothing behind: no preparation, no sandbox (so no ADD: no record, VF, rate or lease).
+        assert preparations() == {}
+        assert held(node) == {} and node.vfs_home() == before["vfs home"]
+        pod = node.pod(namespace, "dra-late")
+        assert pod is not None and pod["status"]["phase"] == "Pending", pod
+        assert not node.containerd.crictl_json("pods", "--namespace", namespace)["items"]
+        assert f"DRA: claim {namespace}/{claim_name} (uid {claim['metadata']['uid']}) not prepared" in (
+            node.agent_log()
+        )
+
+        # Deleted while refused (kubelet retries the preparation until then): still nothing.
+        pods.delete(node, namespace, "dra-late")
+        pods.wait_gone(node, namespace, ["dra-late"])
+        wait_at_rest(node)
+        assert preparations() == {}
+    finally:
+        # The link as it was, published again, so the next test's scheduler sees the whole PF.
+        node.sim.set_speed(1, speed)
+        wait_for(
+            lambda: (
+                devices(node.cp, node.name)
+                .get(second.name, {})
+                .get("capacity", {})
+                .get("bandwidth", {})
+                .get("value")
+                in ("100k", "100000")
+            ),
+            120,
+            "the PF's bandwidth published again",
+        )
 
 
 def answered(recorder: drawire.Recorder, method: str) -> bool:
