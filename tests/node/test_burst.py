@@ -42,7 +42,7 @@ def quantity(text: str) -> int:
 
 def conf_resources() -> dict[str, Any]:
     """conf/base/node/daemonset.yaml's resources for the agent container."""
-    with open(os.path.join(REPO, "conf", "base/node/daemonset.yaml")) as f:
+    with open(os.path.join(REPO, "conf", "base", "node", "daemonset.yaml")) as f:
         (ds,) = [d for d in yaml.safe_load_all(f) if d and d["kind"] == "DaemonSet"]
     return dict(ds["spec"]["template"]["spec"]["containers"][0]["resources"])
 

@@ -24,7 +24,7 @@ def test_the_node_runs_the_shipped_daemonsets(node: Node) -> None:
     ]
 
     # conf/base/node/daemonset.yaml as applied differs from the file in its image line only.
-    with open(os.path.join(REPO, "conf", "base/node/daemonset.yaml")) as f:
+    with open(os.path.join(REPO, "conf", "base", "node", "daemonset.yaml")) as f:
         shipped = f.read()
     changed = [
         (a, b) for a, b in zip(shipped.splitlines(), node.daemonset_text.splitlines(), strict=True) if a != b

@@ -354,7 +354,7 @@ def apply_daemonset(node: Node) -> None:
 
 def shipped_daemonset(image: str) -> str:
     """conf/base/node/daemonset.yaml's text with its image, and nothing else, changed to ``image``."""
-    with open(os.path.join(REPO, "conf", "base/node/daemonset.yaml")) as f:
+    with open(os.path.join(REPO, "conf", "base", "node", "daemonset.yaml")) as f:
         text = f.read()
     line = f"image: {SHIPPED_IMAGE}"
     assert text.count(line) == 1, (
