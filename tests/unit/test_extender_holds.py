@@ -357,3 +357,58 @@ def test_what_a_node_holds_is_one_object_until_it_changes() -> None:
     res.release("h")
     res.drop("a", "test")
     assert held_on("n1") is None and not res.has_node("n1") and res.nodes() == frozenset()
+
+
+# -- filters first: binds step aside while a filter is decided (gate.py) ------------
+
+
+def test_a_bind_waits_for_the_filter_in_progress_before_each_step() -> None:
+    import threading
+    import time
+
+    ext, api, _ = make({"a": so.state(ONE_PF)})
+    pod = api.add(so.rdma_pod("p", [(1_000, 0)]))
+    done: list[str] = []
+    with ext.gate:  # a filter being decided
+        t = threading.Thread(target=lambda: done.append(bind(ext, pod, "a")))
+        t.start()
+        time.sleep(0.02)
+        assert api.reads == [] and not done  # it has not read the pod yet
+        # (shorter than the gate's longest wait, so the bind is still waiting here)
+    t.join(5)
+    assert done == [""] and api.reads == ["cache"] and api.pods["p"]["spec"]["nodeName"] == "a"
+
+
+def test_a_stream_of_filters_delays_a_bind_but_never_stops_it() -> None:
+    import threading
+    import time
+
+    from rdma_cni.extender import gate
+
+    ext, api, _ = make({"a": so.state(ONE_PF)})
+    pod = api.add(so.rdma_pod("p", [(1_000, 0)]))
+    started = time.monotonic()
+    with ext.gate:  # filters that never pause
+        t = threading.Thread(target=lambda: bind(ext, pod, "a"))
+        t.start()
+        t.join(5)
+    took = time.monotonic() - started
+    assert api.pods["p"]["spec"]["nodeName"] == "a"
+    # Three steps (read, reserve, Binding), each waiting at most MAX_WAIT.
+    assert 3 * gate.MAX_WAIT * 0.9 <= took < 3 * gate.MAX_WAIT + 2
+
+
+def test_a_filter_counts_itself_in_the_gate_while_it_decides(monkeypatch: pytest.MonkeyPatch) -> None:
+    ext, api, _ = make({"a": so.state(ONE_PF)})
+    pod = api.add(so.rdma_pod("p", [(1_000, 0)]))
+    seen: list[bool] = []
+    judge = ext._judge
+
+    def spying(*args: Any, **kw: Any) -> Any:
+        seen.append(ext.gate._active > 0)
+        return judge(*args, **kw)
+
+    monkeypatch.setattr(ext, "_judge", spying)
+    monkeypatch.setattr(ext.answers, "judge", spying)
+    ext.filter(so.args_names(pod, ["a"]))
+    assert seen and all(seen) and ext.gate.wait()
