@@ -27,7 +27,6 @@ from rdma_cni.cni.errors import InvalidPodRequest
 from rdma_cni.extender import metrics
 from rdma_cni.extender.decide import Decider, NodeView
 from rdma_cni.extender.demand import Demand, Demands
-from rdma_cni.extender.gate import FilterGate
 from rdma_cni.extender.reservations import Reservations, Reserved
 from rdma_cni.extender.settings import Settings
 from rdma_cni.extender.wire import BindArgs, clip
@@ -81,12 +80,6 @@ class Binder:
         self.lock = threading.Lock()
         # Told of every refusal: (the bind's args, reason, the Error answered); must not block.
         self.on_refused: Callable[[BindArgs, str, str], None] | None = None
-        # Filters in progress (gate.py): each step waits for them, never under self.lock. None: none.
-        self.gate: FilterGate | None = None
-
-    def _step(self) -> None:
-        if self.gate is not None:
-            self.gate.wait()
 
     def _pod_path(self, args: BindArgs) -> str:
         return f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}"
@@ -180,18 +173,15 @@ class Binder:
         from rdma_cni.kube import client as kubeapi
 
         who = f"pod {args.pod_namespace}/{args.pod_name}"
-        self._step()
         uid, demand, scheduler = self._read(args)
         reserved = False
         if demand is not None:
-            self._step()
             with self.lock:
                 self.reservations.expire()
                 problem, reason = self._reserve(args, demand, scheduler)
             if problem:
                 raise _Refused(problem, reason)
             reserved = self.reservations.get(args.pod_uid) is not None
-        self._step()
         try:
             self._post(args, uid)
         except kubeapi.ApiError as exc:

@@ -34,7 +34,6 @@ from rdma_cni.extender.bind import Binder
 from rdma_cni.extender.bounded import Bounded
 from rdma_cni.extender.decide import NEVER, Abandoned, Deadline, Decider, NodeView, Verdict
 from rdma_cni.extender.demand import Demand, Demands
-from rdma_cni.extender.gate import FilterGate
 from rdma_cni.extender.preempt import keep_nodes
 from rdma_cni.extender.resample import Resampler
 from rdma_cni.extender.reservations import Reservations
@@ -108,10 +107,7 @@ class Extender:
         self._scores: Bounded[str, KeptScores] = Bounded(_SCORES_KEPT, _SCORES_BYTES)
         self.answers = Answers(reservations, self._judge, decider.max_state_age)
         self.resampler = Resampler(self._judge, settings.percentage_of_nodes_to_score)
-        # Filters in progress, which binds wait for before each step (gate.py).
-        self.gate = FilterGate()
         self.binder = Binder(client, decider, demands, reservations, self.view_of, settings.scheduler_names)
-        self.binder.gate = self.gate
         # Makes kube-scheduler retry the pods filter refused once a node has room (None: nobody does).
         self.retrier = retrier
         self.ready = threading.Event()
@@ -208,8 +204,7 @@ class Extender:
         """
         deadline = deadline or self.deadline()
         try:
-            with self.gate:
-                return self._filter(doc, deadline)
+            return self._filter(doc, deadline)
         except Abandoned as exc:
             # Verdicts found so far stay cached: kube-scheduler's retry of the pod goes on from there.
             metrics.decided("filter", "error")
