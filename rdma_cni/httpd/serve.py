@@ -78,7 +78,6 @@ class BoundedHandler(socketserver.BaseRequestHandler):
         self.conn = server.tracked(self.request)
         self.pending = b""  # received past the last request: the start of the next one
         self.rest = b""  # received past the head of the request being read: the start of its body
-        self.sock_timeout = server.handshake_timeout  # the socket's, as last set
         self.request.settimeout(server.handshake_timeout)
         if server.tls is not None:
             self.request.do_handshake()  # an error ends the connection in handle_error, quietly
@@ -99,30 +98,10 @@ class BoundedHandler(socketserver.BaseRequestHandler):
             log.debug("%s: connection ended: %s", self.client_address[0], exc)
 
     def phase(self, phase: int, seconds: float) -> None:
-        """Enter ``phase``, which must end within ``seconds`` (the reaper and the socket timeout).
-
-        The socket's timeout bounds each blocking call by the phase's time, but by no more than
-        ``request_timeout`` (the idle wait retries until its own deadline, see :meth:`next_request`),
-        so that it is set once per connection rather than at every phase: setting it is a system
-        call, at which every other thread may take the interpreter, and a filter answer waited for
-        it twice per request while binds ran (docs/performance.md, "The extender, second").
-        """
+        """Enter ``phase``, which must end within ``seconds`` (the reaper and the socket timeout)."""
         self.conn.phase = phase
         self.conn.deadline = time.monotonic() + seconds
-        timeout = min(seconds, self.server.request_timeout)
-        if timeout != self.sock_timeout:
-            self.sock_timeout = timeout
-            self.request.settimeout(timeout)
-
-    def _recv_idle(self) -> bytes:
-        """The first bytes of the next request, waited for until the idle phase's deadline."""
-        while True:
-            try:
-                return self.request.recv(_RECV)
-            except TimeoutError:
-                # The socket's timeout is the request's, shorter than the idle wait: go on waiting.
-                if time.monotonic() >= self.conn.deadline:
-                    raise
+        self.request.settimeout(seconds)
 
     def next_request(self) -> Request | None:
         """Wait for the next request and read its head; None when the connection is to be closed.
@@ -135,7 +114,7 @@ class BoundedHandler(socketserver.BaseRequestHandler):
         data = self.pending
         if not data:
             self.phase(IDLE, server.idle_timeout)
-            data = self._recv_idle()
+            data = self.request.recv(_RECV)
             if not data:
                 return None
         self.phase(READING, server.request_timeout)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import socket
@@ -679,49 +678,3 @@ def test_a_filter_whose_caller_hung_up_is_abandoned(
     # a loaded machine), so judging stops within one run of the hang-up, and never reaches the last node.
     late = [t for t in judged if t > closed + 1.6]
     assert len(judged) < 700 and not late, (len(judged), len(late))
-
-
-def _keepalive_filters(conn: http.client.HTTPConnection, count: int, pause: float = 0.0) -> None:
-    for _ in range(count):
-        conn.request("POST", "/filter", body=_filter_bytes(), headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        assert resp.status == 200 and json.loads(resp.read())["Error"] == ""
-        time.sleep(pause)
-
-
-def test_a_kept_connection_sets_its_socket_timeout_once_not_per_request(
-    tight: tuple[ExtenderServer, int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Setting a socket's timeout is a system call, at which other threads take the interpreter:
-    kube-scheduler's filter connection waited for it at every phase of every request."""
-    _, port = tight
-    calls: list[float] = []
-    settimeout = socket.socket.settimeout
-
-    def counted(sock: socket.socket, value: float | None) -> None:
-        with contextlib.suppress(OSError):
-            if sock.getsockname()[1] == port:  # the server's side of a connection
-                calls.append(value or 0.0)
-        settimeout(sock, value)
-
-    monkeypatch.setattr(socket.socket, "settimeout", counted)
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        _keepalive_filters(conn, 5)
-    finally:
-        conn.close()
-    # The handshake's, then the requests' (0.5 s, which also bounds each wait of the 1 s idle phase).
-    assert calls == [0.5], calls
-
-
-def test_an_idle_kept_connection_outlives_the_request_timeout(tight: tuple[ExtenderServer, int]) -> None:
-    """Its socket's timeout is the request's (0.5 s), its idle wait the idle timeout (1 s)."""
-    _, port = tight
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.connect()
-        sock = conn.sock
-        _keepalive_filters(conn, 2, pause=0.8)
-        assert conn.sock is sock  # the same connection served both, after 0.8 s idle
-    finally:
-        conn.close()
