@@ -683,7 +683,7 @@ class Decider:
         # Placement is a function of the requests in their order (not only the demand's key, which
         # is up to order), the PF states and the networks, and the same ones come back pod after
         # pod: filter's hold places the pod on the node it passes once per filter (a tenth of the
-        # extender's CPU at 5,000 nodes, docs/performance.md), and binpack sends pods of one shape
+        # interpreter's time at 5,000 nodes, docs/performance.md), and binpack sends pods of one shape
         # to nodes in the same states. A NoFit is not kept (bind's rare refusal).
         key = (demand.requests, demand.networks, demand.different_pfs, pfs, view.networks)
         got = self._uses.get(key)
