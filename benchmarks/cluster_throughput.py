@@ -24,7 +24,8 @@ Only the phase's scheduler runs during a phase, so an idle scheduler's watch
 traffic is not counted. Per phase it reports pods/s from the first create to
 the last bind (the bind seen on a watch of the API server), scheduling latency
 p50/p99 from kube-scheduler's own histograms, CPU seconds per pod of each
-process (utime + stime from /proc/<pid>/stat, threads and children included),
+process (utime + stime from /proc/<pid>/stat, threads and children included;
+over the phase, and again from the first bind to the last, without start-up),
 binds refused by the extender (each requeues its pod) and FailedScheduling
 events. Pods of a phase are deleted before the next.
 
@@ -450,6 +451,9 @@ class Phase:
     sli_p50: float | None = None
     sli_p99: float | None = None
     cpu: dict[str, float] = field(default_factory=dict)  # component -> CPU seconds per pod bound
+    # The same from the first bind seen to the last, per pod bound in between: without what the
+    # scheduler's processes spent starting (the extender's decode of every node's state).
+    cpu_binding: dict[str, float] = field(default_factory=dict)
     attempts: dict[str, float] = field(default_factory=dict)  # kube-scheduler's attempts by result
     refused_binds: float = 0.0
     refusals: dict[str, float] = field(default_factory=dict)
@@ -543,8 +547,11 @@ def run_phase(
 
     # Until every pod is bound, or none was bound for --stall seconds (pods that fit nowhere).
     last_count, last_change = -1, time.monotonic()
+    first: tuple[int, dict[str, float]] | None = None  # pods bound and CPU when the first bind was seen
     while True:
         n = watch.count()
+        if n and first is None:
+            first = (n, {comp: cpu_seconds(pid) for comp, pid in processes.items()})
         if n >= args.pods:
             break
         if n != last_count:
@@ -570,6 +577,10 @@ def run_phase(
         result.seconds = (times[-1] - start) if times else 0.0
     per = max(result.bound, 1)
     result.cpu = {comp: (cpu_after[comp] - cpu_before[comp]) / per for comp in processes}
+    if first is not None and result.bound > first[0]:
+        result.cpu_binding = {
+            comp: (cpu_after[comp] - first[1][comp]) / (result.bound - first[0]) for comp in processes
+        }
     result.cpu["this script"] = (
         self_after.ru_utime + self_after.ru_stime - self_before.ru_utime - self_before.ru_stime
     ) / per
@@ -634,21 +645,26 @@ def report(results: Iterable[Phase]) -> str:
     rows = [
         "| scheduler | nodes | pods bound / created | create s | pods/s | attempt p50 / p99 ms | "
         "SLI p50 / p99 ms | CPU ms per pod: scheduler / extender / apiserver / etcd / script | "
+        "CPU ms per pod while binding: scheduler / extender / apiserver / etcd | "
         "attempts scheduled / unschedulable / error | binds refused | FailedScheduling events (pods) | "
         "nodes used | bind watch resumed | load 1 / 5 min |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- |" + " ---: |" * 14,
     ]
     for r in results:
         cpu = " / ".join(
             "-" if k not in r.cpu else f"{r.cpu[k] * 1000:.1f}"
             for k in ("kube-scheduler", "extender", "kube-apiserver", "etcd", "this script")
         )
+        binding = " / ".join(
+            "-" if k not in r.cpu_binding else f"{r.cpu_binding[k] * 1000:.1f}"
+            for k in ("kube-scheduler", "extender", "kube-apiserver", "etcd")
+        )
         refusals = f"{r.refused_binds:.0f}" + (f" {r.refusals}" if r.refusals else "")
         att = " / ".join(f"{r.attempts.get(k, 0):.0f}" for k in ("scheduled", "unschedulable", "error"))
         rows.append(
             f"| {r.name} | {r.nodes:,} | {r.bound:,} / {r.pods:,} | {r.create_seconds:.1f} | {r.rate:.0f} | "
             f"{fmt_s(r.attempt_p50)} / {fmt_s(r.attempt_p99)} | {fmt_s(r.sli_p50)} / {fmt_s(r.sli_p99)} | "
-            f"{cpu} | {att} | {refusals} | {r.failed_events} ({r.failed_pods}) | "
+            f"{cpu} | {binding} | {att} | {refusals} | {r.failed_events} ({r.failed_pods}) | "
             f"{r.nodes_used:,} | {r.rewatches} | {r.load[0]:.1f} / {r.load[1]:.1f} |"
         )
     return "\n".join(rows)

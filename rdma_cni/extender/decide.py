@@ -74,6 +74,8 @@ GONE_EVERY = 0.05
 # Distinct (demand, state) verdicts and annotation texts kept; cleared when exceeded.
 _VERDICT_LIMIT = 200_000
 _VIEW_LIMIT = 50_000
+# Placements use() keeps (each a key of a few PF states and its answer: well under a KB).
+_USE_LIMIT = 4096
 # ... and at most this many bytes of annotation texts (a view holds its state decoded, a few times more);
 # a text longer than _VIEW_TEXT_MAX (a real one is a few KiB) is decoded for each request, never kept.
 _VIEW_BYTES = 8 * 1024 * 1024
@@ -332,6 +334,8 @@ class Decider:
         self._view_bytes = 0
         # Per view (by id): the Reserved last applied to it, and the states and id that made.
         self._extra_states: dict[int, tuple[NodeView, Reserved, tuple[placement.PfState, ...], int]] = {}
+        # What use() placed, by everything it places from (see use).
+        self._uses: dict[tuple[Any, ...], tuple[tuple[str, int, int], ...]] = {}
 
     # -- views -------------------------------------------------------------
 
@@ -675,10 +679,23 @@ class Decider:
         fit (bind checks the verdict first).
         """
         assert view.state is not None
-        pfs = nodestate.pf_states(view.state, extra) if extra else view.pfs
+        pfs = tuple(nodestate.pf_states(view.state, extra)) if extra else view.pfs
+        # Placement is a function of the requests in their order (not only the demand's key, which
+        # is up to order), the PF states and the networks, and the same ones come back pod after
+        # pod: filter's hold places the pod on the node it passes once per filter (a tenth of the
+        # interpreter's time at 5,000 nodes, docs/performance.md), and binpack sends pods of one shape
+        # to nodes in the same states. A NoFit is not kept (bind's rare refusal).
+        key = (demand.requests, demand.networks, demand.different_pfs, pfs, view.networks)
+        got = self._uses.get(key)
+        if got is not None:
+            return got
         use: dict[str, list[int]] = {}
         self._attach_all(demand, pfs, view.networks, use)
-        return tuple(sorted((pf, vfs, rate) for pf, (vfs, rate) in use.items()))
+        got = tuple(sorted((pf, vfs, rate) for pf, (vfs, rate) in use.items()))
+        if len(self._uses) >= _USE_LIMIT:
+            self._uses.clear()  # a bound, not an eviction order: the next ones fill it again
+        self._uses[key] = got
+        return got
 
     def _score(self, pfs: tuple[placement.PfState, ...], capacity_vfs: int, demand: Demand) -> int:
         """0-10 from the node's utilization after placing the pod (VFs or bandwidth, the fuller).

@@ -109,7 +109,7 @@ class ApiClient:
     """One API server, one keep-alive session.
 
     Thread-safe: threads may share a client; concurrent requests each take a
-    pooled connection (16 are kept alive; more are opened when needed), and a
+    pooled connection (at most 16 at once, kept alive; a request beyond waits for one), and a
     watch holds one for as long as it is iterated. ``timeout`` bounds connecting and each
     read of an answer. :meth:`close` releases the connections and any private
     copies of inline TLS material; a closed client reopens on next use.
@@ -341,10 +341,19 @@ class ApiClient:
         headers = self._headers(accept, content_type)
         while True:
             conn, reused = pool.take()
+            # Given back (pool.give) only with its answer read in full; otherwise closed here and
+            # told to the pool as lost (the finally), which frees its place for a waiting request.
+            kept = False
             try:
                 conn.request(method, url, body=data, headers=headers)
                 resp = conn.getresponse()
                 raw = resp.read()
+                if resp.will_close:
+                    conn.close()
+                else:
+                    pool.give(conn)
+                    kept = True
+                return resp.status, raw
             except ssl.SSLError as exc:  # before OSError, which it is: a certificate does not heal
                 conn.close()
                 raise self._tls_error(method, path, exc) from None
@@ -371,11 +380,9 @@ class ApiClient:
                     "NoAnswer",
                     self._clean(f"{method} {path}: no answer from {self.server}: {describe(exc)}"),
                 ) from None
-            if resp.will_close:
-                conn.close()
-            else:
-                pool.give(conn)
-            return resp.status, raw
+            finally:
+                if not kept:
+                    pool.lost()
 
     def _tls_error(self, method: str, path: str, exc: BaseException) -> ApiError:
         return ApiError(

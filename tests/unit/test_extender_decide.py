@@ -723,3 +723,39 @@ def test_a_deadline_asks_whether_its_caller_left_at_most_every_gone_every() -> N
         deadline.check()
     with pytest.raises(decide.Abandoned):
         decide.Deadline(0).check()  # the time itself is read at every check
+
+
+def test_use_places_each_pod_on_the_same_states_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """filter's hold asks where a pod goes on the node it passes, pod after pod, on states that
+    come back: placed once per requests, PF states and networks, then looked up."""
+    decider = Decider()
+    calls: list[int] = []
+    attach = decider._attach_all
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        return attach(*args, **kw)
+
+    monkeypatch.setattr(decider, "_attach_all", counted)
+    a = view(decider, TWO_PFS, [("u1", [("p0", 10_000, 0)])])
+    b = view(decider, TWO_PFS, [("u2", [("p0", 10_000, 0)])])  # another node, the same PF states
+    d = demand((5_000, 0))
+    first = decider.use(d, a)
+    assert decider.use(d, a) == first and decider.use(demand((5_000, 0)), b) == first
+    assert len(calls) == 1
+    # What the node holds beyond its state is part of what is placed on.
+    held = decider.use(d, a, {"p0": (2, 15_000)})
+    assert len(calls) == 2
+    assert decider.use(d, a, {"p0": (2, 15_000)}) == held and len(calls) == 2
+
+
+def test_use_keeps_placements_apart_by_the_order_of_the_requests() -> None:
+    """Two demands of one key (equal up to order) place as their ADDs run, each in its own order."""
+    decider = Decider()
+    state = so.state([("p0", 20_000, 2), ("p1", 10_000, 2), ("p2", 25_000, 0)])
+    shared = decider.view(_rails(state, a=("p0", "p1"), b=("p1", "p2")))
+    ba = _on(("b", [(10_000, 0)]), ("a", [(5_000, 0)]))
+    assert decider.use(ba, shared) == (("p0", 1, 5_000), ("p1", 1, 10_000))
+    with pytest.raises(placement.NoFit):
+        decider.use(_on(("a", [(5_000, 0)]), ("b", [(10_000, 0)])), shared)
+    assert decider.use(ba, shared) == (("p0", 1, 5_000), ("p1", 1, 10_000))

@@ -674,3 +674,126 @@ def test_a_ca_file_that_holds_no_certificate_is_a_tls_error(
         c.get("/api/v1/nodes")
     assert type(info.value) is ApiError and info.value.reason == "TLSError" and info.value.status == 0
     assert "certificate authority" in info.value.message
+
+
+class _SlowKeepAlive(ThreadingHTTPServer):
+    """Answers every GET after ``delay`` seconds on a kept-alive connection; counts connections
+    and the most requests it held at once."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.connections = 0
+        self.busy = 0
+        self.most_busy = 0
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _SlowKeepAliveHandler)
+
+
+class _SlowKeepAliveHandler(BaseHTTPRequestHandler):
+    server: _SlowKeepAlive
+    protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.lock:
+            self.server.connections += 1
+
+    def do_GET(self) -> None:
+        with self.server.lock:
+            self.server.busy += 1
+            self.server.most_busy = max(self.server.most_busy, self.server.busy)
+        time.sleep(self.server.delay)
+        with self.server.lock:
+            self.server.busy -= 1
+        body = b'{"kind": "Status", "status": "Success"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_concurrent_requests_beyond_the_pool_wait_for_a_kept_connection() -> None:
+    """A burst of requests (the extender's binds) uses at most POOL_SIZE connections: the rest
+    wait for one to come back rather than each opening (and, over TLS, handshaking) one more that
+    would be closed again on its return."""
+    server = _SlowKeepAlive(0.05)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    creds = credentials.ClusterCredentials(
+        server=f"http://127.0.0.1:{server.server_address[1]}", source="t", token="t0"
+    )
+    answers: list[str] = []
+    try:
+        with ApiClient(creds, timeout=5.0) as c:
+            threads = [
+                threading.Thread(target=lambda: answers.append(c.get("/api/v1/nodes/a")["status"]))
+                for _ in range(3 * pool.POOL_SIZE)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert answers == ["Success"] * (3 * pool.POOL_SIZE)
+    assert server.connections <= pool.POOL_SIZE
+    assert server.most_busy <= pool.POOL_SIZE
+
+
+class _Idle:
+    """A kept connection whose socket has nothing to read (so the pool may hand it out again)."""
+
+    def __init__(self) -> None:
+        self.sock, self.peer = socket.socketpair()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.peer.close()
+
+
+def test_a_take_with_every_connection_in_use_gets_the_next_one_given_back() -> None:
+    kept = pool.Pool("127.0.0.1", 1, "", None, 5.0)
+    for _ in range(pool.POOL_SIZE):
+        kept.take()
+    got: list[tuple[Any, bool]] = []
+    waiter = threading.Thread(target=lambda: got.append(kept.take()))
+    waiter.start()
+    waiter.join(0.3)
+    assert not got  # waiting, not opening a connection past the pool
+    back = _Idle()
+    kept.give(back)
+    waiter.join(5)
+    assert got == [(back, True)] and kept.opened == pool.POOL_SIZE
+    back.close()
+
+
+def test_a_connection_lost_by_its_caller_frees_its_place() -> None:
+    kept = pool.Pool("127.0.0.1", 1, "", None, 5.0)
+    for _ in range(pool.POOL_SIZE):
+        kept.take()
+    got: list[tuple[Any, bool]] = []
+    waiter = threading.Thread(target=lambda: got.append(kept.take()))
+    waiter.start()
+    waiter.join(0.3)
+    assert not got
+    kept.lost()
+    waiter.join(5)
+    assert len(got) == 1 and got[0][1] is False and kept.opened == pool.POOL_SIZE + 1
+
+
+def test_a_take_that_waited_the_timeout_opens_one_more() -> None:
+    """Delayed, never refused: past the client's timeout a request gets a connection of its own."""
+    kept = pool.Pool("127.0.0.1", 1, "", None, 0.2)
+    for _ in range(pool.POOL_SIZE):
+        kept.take()
+    started = time.monotonic()
+    _, reused = kept.take()
+    assert 0.15 <= time.monotonic() - started < 3 and not reused and kept.opened == pool.POOL_SIZE + 1
