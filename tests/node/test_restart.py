@@ -90,6 +90,8 @@ def test_kubelet_and_containerd_restarted_under_running_pods_leave_them_attached
     wait_for(lambda: node_ready(node), 120, "the Node Ready after kubelet's restart")
     assert {name: attached(node, namespace, name) for name in before} == before
 
+    assert node.containerd.component is not None
+    registered_before = nri_registrations(node.containerd.component.log)
     node.containerd.stop()
     node.containerd.start()
     wait_for(lambda: node_ready(node), 120, "the Node Ready after containerd's restart")
@@ -101,7 +103,14 @@ def test_kubelet_and_containerd_restarted_under_running_pods_leave_them_attached
         if p is not None
     )
 
-    # The agent registered with the new containerd: a pod made now still gets its devices.
+    # The agent registers with the new containerd (it retries every 2 s): a pod made once it has
+    # still gets its devices. One made before, in that window, gets none: NRI adjusts only the
+    # containers created while a plugin is connected (docs/devices.md, containerd 2.4).
+    wait_for(
+        lambda: nri_registrations(node.containerd.component.log) > registered_before,  # type: ignore[union-attr]
+        60,
+        "the agent's NRI plugin registered with the restarted containerd",
+    )
     pods.create(node, pods.pod_manifest(namespace, "after", "default/rdma-net", [{}]))
     pods.wait_running(node, namespace, ["after"])
     listing = node.exec(namespace, "after", "c", "ls", "/dev/infiniband").split()
@@ -110,6 +119,13 @@ def test_kubelet_and_containerd_restarted_under_running_pods_leave_them_attached
     pods.delete(node, namespace, "steady-a", "steady-b", "after")
     pods.wait_gone(node, namespace, ["steady-a", "steady-b", "after"])
     wait_at_rest(node)
+
+
+def nri_registrations(log: str) -> int:
+    """How many times containerd's log (appended across its restarts) says the agent's plugin connected."""
+    with open(log, errors="replace") as f:
+        # containerd 2.4 logs the plugin by its index and name, escaped in logfmt.
+        return f.read().count('plugin \\"50-rdma-cni\\" connected and synchronized')
 
 
 def reboot(node: Node) -> None:
