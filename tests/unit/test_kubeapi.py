@@ -759,7 +759,8 @@ class _Idle:
         self.peer.close()
 
 
-def test_a_take_with_every_connection_in_use_gets_the_next_one_given_back() -> None:
+def _full_pool_and_a_waiter() -> tuple[pool.Pool, list[tuple[Any, bool]], threading.Thread]:
+    """A pool with every connection taken, and a thread already waiting in a take (what it got)."""
     kept = pool.Pool("127.0.0.1", 1, "", None, 5.0)
     for _ in range(pool.POOL_SIZE):
         kept.take()
@@ -768,6 +769,11 @@ def test_a_take_with_every_connection_in_use_gets_the_next_one_given_back() -> N
     waiter.start()
     waiter.join(0.3)
     assert not got  # waiting, not opening a connection past the pool
+    return kept, got, waiter
+
+
+def test_a_take_with_every_connection_in_use_gets_the_next_one_given_back() -> None:
+    kept, got, waiter = _full_pool_and_a_waiter()
     back = _Idle()
     kept.give(back)
     waiter.join(5)
@@ -776,14 +782,7 @@ def test_a_take_with_every_connection_in_use_gets_the_next_one_given_back() -> N
 
 
 def test_a_connection_lost_by_its_caller_frees_its_place() -> None:
-    kept = pool.Pool("127.0.0.1", 1, "", None, 5.0)
-    for _ in range(pool.POOL_SIZE):
-        kept.take()
-    got: list[tuple[Any, bool]] = []
-    waiter = threading.Thread(target=lambda: got.append(kept.take()))
-    waiter.start()
-    waiter.join(0.3)
-    assert not got
+    kept, got, waiter = _full_pool_and_a_waiter()
     kept.lost()
     waiter.join(5)
     assert len(got) == 1 and got[0][1] is False and kept.opened == pool.POOL_SIZE + 1
