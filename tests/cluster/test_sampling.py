@@ -24,9 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rdma_cni.shared import nodestate
 from tests.cluster.conftest import failed_scheduling, strays_deleted, unique, wait_for_service_account
 from tests.support import sched_objects as so
+from tests.support.kube.applyconf import apply_conf
 from tests.support.kube.controlplane import ControlPlane
 from tests.support.kube.objects import NOT_READY_TAINT, create, node_doc, pod_doc
-from tests.support.kube.rdmascheduler import RdmaScheduler
+from tests.support.kube.rdmascheduler import RdmaScheduler, start_rdma_scheduler
 from tests.support.waiting import wait_for
 
 ANNOTATION = "rdma_interfaces_required"
@@ -52,11 +53,37 @@ class Sampled:
 
 
 @pytest.fixture(scope="module")
-def sampled(applied: ControlPlane, rdma_scheduler: RdmaScheduler) -> Iterator[Sampled]:
+def isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, RdmaScheduler]]:
+    """A control plane of its own with conf/ applied, and rdma-scheduler called directly.
+
+    Every failed attempt's event is checked here, so nothing but kube-scheduler and the extender
+    may stand between them: the session's rdma-scheduler calls the extender through the test's
+    recorder (in this process, beside the other modules' relays and servers), and its
+    kube-scheduler also retries other modules' Pending pods on every Node this module creates.
+    A filter reset on the hop to that recorder, 5 s after the module before closed its relay,
+    was once the event of this test's first pod (CI, 2026-11-28).
+    """
+    cp = ControlPlane(str(tmp_path_factory.mktemp("sampling")), default_scheduler=False)
+    rs: RdmaScheduler | None = None
+    try:
+        cp.start()
+        wait_for_service_account(cp, "default", "default")
+        apply_conf(cp)
+        strays_deleted(cp)  # conf/pod.yaml's sample pod would take the spare node's room
+        rs = start_rdma_scheduler(cp, tag="sampling", record=False)
+        yield cp, rs
+    finally:
+        if rs is not None:
+            rs.stop()
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def sampled(isolated: tuple[ControlPlane, RdmaScheduler]) -> Iterator[Sampled]:
+    applied, rdma_scheduler = isolated
     namespace = unique("sample")
     label = unique("s")
     selector = f"rdma-cni.io/test-sample={label}"
-    strays_deleted(applied)
     applied.kubectl("create", "namespace", namespace)
     wait_for_service_account(applied, namespace, "default")
     names = [f"{label}-{i:03d}" for i in range(NODES)]

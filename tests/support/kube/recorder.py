@@ -92,6 +92,18 @@ def _pod_of(doc: Any) -> str:
     return f"{meta.get('namespace')}/{meta.get('name')}" if meta else ""
 
 
+class _Server(ThreadingHTTPServer):
+    """The recorder's listener, with as deep a queue of connections as the extender's own.
+
+    socketserver listens with a backlog of 5; kube-scheduler binds each pod in a goroutine of its
+    own, each on a connection of its own when they overlap, and the kernel drops the handshakes
+    past the backlog (the retransmission costs them a second or more).
+    """
+
+    daemon_threads = True
+    request_queue_size = 1024
+
+
 def start_recorder(target_port: int) -> Recorder:
     """Start a recorder forwarding to the extender on ``127.0.0.1:target_port``."""
     recorder = Recorder(target_port)
@@ -135,7 +147,6 @@ def start_recorder(target_port: int) -> Recorder:
         def log_message(self, *args: object) -> None:
             pass  # the calls are recorded, not logged
 
-    recorder.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    recorder.server.daemon_threads = True
+    recorder.server = _Server(("127.0.0.1", 0), Handler)
     threading.Thread(target=recorder.server.serve_forever, daemon=True).start()
     return recorder
