@@ -333,6 +333,90 @@ def test_missing_socket_is_logged_once_and_reconnects(
     server.close()
 
 
+def _listen(path: str) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen()
+    server.settimeout(10)
+    return server
+
+
+@pytest.mark.parametrize("ending", ["hang-up", "Shutdown"])
+def test_a_restarted_runtime_is_registered_with_at_once_not_after_the_slow_delay(
+    tmp_path: Path, ending: str
+) -> None:
+    # The slow delay stays 2 s: a container the new runtime creates before the plugin is back
+    # gets no devices, so the plugin must not wait that long after a connection it served ends.
+    assert plugin.RECONNECT_DELAY == 2.0
+    path = str(tmp_path / "nri.sock")
+    p = plugin.NriPlugin(path, lambda _s: [])
+    stop = threading.Event()
+    t = threading.Thread(target=p.run, args=(stop,), daemon=True)
+    server = _listen(path)
+    t.start()
+    try:
+        conn, _ = server.accept()
+        conn.settimeout(5)
+        rt = Runtime(conn)
+        rt.accept_registration()
+        deadline = time.monotonic() + 5
+        while p.state != nristate.REGISTERED and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert p.state == nristate.REGISTERED
+        # The runtime stops (sending Shutdown, as containerd does on SIGTERM, or just gone), its
+        # socket is gone for half a second, then the new one listens.
+        if ending == "Shutdown":
+            assert rt.call("Shutdown", b"").code == 0
+        conn.close()
+        server.close()
+        os.unlink(path)
+        time.sleep(0.5)
+        server = _listen(path)
+        listening = time.monotonic()
+        conn, _ = server.accept()
+        waited = time.monotonic() - listening
+        conn.close()
+        assert waited < 1.0, f"the plugin came back {waited:.2f} s after the runtime listened again"
+    finally:
+        stop.set()
+        t.join(5)
+        server.close()
+
+
+def test_a_runtime_that_never_registered_the_plugin_is_retried_at_the_slow_pace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plugin, "RECONNECT_DELAY", 1.0)
+    path = str(tmp_path / "nri.sock")
+    p = plugin.NriPlugin(path, lambda _s: [])
+    stop = threading.Event()
+    t = threading.Thread(target=p.run, args=(stop,), daemon=True)
+    server = _listen(path)
+    t.start()
+    try:
+        accepted = []
+        for _attempt in range(2):
+            conn, _ = server.accept()
+            accepted.append(time.monotonic())
+            conn.settimeout(5)
+            Runtime(conn).accept_registration(code=1)  # refused: never registered
+            conn.close()
+        assert accepted[1] - accepted[0] >= 0.9
+    finally:
+        stop.set()
+        t.join(5)
+        server.close()
+
+
+def test_fast_retries_last_only_their_window() -> None:
+    assert plugin.reconnect_delay(10.0, 0.0) == plugin.RECONNECT_DELAY
+    assert plugin.reconnect_delay(10.0, 10.0 + plugin.FAST_RETRY_SECONDS) == plugin.FAST_RETRY_DELAY
+    assert plugin.reconnect_delay(10.0 + plugin.FAST_RETRY_SECONDS, 10.0 + plugin.FAST_RETRY_SECONDS) == (
+        plugin.RECONNECT_DELAY
+    )
+    assert plugin.FAST_RETRY_DELAY < plugin.RECONNECT_DELAY
+
+
 @pytest.mark.parametrize(
     "text, want",
     [

@@ -52,6 +52,13 @@ EVENT_CREATE_CONTAINER = api.CREATE_CONTAINER
 REGISTRATION_TIMEOUT = 5.0
 RLIM_INFINITY = (1 << 64) - 1
 RECONNECT_DELAY = 2.0
+# After a connection the agent was registered on ends (the runtime restarting, most likely), it
+# tries this often for FAST_RETRY_SECONDS: the runtime adjusts only containers created while a
+# plugin is connected, so every tenth of a second of waiting is a window of pods without devices.
+FAST_RETRY_DELAY = 0.1
+FAST_RETRY_SECONDS = 30.0
+# The state after the runtime's Shutdown request (containerd sends it when it stops).
+SHUT_DOWN = "shut down by the runtime"
 # A runtime that stops inside a frame must not hang the plugin: give up on the connection.
 STALL_TIMEOUT = 10.0
 DEV_DIR = "/dev/infiniband"
@@ -360,7 +367,7 @@ class NriPlugin:
         if isinstance(msg, api.CreateContainerRequest):
             return self._create_container(msg)
         if req.method == "Shutdown":
-            self.state = "shut down by the runtime"
+            self.state = SHUT_DOWN
             return ttrpc.Response(ttrpc.OK, "", b"")
         # Events not subscribed to: an empty answer is a valid "no change" for every one of them.
         return ttrpc.Response(ttrpc.OK, "", b"")
@@ -412,7 +419,7 @@ class NriPlugin:
                     resp = self.handle(ttrpc.decode_request(msg.payload))
                     out = ttrpc.encode_message(msg.stream, ttrpc.TYPE_RESPONSE, ttrpc.encode_response(resp))
                     mux.send_frame(sock, mux.PLUGIN_CONN, out)
-                    if self.state == "shut down by the runtime":
+                    if self.state == SHUT_DOWN:
                         return
                 elif conn_id == mux.RUNTIME_CONN and msg.type == ttrpc.TYPE_RESPONSE and msg.stream == 1:
                     resp = ttrpc.decode_response(msg.payload)
@@ -453,6 +460,7 @@ class NriPlugin:
                 lock.release()
 
     def _serve(self, stop: threading.Event) -> None:
+        fast_until = 0.0  # the end of the fast retries after a registered connection ended
         while not stop.is_set():
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             try:
@@ -467,7 +475,7 @@ class NriPlugin:
                         self.state,
                     )
                     self._said_missing = True
-                stop.wait(RECONNECT_DELAY)
+                stop.wait(reconnect_delay(time.monotonic(), fast_until))
                 continue
             self._said_missing = False
             try:
@@ -476,8 +484,19 @@ class NriPlugin:
                 log.warning("NRI: connection to %s ended: %s; reconnecting", self.socket_path, exc)
             finally:
                 sock.close()
+            if self.state in (REGISTERED, SHUT_DOWN):
+                fast_until = time.monotonic() + FAST_RETRY_SECONDS
             self.state = "not connected"
-            stop.wait(RECONNECT_DELAY)
+            stop.wait(reconnect_delay(time.monotonic(), fast_until))
+
+
+def reconnect_delay(now: float, fast_until: float) -> float:
+    """Seconds before the next connection attempt: short while ``now`` is before ``fast_until``.
+
+    Only a connection the agent was registered on starts the fast retries, so a runtime that
+    refuses or garbles every session is retried at the slow pace.
+    """
+    return FAST_RETRY_DELAY if now < fast_until else RECONNECT_DELAY
 
 
 CAP_SYS_RESOURCE = 24  # linux/capability.h
