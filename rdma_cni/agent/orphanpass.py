@@ -17,6 +17,12 @@ boot release's, :mod:`rdma_cni.agent.bootrelease`):
 
 Each release is logged by the plugin and counted here
 (``rdma_cni_agent_orphans_released_total``). Nothing here is fatal.
+
+A pass that changed nothing (the plugin kept every suspect: a VF that is not
+home, a namespace still alive elsewhere) is not run again for the same
+suspects until twice the wait before it has passed, up to :data:`MAX_BACKOFF`:
+a record kept for good costs a plugin run and a node lock hold every few
+minutes, not every :data:`INTERVAL`. A new suspect, or one gone, starts over.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import logging
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 log = logging.getLogger("rdma_cni.agent.cniserver")
@@ -38,6 +45,8 @@ PASS_TIMEOUT = 120.0
 # A record larger than this is no record ADD wrote: the plugin judges it (and refuses it).
 MAX_RECORD = 1 << 20
 ANSWER_TAIL = 4096
+# Seconds: the longest wait before a pass that changed nothing is run again for the same suspects.
+MAX_BACKOFF = 320.0
 
 
 def suspects(state_dir: str) -> list[str]:
@@ -119,6 +128,11 @@ def run_pass(
     return answer if isinstance(answer, dict) else None
 
 
+def _changed_nothing(answer: Mapping[str, object]) -> bool:
+    """Whether a pass released nothing and had nothing left for the next (nor gave way to a verb)."""
+    return not answer.get("released") and not answer.get("left") and not answer.get("busy")
+
+
 def _count(answer: Mapping[str, object]) -> None:
     released = answer.get("released")
     if not isinstance(released, list) or not released:
@@ -146,16 +160,30 @@ class OrphanPass:
         self.interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Per state directory, after a pass that changed nothing: its suspects, the wait, the next pass.
+        self._quiet: dict[str, tuple[frozenset[str], float, float]] = {}
 
-    def once(self) -> list[str]:
-        """One pass over every state directory now: the attachments released."""
+    def once(self, now: float | None = None) -> list[str]:
+        """One pass over every state directory now (``now``: monotonic seconds): the attachments released."""
+        now = time.monotonic() if now is None else now
         released: list[str] = []
         for state_dir, lock_file in self.states:
             if self._stop.is_set():
                 break
-            if not suspects(state_dir):
+            found = frozenset(suspects(state_dir))
+            if not found:
+                self._quiet.pop(state_dir, None)
                 continue
+            quiet = self._quiet.get(state_dir)
+            if quiet is not None and quiet[0] == found and now < quiet[2] - self.interval / 2:
+                continue  # the same suspects a pass could do nothing for: not yet again
             answer = run_pass(self.plugin, self.env, state_dir, lock_file, PASS_TIMEOUT)
+            if answer is None or _changed_nothing(answer):
+                wait = quiet[1] * 2 if quiet is not None and quiet[0] == found else self.interval * 2
+                wait = min(wait, MAX_BACKOFF)
+                self._quiet[state_dir] = (found, wait, now + wait)
+            else:
+                self._quiet.pop(state_dir, None)
             if answer is None:
                 continue
             _count(answer)

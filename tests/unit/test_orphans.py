@@ -296,3 +296,83 @@ def test_the_agent_runs_the_pass_only_for_a_suspect_and_counts_each_release(tmp_
         f"--state-dir={state}",
         "--lock-file=/run/lock-x",
     ]
+
+
+def counting_plugin(tmp_path: Path, answer: dict[str, Any]) -> tuple[list[str], Path]:
+    """A plugin stand-in answering ``answer`` (from a file the test may rewrite); it counts its runs."""
+    runs, said = tmp_path / "runs", tmp_path / "answer.json"
+    said.write_text(json.dumps(answer))
+    script = tmp_path / "counting-plugin"
+    script.write_text(
+        f"#!{sys.executable}\nopen({str(runs)!r}, 'a').write('x')\nprint(open({str(said)!r}).read())\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return [str(script)], said
+
+
+def runs(tmp_path: Path) -> int:
+    path = tmp_path / "runs"
+    return len(path.read_text()) if path.exists() else 0
+
+
+KEPT = {"released": [], "failed": [], "kept": {"x/net1": "a VF of it is not back in the host"}, "left": 0}
+
+
+def test_a_pass_that_changed_nothing_waits_twice_as_long_each_time_up_to_the_bound(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    store = RecordStore(str(state))
+    write(store, record(tmp_path, boot_id=boot.boot_id(), container_id="b" * 64))
+    plugin, _ = counting_plugin(tmp_path, KEPT)
+    agent = orphanpass.OrphanPass(
+        plugin, {"PATH": "/usr/bin:/bin"}, [(str(state), "/run/lock-x")], interval=10
+    )
+    ran_at = []
+    for t in range(0, 2000, 10):
+        before = runs(tmp_path)
+        agent.once(now=t)
+        if runs(tmp_path) > before:
+            ran_at.append(t)
+    # Run at 0, then after 20, 40, 80, 160, 320 s, then every 320 s (MAX_BACKOFF).
+    assert ran_at[:8] == [0, 20, 60, 140, 300, 620, 940, 1260], ran_at
+    assert orphanpass.MAX_BACKOFF == 320
+
+
+def test_a_new_suspect_or_a_pass_that_did_something_starts_over(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    store = RecordStore(str(state))
+    write(store, record(tmp_path, boot_id=boot.boot_id(), container_id="b" * 64))
+    plugin, said = counting_plugin(tmp_path, KEPT)
+    agent = orphanpass.OrphanPass(
+        plugin, {"PATH": "/usr/bin:/bin"}, [(str(state), "/run/lock-x")], interval=10
+    )
+    agent.once(now=0)
+    agent.once(now=10)
+    assert runs(tmp_path) == 1  # the same suspect, kept: not again before 20 s
+    write(store, record(tmp_path, boot_id=boot.boot_id(), container_id="c" * 64))
+    agent.once(now=10)
+    assert runs(tmp_path) == 2  # a new suspect: at once
+    for progress in ({"left": 1}, {"busy": True}, {"released": ["c/net1"]}):
+        agent._quiet.clear()
+        start = runs(tmp_path)
+        said.write_text(json.dumps({**KEPT, **progress}))
+        agent.once(now=100)
+        agent.once(now=110)
+        assert runs(tmp_path) == start + 2, progress  # both passes ran: nothing to wait for
+        said.write_text(json.dumps(KEPT))
+        agent.once(now=120)
+        agent.once(now=130)
+        assert runs(tmp_path) == start + 3, progress  # then kept again: the next one waits
+
+
+def test_a_plugin_that_fails_each_time_is_run_at_the_slower_pace_too(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    store = RecordStore(str(state))
+    write(store, record(tmp_path, boot_id=boot.boot_id(), container_id="b" * 64))
+    plugin, said = counting_plugin(tmp_path, KEPT)
+    said.write_text("not json")
+    agent = orphanpass.OrphanPass(
+        plugin, {"PATH": "/usr/bin:/bin"}, [(str(state), "/run/lock-x")], interval=10
+    )
+    for t in (0, 10, 20, 30, 40, 50):
+        agent.once(now=t)
+    assert runs(tmp_path) == 2  # at 0 and 20; the next at 60
