@@ -103,7 +103,7 @@ def test_kubelet_and_containerd_restarted_under_running_pods_leave_them_attached
         if p is not None
     )
 
-    # The agent registers with the new containerd (it retries every 2 s): a pod made once it has
+    # The agent registers with the new containerd (it retries every 0.1 s): a pod made once it has
     # still gets its devices. One made before, in that window, gets none: NRI adjusts only the
     # containers created while a plugin is connected (docs/devices.md, containerd 2.4).
     wait_for(
