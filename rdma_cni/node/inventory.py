@@ -140,10 +140,11 @@ def scan(
     *,
     pfs: list[str] | None,
     capacity: Mapping[str, int],
-    attachments: Iterable[Attachment],
+    attachments: Iterable[Attachment] = (),
     vfctl: VfControl | None,
     home: Callable[[str], Link | None] | None = None,
     held_details: bool = True,
+    owners: Mapping[str, Owner] | None = None,
 ) -> Node:
     """Read the node. ``pfs`` limits the PFs considered (None: every SR-IOV PF).
 
@@ -156,8 +157,13 @@ def scan(
     holds then counts as free only if it is home, as ADD's choice of VFs
     judges it (:func:`rdma_cni.verbs.add.choose_proven`, which proves only
     the VFs it picks).
+
+    ``owners``, when given, is who holds which VF (:func:`owners_by_pci` of every record) and
+    ``attachments`` is not read: ADD's, derived from records it has seen before without parsing
+    them again (:class:`rdma_cni.node.record.ParsedRecords`).
     """
-    owners = owners_by_pci(attachments)
+    if owners is None:
+        owners = owners_by_pci(attachments)
     software_rdma = _software_rdma_by_netdev()
     names = pfs if pfs is not None else sysfs.net_devices()
     node = Node(pfs=[])

@@ -54,7 +54,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from rdma_cni.cni.errors import IOFailure, TryAgainLater
 from rdma_cni.node import boot, statedir
@@ -78,6 +78,7 @@ OLDEST_SCHEMA = 1
 # the runtime added for one call (cni-args, runtimeConfig, a chained prevResult).
 _NOT_IPAM_CONF = ("args", "runtimeConfig", "prevResult")
 _SUFFIX = ".json"
+T = TypeVar("T")
 
 
 @dataclass
@@ -261,14 +262,21 @@ class RecordStore:
         return os.path.join(self.dir, f"{container_id}@{ifname}{_SUFFIX}")
 
     def _read(self, path: str) -> Attachment:
+        return self._parse(path, self._read_bytes(path))
+
+    @staticmethod
+    def _read_bytes(path: str) -> bytes:
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+            with open(path, "rb") as f:
+                return f.read()
         except OSError as exc:
             raise IOFailure(f"cannot read allocation record {path}: {exc.strerror}") from exc
+
+    @staticmethod
+    def _parse(path: str, data: bytes) -> Attachment:
         try:
-            return parse_attachment(text)
-        except (ValueError, TypeError) as exc:
+            return parse_attachment(data.decode("utf-8"))
+        except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
             raise IOFailure(
                 f"allocation record {path} is corrupt: fix or remove it by hand after checking which "
                 "VFs it holds",
@@ -325,6 +333,34 @@ class RecordStore:
                 errors.append(exc.msg)
         return out
 
+    def derived(self, memo: ParsedRecords[T], *, set_aside: bool = False) -> list[T]:
+        """What ``memo`` derives from each record, as :meth:`all` reads them (corrupt ones raise, or are
+        set aside with ``set_aside``): every file is read, and only content ``memo`` has not seen parsed.
+        """
+        out = []
+        seen: dict[bytes, T] = {}
+        known = memo.known(self.dir)
+        for name, _cid, _ifname in attachment_files(self.dir, "state directory"):
+            path = os.path.join(self.dir, name)
+            data = self._read_bytes(path)
+            value = seen.get(data)
+            if value is None:
+                value = known.get(data)
+            if value is None:
+                try:
+                    att = self._parse(path, data)
+                except IOFailure as exc:
+                    if not set_aside:
+                        raise
+                    self._set_aside(path, exc)
+                    continue
+                memo.parsed += 1
+                value = memo.derive(att)
+            seen[data] = value
+            out.append(value)
+        memo.keep(self.dir, seen)
+        return out
+
     def quarantined(self) -> list[str]:
         """Names of the records set aside so far."""
         try:
@@ -332,7 +368,9 @@ class RecordStore:
         except OSError:
             return []
 
-    def write(self, att: Attachment, *, new_name: bool = True, sync_dir: bool | None = None) -> None:
+    def write(
+        self, att: Attachment, *, new_name: bool = True, sync_dir: bool | None = None, flush: bool = True
+    ) -> None:
         """Atomically replace the record of ``att`` (0600, fsynced).
 
         ``new_name=False`` says a record of this attachment is already on disk
@@ -340,7 +378,11 @@ class RecordStore:
         crash either version is a record DEL can finish from (one directory
         fsync less per pod, milliseconds on a busy disk). ``sync_dir=False``
         leaves a new name's directory fsync to the caller (:meth:`sync_dir`):
-        ADD's intent record, whose fsync need not keep the node lock.
+        ADD's intent record, whose fsync need not keep the node lock. ``flush=False`` leaves
+        both fsyncs, the file's and its directory's, to the caller (:meth:`flush`): ADD's intent
+        record again, which other verbs read from the page cache at once, and which only a crash
+        of the machine before the flush could lose (or leave empty, then set aside as corrupt):
+        a choice nothing had acted on, since ADD flushes it before its first change.
         """
         self.ensure()
         write_atomic(
@@ -348,8 +390,18 @@ class RecordStore:
             f"{att.container_id}@{att.ifname}{_SUFFIX}",
             att.to_json(),
             "allocation record",
-            sync_dir=new_name if sync_dir is None else sync_dir,
+            sync_dir=flush and (new_name if sync_dir is None else sync_dir),
+            fsync=flush,
         )
+
+    def flush(self, container_id: str, ifname: str) -> None:
+        """Make a record written with ``flush=False`` durable, its name included; code 5 if it cannot be."""
+        path = self.path(container_id, ifname)
+        try:
+            _fsync_file(path)
+        except OSError as exc:
+            raise IOFailure(f"cannot flush allocation record {path}: {exc.strerror}") from exc
+        self.sync_dir()
 
     def sync_dir(self) -> None:
         """Make the names written without a directory fsync durable; code 5 if the fsync fails."""
@@ -377,6 +429,30 @@ class RecordStore:
         return quarantine(path, os.path.join(os.path.dirname(self.dir), QUARANTINE))
 
 
+class ParsedRecords(Generic[T]):
+    """What :meth:`RecordStore.derived` derives from each record, kept by the record file's exact bytes.
+
+    A verb worker serves many verbs (:mod:`rdma_cni.agent.verbworker`), and under the node lock
+    ADD read and parsed every record of the node each time, a cost growing with the pods. Every
+    file is still read each time (cheap); only content not seen before is parsed. The key is the
+    whole content, so what is kept can never be stale: a record changed in any byte is a new key.
+    ``derive`` should make something immutable (the value is shared by every later read of the
+    same bytes). Only the values of the last read of each directory are kept: bounded by the
+    records on disk.
+    """
+
+    def __init__(self, derive: Callable[[Attachment], T]) -> None:
+        self.derive = derive
+        self._by_dir: dict[str, dict[bytes, T]] = {}
+        self.parsed = 0  # how many records were parsed (for tests and profiles)
+
+    def known(self, directory: str) -> dict[bytes, T]:
+        return self._by_dir.get(directory, {})
+
+    def keep(self, directory: str, values: dict[bytes, T]) -> None:
+        self._by_dir[directory] = values
+
+
 QUARANTINE = "quarantine"
 TMP_PREFIX = atomicfile.TMP_PREFIX
 ORPHAN_AGE_SECONDS = 60
@@ -384,6 +460,10 @@ ORPHAN_AGE_SECONDS = 60
 
 def _sync_dir(directory: str) -> None:
     atomicfile.fsync_dir(directory)
+
+
+def _fsync_file(path: str) -> None:
+    atomicfile.fsync_file(path)
 
 
 def attachment_files(directory: str, what: str) -> list[tuple[str, str, str]]:
@@ -407,16 +487,19 @@ def attachment_files(directory: str, what: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def write_atomic(directory: str, name: str, text: str, what: str, *, sync_dir: bool = True) -> None:
+def write_atomic(
+    directory: str, name: str, text: str, what: str, *, sync_dir: bool = True, fsync: bool = True
+) -> None:
     """Replace ``directory/name`` with ``text``, 0600 (:mod:`rdma_cni.shared.atomicfile`); code 5 on failure.
 
     The temporary file is ``.tmp-<pid>-<name>``, so an orphan names its writer.
     ``sync_dir=False`` skips the directory fsync, for a file whose old version
-    is as good as the new one after a crash.
+    is as good as the new one after a crash; ``fsync=False`` skips the file's own fsync too (the
+    caller flushes it later).
     """
     path = os.path.join(directory, name)
     try:
-        atomicfile.write_atomic(path, text, sync_dir=False)
+        atomicfile.write_atomic(path, text, sync_dir=False, fsync=fsync)
         if sync_dir:
             _sync_dir(directory)
     except OSError as exc:

@@ -43,6 +43,15 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def fsync_file(path: str) -> None:
+    """Flush the content of the file at ``path`` (written without its fsync) to disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def temporary_name(path: str) -> str:
     """The temporary file :func:`write_atomic` uses for ``path``."""
     directory, name = os.path.split(os.path.abspath(path))
@@ -55,12 +64,15 @@ def write_atomic(
     *,
     mode: int = 0o600,
     sync_dir: bool = True,
+    fsync: bool = True,
 ) -> None:
     """Replace ``path`` with ``data`` (bytes, text as UTF-8, or a function writing to the file).
 
     ``mode`` is the file's exact mode (the umask does not apply); 0600 unless
     told. ``sync_dir=False`` skips the directory fsync, for a file whose old
-    version is as good as the new one after a crash. Raises what failed
+    version is as good as the new one after a crash; ``fsync=False`` skips the file's own fsync too,
+    for a caller that flushes both later (:func:`fsync_file`, :func:`fsync_dir`) before anything
+    depends on the file surviving a crash of the machine. Raises what failed
     (OSError, or whatever ``data`` raised); the temporary file is gone then
     and ``path`` is as it was.
     """
@@ -75,7 +87,8 @@ def write_atomic(
             else:
                 f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -34,7 +34,7 @@ from rdma_cni.kernel.netns import Netns
 from rdma_cni.kernel.vfcontrol import VfControl, describe, vf_control
 from rdma_cni.node import attach, boot
 from rdma_cni.node.attach import Progress
-from rdma_cni.node.inventory import Node, Vf, scan
+from rdma_cni.node.inventory import Node, Owner, Vf, owners_by_pci, scan
 from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.ipam_pending import PendingStore, retry
 from rdma_cni.node.isolation import RdmaIsolation
@@ -42,6 +42,7 @@ from rdma_cni.node.podmeta import pod_side_names, resolve_request
 from rdma_cni.node.prepared import holdings
 from rdma_cni.node.record import (
     Attachment,
+    ParsedRecords,
     PodInfo,
     RecordStore,
     VfRecord,
@@ -61,6 +62,12 @@ log = logging.getLogger("rdma_cni.add")
 # node lock, a pod refused although it fits costs more than a moment of
 # search, so the budget is 50x larger (under half a second at most).
 PLACEMENT_STEPS = 50_000
+
+# Who holds which VF, by each record's exact bytes: a verb worker runs many ADDs, and parsing every
+# record of the node under the node lock each time grew with the pods (node/record.ParsedRecords).
+HELD: ParsedRecords[tuple[tuple[str, Owner], ...]] = ParsedRecords(
+    lambda att: tuple(owners_by_pci([att]).items())
+)
 
 # What a pod can reach (VLAN) and do (trust: MAC changes, promiscuous mode).
 # A network that leaves them unset gets the kernel's defaults, never what the
@@ -102,11 +109,11 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
                 )
             progress = Progress()
             try:
-                # The intent record's name reaches the disk before the kernel or IPAM changes
-                # anything, and outside the node lock: other pods need not wait for a disk flush.
-                # Until then only a machine crash can lose it, and nothing had acted on it: its
-                # VFs are still in the host and no lease was taken.
-                store.sync_dir()
+                # The intent record (its content and its name) reaches the disk before the kernel
+                # or IPAM changes anything, and outside the node lock: other pods need not wait for
+                # a disk flush. Until then only a machine crash can lose it, and nothing had acted
+                # on it: its VFs are still in the host and no lease was taken.
+                store.flush(att.container_id, att.ifname)
                 result = perform(att, env, host, finder, vfctl, ipam, isolation, progress)
                 result.dns = merged_dns(conf, att)
                 att.state = "ready"
@@ -167,13 +174,9 @@ def reserve(
     # Only the chosen VFs' PF-side settings matter (their originals go into the record): each PF's
     # VF table is read once a VF of it is chosen, and the VFs held are not looked at in detail.
     # DRA preparations hold their VFs too, attached or not (node/prepared).
-    node = scan(
-        pfs=conf.pfs,
-        capacity=conf.capacityMbps,
-        attachments=store.all(set_aside=True) + holdings(conf.stateDir),
-        vfctl=None,
-        held_details=False,
-    )
+    owners = {pci: owner for pairs in store.derived(HELD, set_aside=True) for pci, owner in pairs}
+    owners.update(owners_by_pci(holdings(conf.stateDir)))
+    node = scan(pfs=conf.pfs, capacity=conf.capacityMbps, owners=owners, vfctl=None, held_details=False)
     interfaces = list(request.interfaces)
     if conf.dra:
         chosen = dra.take(node, env, conf, finder, store, len(interfaces))
@@ -190,8 +193,9 @@ def reserve(
     att.netns_id = netns_id
     if conf.ipam is not None:
         att.ipam_conf, att.cni_path = ipam_release_conf(doc), list(env.path)
-    # Its directory fsync is the caller's, once the node lock is released (run).
-    store.write(att, sync_dir=False)
+    # Its fsyncs (the file's and its directory's) are the caller's, once the node lock is released
+    # (run): every other verb reads it from the page cache at once.
+    store.write(att, flush=False)
     return att
 
 

@@ -200,15 +200,19 @@ def test_the_spool_under_random_interleavings(cluster: Cluster, rng: random.Rand
             agents.stop(signal.SIGTERM)
         if not agents.procs:
             agents.start()
-        deadline = time.monotonic() + 120
-        while os.path.isdir(spool) and [n for n in os.listdir(spool) if "del-" in n]:
-            if any(n.startswith(".bad-") for n in os.listdir(spool)):
-                bench.fail(f"a spooled DEL was set aside: {sorted(os.listdir(spool))}")
-                break
-            if time.monotonic() > deadline:
-                bench.fail(f"spooled DELs never ran: {sorted(os.listdir(spool))}")
-                break
-            time.sleep(0.5)
+
+        def drain() -> None:
+            deadline = time.monotonic() + 120
+            while os.path.isdir(spool) and [n for n in os.listdir(spool) if "del-" in n]:
+                if any(n.startswith(".bad-") for n in os.listdir(spool)):
+                    bench.fail(f"a spooled DEL was set aside: {sorted(os.listdir(spool))}")
+                    break
+                if time.monotonic() > deadline:
+                    bench.fail(f"spooled DELs never ran: {sorted(os.listdir(spool))}")
+                    break
+                time.sleep(0.5)
+
+        drain()
         check_live("after the spool drained")
         held = {r.split("@")[0] for r in cluster.records}
         for i, (pod, _) in enumerate(pods):
@@ -218,6 +222,10 @@ def test_the_spool_under_random_interleavings(cluster: Cluster, rng: random.Rand
             out, _ = shim_call("DEL", i)
             if out.code != 0:
                 bench.fail(f"final DEL {i}: {out}")
+        # The agent left may still be taking the socket over from the one just stopped: a final DEL
+        # the shim spooled then (exit 0, as a runtime is told) runs once it serves. Seen once
+        # (seed 50789866): the node was judged before that DEL ran, its lease still there.
+        drain()
         live.clear()
         owed.clear()
         bench.stats["inputs"] += len(pods)

@@ -301,20 +301,41 @@ def test_the_intent_record_is_flushed_outside_the_node_lock_before_any_change(
 ) -> None:
     conf = cluster.conf()
     pod = cluster.pod([{}])
-    seen: list[tuple[bool, list[str], dict[str, list[str]]]] = []
-    real = record._sync_dir
+    RecordStore(conf["stateDir"]).ensure()  # a node's first ADD makes the directory (and fsyncs that)
+    seen: list[tuple[str, bool, list[str], dict[str, list[str]]]] = []
+    real_dir, real_file = record._sync_dir, record._fsync_file
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
 
-    def observe(directory: str) -> None:
+    def observe(what: str) -> None:
+        if len(seen) < 2:
+            free = _node_lock_free(conf["lockFile"])
+            seen.append((what, free, cluster.records, addresses_in(ns_name(pod))))
+
+    def observe_dir(directory: str) -> None:
+        observe("directory")
+        real_dir(directory)
+
+    def observe_file(path: str) -> None:
+        observe("file")
+        real_file(path)
+
+    def counted_fsync(fd: int) -> None:
         if not seen:
-            seen.append((_node_lock_free(conf["lockFile"]), cluster.records, addresses_in(ns_name(pod))))
-        real(directory)
+            fsyncs.append(fd)
+        real_fsync(fd)
 
-    monkeypatch.setattr(record, "_sync_dir", observe)
+    monkeypatch.setattr(record, "_sync_dir", observe_dir)
+    monkeypatch.setattr(record, "_fsync_file", observe_file)
+    monkeypatch.setattr(os, "fsync", counted_fsync)
     out = cluster.run_inproc("ADD", pod, conf)
     assert out.ok, out.doc
-    # The first directory flush of the ADD: its intent record is already there for every other
-    # verb to see, the node lock is free for them, and nothing is in the pod yet.
-    assert seen == [(True, [f"{pod['CNI_CONTAINERID']}@net1.json"], {"lo": []})]
+    # The first flushes of the ADD, the record's content then its name: the intent record is
+    # already there for every other verb to see, the node lock is free for them, and nothing is in
+    # the pod yet; before them, no fsync at all (none under the node lock).
+    name = f"{pod['CNI_CONTAINERID']}@net1.json"
+    assert seen == [("file", True, [name], {"lo": []}), ("directory", True, [name], {"lo": []})]
+    assert fsyncs == []
     assert cluster.run_inproc("DEL", pod, conf).ok
     assert_node_pristine(cluster)
 
@@ -337,4 +358,29 @@ def test_an_intent_record_that_cannot_be_flushed_fails_the_add_and_leaves_nothin
     assert out.code == 1 and out.doc is not None and out.doc["code"] == 5, out.doc
     assert "cannot flush state directory" in out.doc["msg"] and failed[0] in out.doc["msg"], out.doc
     assert addresses_in(ns_name(pod)) == {"lo": []}
+    assert_node_pristine(cluster)
+
+
+def test_adds_in_one_process_parse_each_record_once(cluster: Cluster) -> None:
+    # A verb worker runs many ADDs: under the node lock each reads every record file, but parses
+    # only content it has not seen (node/record.ParsedRecords), and never serves a stale one.
+    from rdma_cni.verbs import add
+
+    conf = cluster.conf()
+    pods = [cluster.pod([{"min_tx_rate": 1000}]) for _ in range(3)]
+    assert cluster.run_inproc("ADD", pods[0], conf).ok
+    before = add.HELD.parsed
+    assert cluster.run_inproc("ADD", pods[1], conf).ok
+    # The first pod's record changed once since the last read (adding -> ready): parsed once more.
+    assert add.HELD.parsed == before + 1
+    assert cluster.run_inproc("ADD", pods[2], conf).ok
+    assert add.HELD.parsed == before + 2  # the second pod's, ready now; the first's is known
+    assert cluster.run_inproc("DEL", pods[1], conf).ok
+    again = cluster.pod([{"min_tx_rate": 1000}])
+    assert cluster.run_inproc("ADD", again, conf).ok
+    assert add.HELD.parsed == before + 3  # the third pod's; the deleted pod's VF is free again
+    vfs = {pci for att in RecordStore(conf["stateDir"]).all() for pci in (v.pci for v in att.vfs)}
+    assert len(vfs) == 3  # three pods, three VFs: none given twice
+    for pod in (pods[0], pods[2], again):
+        assert cluster.run_inproc("DEL", pod, conf).ok
     assert_node_pristine(cluster)

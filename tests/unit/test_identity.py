@@ -8,6 +8,8 @@ claiming one VF prove nothing.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rdma_cni.kernel import identity
@@ -168,3 +170,31 @@ def test_a_record_without_an_index_asks_by_name_then_walks(monkeypatch: pytest.M
     assert walks == [1]
     assert VfFinder(FakeHost([])).in_pod(PCI) is None  # type: ignore[arg-type]
     assert VfFinder(FakeHost([])).asked_in_pod(PCI, 5, "net1") is None  # type: ignore[arg-type]
+
+
+def test_the_simulations_wire_is_read_from_sysfs_without_rtnetlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fake tree names the VF's wire; the host's sysfs gives its ifindex, so proving a VF home
+    # under the node lock does not wait for the RTNL lock for it (another pod's namespace move).
+    fake = tmp_path / "fake"
+    (fake / "bus" / "pci" / "devices" / PCI).mkdir(parents=True)
+    (fake / "bus" / "pci" / "devices" / PCI / identity.WIRE_FILE).write_text("sv0w1\n")
+    host = tmp_path / "host-net"
+    (host / "sv0w1").mkdir(parents=True)
+    (host / "sv0w1" / "ifindex").write_text("41\n")
+    monkeypatch.setenv("RDMA_CNI_SYSFS_ROOT", str(fake))
+    monkeypatch.setattr(identity, "HOST_NET_CLASS", str(host))
+    asked: list[str] = []
+
+    def over_rtnetlink(name: str) -> Link | None:
+        asked.append(name)
+        return link(57, name)
+
+    peer = identity.VethPeer(over_rtnetlink)
+    assert peer.expected(PCI) == "peer:41"
+    assert asked == []
+    # Not in this sysfs (another namespace's view, a sysfs without it): rtnetlink answers.
+    (host / "sv0w1" / "ifindex").unlink()
+    assert peer.expected(PCI) == "peer:57"
+    assert asked == ["sv0w1"]

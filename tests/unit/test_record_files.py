@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from rdma_cni.cni.errors import IOFailure
-from rdma_cni.node.record import Attachment, RecordStore, remove_orphaned_temporaries, write_atomic
+from rdma_cni.node.record import (
+    Attachment,
+    ParsedRecords,
+    RecordStore,
+    remove_orphaned_temporaries,
+    write_atomic,
+)
 
 DEAD_PID = 2**22 + 1  # above the kernel's largest pid_max
 
@@ -107,3 +113,55 @@ def test_a_pod_index_that_is_no_ifindex_makes_the_record_corrupt(tmp_path: Path,
     doc["vfs"][0]["pod_index"] = value
     with pytest.raises(TypeError, match="pod_index"):
         parse_attachment(json.dumps(doc))
+
+
+def _owners(att: Attachment) -> tuple[str, str]:
+    return (att.container_id, att.state)
+
+
+def test_derived_parses_only_content_it_has_not_seen(tmp_path: Path) -> None:
+    store = RecordStore(str(tmp_path))
+    for cid in ("a", "b", "c"):
+        store.write(Attachment(container_id=cid, ifname="net1", network="n", netns="", cni_version="1.1.0"))
+    memo = ParsedRecords(_owners)
+    assert store.derived(memo) == [("a", "adding"), ("b", "adding"), ("c", "adding")]
+    assert memo.parsed == 3
+    assert store.derived(memo) == [("a", "adding"), ("b", "adding"), ("c", "adding")]
+    assert memo.parsed == 3  # the same bytes: nothing parsed again
+    # A record changed in place (ADD marking it ready) is new content: parsed, never served stale.
+    changed = Attachment(container_id="b", ifname="net1", network="n", netns="", cni_version="1.1.0")
+    changed.state = "ready"
+    store.write(changed, new_name=False)
+    store.delete("c", "net1")
+    store.write(Attachment(container_id="d", ifname="net1", network="n", netns="", cni_version="1.1.0"))
+    assert store.derived(memo) == [("a", "adding"), ("b", "ready"), ("d", "adding")]
+    assert memo.parsed == 5
+    # Only the last read's values are kept: c's old content is parsed again if it comes back.
+    store.write(Attachment(container_id="c", ifname="net1", network="n", netns="", cni_version="1.1.0"))
+    assert store.derived(memo)[2] == ("c", "adding")
+    assert memo.parsed == 6
+
+
+def test_derived_sets_corrupt_records_aside_as_all_does(tmp_path: Path) -> None:
+    store = RecordStore(str(tmp_path))
+    store.write(Attachment(container_id="good", ifname="net1", network="n", netns="", cni_version="1.1.0"))
+    Path(store.dir, "bad@net1.json").write_text("{")
+    memo = ParsedRecords(_owners)
+    with pytest.raises(IOFailure, match=r"bad@net1\.json"):
+        store.derived(memo)
+    assert store.quarantined() == []
+    assert store.derived(memo, set_aside=True) == [("good", "adding")]
+    (kept,) = store.quarantined()
+    assert kept.startswith("bad@net1.json.")
+
+
+def test_a_record_that_is_not_utf8_is_corrupt_and_set_aside(tmp_path: Path) -> None:
+    store = RecordStore(str(tmp_path))
+    Path(store.dir).mkdir(parents=True)
+    Path(store.dir, "bad@net1.json").write_bytes(b'{"container_id": "\xff"}')
+    with pytest.raises(IOFailure, match="is corrupt"):
+        store.all()
+    assert store.all(set_aside=True) == []
+    assert store.derived(ParsedRecords(_owners), set_aside=True) == []
+    (kept,) = store.quarantined()
+    assert kept.startswith("bad@net1.json.")
