@@ -134,7 +134,10 @@ class VethPeer:
                 wire = f.read().strip()
         except OSError:
             return None
-        index = _host_ifindex(wire)
+        # sysfs answers without the RTNL lock, which every other pod's namespace move holds while
+        # this runs under the node lock (a burst's proofs took ~15 ms each instead of ~1.5 over
+        # rtnetlink: docs/performance.md); rtnetlink only when the host's sysfs does not show it.
+        index = sysfs.host_ifindex(wire)
         if index is None:
             link = self._host_link(wire)
             index = link.index if link is not None else None
@@ -149,28 +152,6 @@ class VethPeer:
         else:
             proven = link.link_netnsid is not None and link.link_netnsid == pod.host_nsid()
         return f"peer:{link.link_index}" if proven else None
-
-
-# Where the kernel shows the host's links without rtnetlink: the real sysfs, never the simulated
-# tree of RDMA_CNI_SYSFS_ROOT.
-HOST_NET_CLASS = "/sys/class/net"
-
-
-def _host_ifindex(name: str) -> int | None:
-    """The ifindex of host link ``name`` as the kernel's sysfs shows it now, or None (not there).
-
-    The simulation's wire is a fact of the host the kernel reports (on hardware the expected
-    identity, the PCI address, is known without asking anything). Asked over rtnetlink it
-    waited for the RTNL lock behind every other pod's namespace move, under the node lock: in
-    a burst of 64 ADDs the proof of one VF took ~15 ms instead of ~1.5 (docs/performance.md).
-    sysfs answers from the device itself, without that lock. None (no such file, another
-    namespace's sysfs) falls back to rtnetlink.
-    """
-    try:
-        with open(f"{HOST_NET_CLASS}/{name}/ifindex", encoding="ascii") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return None
 
 
 class HostLinks(Protocol):

@@ -41,6 +41,16 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
+# The host's links as the kernel shows them: the real sysfs, never RDMA_CNI_SYSFS_ROOT's tree.
+HOST_NET_CLASS = "/sys/class/net"
+
+
+def host_ifindex(netdev: str) -> int | None:
+    """The ifindex of host link ``netdev`` in the real sysfs (no rtnetlink, so no RTNL lock), or None
+    when it does not show it (no such link, or a sysfs mounted in another network namespace)."""
+    return _read_int(f"{HOST_NET_CLASS}/{netdev}/ifindex")
+
+
 def net_devices() -> list[str]:
     """Netdev names in ``class/net``."""
     return _listdir(os.path.join(root(), "class", "net"))

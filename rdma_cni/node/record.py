@@ -342,20 +342,17 @@ class RecordStore:
         known = memo.known(self.dir)
         for name, _cid, _ifname in attachment_files(self.dir, "state directory"):
             path = os.path.join(self.dir, name)
-            data = self._read_bytes(path)
-            value = seen.get(data)
-            if value is None:
-                value = known.get(data)
-            if value is None:
-                try:
-                    att = self._parse(path, data)
-                except IOFailure as exc:
-                    if not set_aside:
-                        raise
-                    self._set_aside(path, exc)
-                    continue
-                memo.parsed += 1
-                value = memo.derive(att)
+            try:
+                data = self._read_bytes(path)
+                value = seen.get(data, known.get(data))
+                if value is None:
+                    value = memo.derive(self._parse(path, data))
+                    memo.parsed += 1
+            except IOFailure as exc:  # unreadable or corrupt, as all() treats them
+                if not set_aside:
+                    raise
+                self._set_aside(path, exc)
+                continue
             seen[data] = value
             out.append(value)
         memo.keep(self.dir, seen)

@@ -36,16 +36,16 @@ TMP_PREFIX = ".tmp-"
 
 def fsync_dir(directory: str) -> None:
     """Flush ``directory``'s entries (a rename or unlink in it) to disk."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync(directory, os.O_DIRECTORY)
 
 
 def fsync_file(path: str) -> None:
     """Flush the content of the file at ``path`` (written without its fsync) to disk."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    _fsync(path, os.O_NOFOLLOW)
+
+
+def _fsync(path: str, flags: int) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         os.fsync(fd)
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rdma_cni.kernel import identity
+from rdma_cni.kernel import identity, sysfs
 from rdma_cni.kernel.identity import FAKE_ENV, ParentDevice, VfFinder, kernel_reports_parent
 from rdma_cni.kernel.netlink import Link
 
@@ -184,7 +184,7 @@ def test_the_simulations_wire_is_read_from_sysfs_without_rtnetlink(
     (host / "sv0w1").mkdir(parents=True)
     (host / "sv0w1" / "ifindex").write_text("41\n")
     monkeypatch.setenv("RDMA_CNI_SYSFS_ROOT", str(fake))
-    monkeypatch.setattr(identity, "HOST_NET_CLASS", str(host))
+    monkeypatch.setattr(sysfs, "HOST_NET_CLASS", str(host))
     asked: list[str] = []
 
     def over_rtnetlink(name: str) -> Link | None:

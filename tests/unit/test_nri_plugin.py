@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from rdma_cni.agent.nri import mux, plugin, ttrpc
 from rdma_cni.agent.nri import nri_api_pb2 as api
 from rdma_cni.node import nristate
 from rdma_cni.node.record import Attachment, RecordStore, VfRecord
+from tests.support.waiting import wait_for
 
 VF_A = "0000:3b:00.2"
 VF_B = "0000:3b:00.3"
@@ -341,6 +344,20 @@ def _listen(path: str) -> socket.socket:
     return server
 
 
+@contextlib.contextmanager
+def plugin_loop(path: str) -> Iterator[plugin.NriPlugin]:
+    """The plugin's connect-serve-reconnect loop on ``path``, in a thread, stopped on the way out."""
+    p = plugin.NriPlugin(path, lambda _s: [])
+    stop = threading.Event()
+    t = threading.Thread(target=p.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        yield p
+    finally:
+        stop.set()
+        t.join(5)
+
+
 @pytest.mark.parametrize("ending", ["hang-up", "Shutdown"])
 def test_a_restarted_runtime_is_registered_with_at_once_not_after_the_slow_delay(
     tmp_path: Path, ending: str
@@ -349,37 +366,29 @@ def test_a_restarted_runtime_is_registered_with_at_once_not_after_the_slow_delay
     # gets no devices, so the plugin must not wait that long after a connection it served ends.
     assert plugin.RECONNECT_DELAY == 2.0
     path = str(tmp_path / "nri.sock")
-    p = plugin.NriPlugin(path, lambda _s: [])
-    stop = threading.Event()
-    t = threading.Thread(target=p.run, args=(stop,), daemon=True)
     server = _listen(path)
-    t.start()
     try:
-        conn, _ = server.accept()
-        conn.settimeout(5)
-        rt = Runtime(conn)
-        rt.accept_registration()
-        deadline = time.monotonic() + 5
-        while p.state != nristate.REGISTERED and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert p.state == nristate.REGISTERED
-        # The runtime stops (sending Shutdown, as containerd does on SIGTERM, or just gone), its
-        # socket is gone for half a second, then the new one listens.
-        if ending == "Shutdown":
-            assert rt.call("Shutdown", b"").code == 0
-        conn.close()
-        server.close()
-        os.unlink(path)
-        time.sleep(0.5)
-        server = _listen(path)
-        listening = time.monotonic()
-        conn, _ = server.accept()
-        waited = time.monotonic() - listening
-        conn.close()
-        assert waited < 1.0, f"the plugin came back {waited:.2f} s after the runtime listened again"
+        with plugin_loop(path) as p:
+            conn, _ = server.accept()
+            conn.settimeout(5)
+            rt = Runtime(conn)
+            rt.accept_registration()
+            wait_for(lambda: p.state == nristate.REGISTERED, 5, "the plugin registered")
+            # The runtime stops (sending Shutdown, as containerd does on SIGTERM, or just gone),
+            # its socket is gone for half a second, then the new one listens.
+            if ending == "Shutdown":
+                assert rt.call("Shutdown", b"").code == 0
+            conn.close()
+            server.close()
+            os.unlink(path)
+            time.sleep(0.5)
+            server = _listen(path)
+            listening = time.monotonic()
+            conn, _ = server.accept()
+            waited = time.monotonic() - listening
+            conn.close()
+            assert waited < 1.0, f"the plugin came back {waited:.2f} s after the runtime listened again"
     finally:
-        stop.set()
-        t.join(5)
         server.close()
 
 
@@ -388,12 +397,7 @@ def test_a_runtime_that_never_registered_the_plugin_is_retried_at_the_slow_pace(
 ) -> None:
     monkeypatch.setattr(plugin, "RECONNECT_DELAY", 1.0)
     path = str(tmp_path / "nri.sock")
-    p = plugin.NriPlugin(path, lambda _s: [])
-    stop = threading.Event()
-    t = threading.Thread(target=p.run, args=(stop,), daemon=True)
-    server = _listen(path)
-    t.start()
-    try:
+    with contextlib.closing(_listen(path)) as server, plugin_loop(path):
         accepted = []
         for _attempt in range(2):
             conn, _ = server.accept()
@@ -402,10 +406,6 @@ def test_a_runtime_that_never_registered_the_plugin_is_retried_at_the_slow_pace(
             Runtime(conn).accept_registration(code=1)  # refused: never registered
             conn.close()
         assert accepted[1] - accepted[0] >= 0.9
-    finally:
-        stop.set()
-        t.join(5)
-        server.close()
 
 
 def test_fast_retries_last_only_their_window() -> None:

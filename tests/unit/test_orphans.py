@@ -318,14 +318,20 @@ def runs(tmp_path: Path) -> int:
 KEPT = {"released": [], "failed": [], "kept": {"x/net1": "a VF of it is not back in the host"}, "left": 0}
 
 
-def test_a_pass_that_changed_nothing_waits_twice_as_long_each_time_up_to_the_bound(tmp_path: Path) -> None:
+def suspect_kept(tmp_path: Path) -> tuple[RecordStore, orphanpass.OrphanPass, Path]:
+    """A record whose namespace is gone, the agent's pass every 10 s, and a plugin keeping it (KEPT)."""
     state = tmp_path / "state"
     store = RecordStore(str(state))
     write(store, record(tmp_path, boot_id=boot.boot_id(), container_id="b" * 64))
-    plugin, _ = counting_plugin(tmp_path, KEPT)
+    plugin, said = counting_plugin(tmp_path, KEPT)
     agent = orphanpass.OrphanPass(
         plugin, {"PATH": "/usr/bin:/bin"}, [(str(state), "/run/lock-x")], interval=10
     )
+    return store, agent, said
+
+
+def test_a_pass_that_changed_nothing_waits_twice_as_long_each_time_up_to_the_bound(tmp_path: Path) -> None:
+    _store, agent, _said = suspect_kept(tmp_path)
     ran_at = []
     for t in range(0, 2000, 10):
         before = runs(tmp_path)
@@ -338,13 +344,7 @@ def test_a_pass_that_changed_nothing_waits_twice_as_long_each_time_up_to_the_bou
 
 
 def test_a_new_suspect_or_a_pass_that_did_something_starts_over(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    store = RecordStore(str(state))
-    write(store, record(tmp_path, boot_id=boot.boot_id(), container_id="b" * 64))
-    plugin, said = counting_plugin(tmp_path, KEPT)
-    agent = orphanpass.OrphanPass(
-        plugin, {"PATH": "/usr/bin:/bin"}, [(str(state), "/run/lock-x")], interval=10
-    )
+    store, agent, said = suspect_kept(tmp_path)
     agent.once(now=0)
     agent.once(now=10)
     assert runs(tmp_path) == 1  # the same suspect, kept: not again before 20 s
@@ -365,14 +365,8 @@ def test_a_new_suspect_or_a_pass_that_did_something_starts_over(tmp_path: Path) 
 
 
 def test_a_plugin_that_fails_each_time_is_run_at_the_slower_pace_too(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    store = RecordStore(str(state))
-    write(store, record(tmp_path, boot_id=boot.boot_id(), container_id="b" * 64))
-    plugin, said = counting_plugin(tmp_path, KEPT)
+    _store, agent, said = suspect_kept(tmp_path)
     said.write_text("not json")
-    agent = orphanpass.OrphanPass(
-        plugin, {"PATH": "/usr/bin:/bin"}, [(str(state), "/run/lock-x")], interval=10
-    )
     for t in (0, 10, 20, 30, 40, 50):
         agent.once(now=t)
     assert runs(tmp_path) == 2  # at 0 and 20; the next at 60

@@ -165,3 +165,20 @@ def test_a_record_that_is_not_utf8_is_corrupt_and_set_aside(tmp_path: Path) -> N
     assert store.derived(ParsedRecords(_owners), set_aside=True) == []
     (kept,) = store.quarantined()
     assert kept.startswith("bad@net1.json.")
+
+
+def test_derived_sets_an_unreadable_record_aside_as_all_does(tmp_path: Path) -> None:
+    # Reading it fails (a directory where a record should be), not parsing it: the same outcome.
+    for read in ("all", "derived"):
+        store = RecordStore(str(tmp_path / read))
+        store.write(
+            Attachment(container_id="good", ifname="net1", network="n", netns="", cni_version="1.1.0")
+        )
+        Path(store.dir, "odd@net1.json").mkdir()
+        memo = ParsedRecords(_owners)
+        with pytest.raises(IOFailure, match=r"cannot read allocation record .*odd@net1\.json"):
+            store.all() if read == "all" else store.derived(memo)
+        got = store.all(set_aside=True) if read == "all" else store.derived(memo, set_aside=True)
+        assert len(got) == 1, read
+        (kept,) = store.quarantined()
+        assert kept.startswith("odd@net1.json."), read
