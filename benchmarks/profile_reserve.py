@@ -1,13 +1,14 @@
 """ADD's part under the node lock alone: :func:`rdma_cni.verbs.add.reserve`, N times in a row in one process.
 
 A simulated node (``--pfs`` x ``--vfs``, 4 x 16 by default: the node of
-``scale_bench.py``) and one state directory; this process runs ``reserve``
-once per VF, each time for a new attachment (its record stays, so each run
-reads one record more than the one before), under the node lock as ADD takes
-it, as one of the agent's verb workers would (its caches kept between verbs).
+``scale_bench.py``) and one state directory; this process runs ``survey``
+before the node lock and ``reserve`` under it, as ADD does, once per VF, each
+time for a new attachment (its record stays, so each run reads one record more
+than the one before), as one of the agent's verb workers would (its caches
+kept between verbs).
 No namespace move, no IPAM: only what the lock covers. Printed: the median
 and p95 of the hold and of each part (reading the records, the node's sysfs,
-the choice with its proof, the PF tables, the intent record's write), over
+the choice with its proof, the intent record's write), over
 all runs and over the last quarter (the fullest node); with ``--profile`` the
 cProfile of all runs by own time. Root needed (veths). A diagnostic script,
 not a timed test.
@@ -72,7 +73,6 @@ def main() -> int:
         from rdma_cni.cni.protocol import CniEnv
         from rdma_cni.kernel.identity import VfFinder
         from rdma_cni.kernel.netlink import Rtnl
-        from rdma_cni.kernel.vfcontrol import vf_control
         from rdma_cni.node.ipam_pending import PendingStore
         from rdma_cni.node.record import RecordStore, node_lock
         from rdma_cni.shared.podrequest import InterfaceRequest, PodRequest
@@ -83,6 +83,8 @@ def main() -> int:
             if hasattr(add.RecordStore, name):
                 wrap(add.RecordStore, name, "records")
         wrap(add, "scan", "sysfs scan")
+        if hasattr(add, "reowned"):
+            wrap(add, "reowned", "survey brought up to date")
         wrap(add, "choose_proven", "choice and proof")
         wrap(add, "plan", "plan")
         wrap(add.RecordStore, "write", "intent record write")
@@ -103,13 +105,26 @@ def main() -> int:
             env = CniEnv(command="ADD", container_id=f"c{n}", netns="/proc/self/ns/net", ifname="net1")
             with Rtnl() as host:
                 finder = VfFinder(host)
-                vfctl = vf_control(host)
+                finder.trust_sysfs()  # as ADD does, before the lock
+                with timed("survey (before the lock)"):
+                    draft = add.survey(conf, store)
                 start = time.perf_counter()
                 if profiler:
                     profiler.enable()
                 with node_lock(conf.lockFile, 10):
                     add.reserve(
-                        env, conf, doc, store, pendings, finder, vfctl, request, ["net1"], "", "bench", [1, 2]
+                        env,
+                        conf,
+                        doc,
+                        store,
+                        pendings,
+                        finder,
+                        request,
+                        ["net1"],
+                        "",
+                        "bench",
+                        [1, 2],
+                        draft,
                     )
                 if profiler:
                     profiler.disable()

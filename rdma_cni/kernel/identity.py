@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rdma_cni.kernel import linkscan, sysfs
 from rdma_cni.kernel.netlink import Link, Rtnl
@@ -49,6 +49,13 @@ class Identity(Protocol):
 
     def of(self, link: Link, pod: Netns | None) -> str | None:
         """The identity of ``link`` as dumped in ``pod`` (None: the host), or None for a non-VF."""
+        ...
+
+    def home_in_sysfs(self, pci: str, name: str) -> Link | None:
+        """VF ``pci``'s netdev under ``name``, proven in the host by sysfs alone, or None: not proven so.
+
+        Only once :func:`sysfs_shows` has said the real sysfs is this namespace's view.
+        """
         ...
 
 
@@ -120,6 +127,14 @@ class ParentDevice:
             return None  # no ethtool driver info (loopback, some virtual devices): not a VF
         return "pci:" + bus if bus else None
 
+    def home_in_sysfs(self, pci: str, name: str) -> Link | None:
+        # The kernel files a netdev under its parent device's directory, and sysfs lists only the
+        # netdevs of the namespace it was mounted in: a VF's netdev there is home, whatever kernel.
+        files = sysfs.pci_netdev(pci, name)
+        if files is None or files.iflink != files.ifindex:  # a stacked child (IPoIB) is not the VF
+            return None
+        return _link(name, files, parent_dev=pci, parent_bus="pci")
+
 
 class VethPeer:
     """The simulated node: the veth's peer, which must be the VF's wire in the host."""
@@ -153,9 +168,75 @@ class VethPeer:
             proven = link.link_netnsid is not None and link.link_netnsid == pod.host_nsid()
         return f"peer:{link.link_index}" if proven else None
 
+    def home_in_sysfs(self, pci: str, name: str) -> Link | None:
+        # The host's sysfs shows the link, so it is in the host; a veth's iflink is its peer. That
+        # the peer is in the host too, which rtnetlink's netnsid says, sysfs cannot: the wire never
+        # leaves it, and only the host, never a pod, can put a link with that peer there.
+        files = sysfs.host_netdev(name)
+        if files is None or files.iflink in (0, files.ifindex):
+            return None
+        if self.expected(pci) != f"peer:{files.iflink}":
+            return None
+        return _link(name, files, link_index=files.iflink)
+
 
 class HostLinks(Protocol):
     def __call__(self, name: str) -> Link | None: ...
+
+
+def _link(name: str, files: sysfs.NetdevFiles, **kw: Any) -> Link:
+    up = bool(files.flags & 1)  # IFF_UP
+    return Link(index=files.ifindex, name=name, mac=files.address, mtu=files.mtu, up=up, **kw)
+
+
+# (this thread's network namespace, the real sysfs's device) pairs proven one view: the check is a
+# dump, once per process and pair; a pair that failed is tried again by the next verb.
+_VIEWS_PROVEN: set[tuple[int, int]] = set()
+_VIEW_ATTEMPTS = 3
+
+
+def sysfs_shows(host: Rtnl) -> bool:
+    """Does the real sysfs show the network namespace ``host`` speaks to, the one the verb runs in?
+
+    sysfs lists the links of the namespace it was mounted in, which a plugin run outside the host's
+    (or an agent without the host's network) would not be. Proven by one rtnetlink dump: every link
+    the dump has and sysfs shows under its name has its ifindex and MAC there, and sysfs shows at
+    least half of them (links come and go meanwhile), at least one besides ``lo``; tried
+    :data:`_VIEW_ATTEMPTS` times. Until proven, ADD proves VFs over rtnetlink as before.
+    """
+    try:
+        key = (os.stat("/proc/thread-self/ns/net").st_ino, os.stat(sysfs.HOST_NET_CLASS).st_dev)
+    except OSError:
+        return False
+    if key in _VIEWS_PROVEN:
+        return True
+    for _ in range(_VIEW_ATTEMPTS):
+        if _one_view(host.links()):
+            _VIEWS_PROVEN.add(key)
+            return True
+    log.warning(
+        "the links %s shows are not those of this network namespace: VFs are proven over rtnetlink "
+        "(slower under the node lock)",
+        sysfs.HOST_NET_CLASS,
+    )
+    return False
+
+
+def _one_view(links: Iterable[Link]) -> bool:
+    dumped = shown = 0
+    for link in links:
+        if link.name == "lo":
+            continue
+        dumped += 1
+        files = sysfs.host_netdev(link.name)
+        if files is None:
+            continue  # gone or renamed since the dump
+        if files.ifindex != link.index:
+            return False
+        if len(link.mac) == 17 and files.address.lower() != link.mac.lower():
+            return False
+        shown += 1
+    return shown > 0 and 2 * shown >= dumped
 
 
 def identity_for(host_link: HostLinks) -> Identity:
@@ -191,7 +272,17 @@ class VfFinder:
         self._by_identity: dict[str, dict[str, list[Link]]] = {}
         self._home: dict[str, Link | None] = {}
         self._in_pod: dict[str, Link | None] = {}
+        self._sysfs = False
         self.identity = identity_for(self._host_link)
+
+    def trust_sysfs(self) -> bool:
+        """Let :meth:`in_host` prove a VF by sysfs first, if sysfs shows this namespace (:func:`sysfs_shows`).
+
+        ADD calls it before the node lock: under the lock a proof over rtnetlink waits for the
+        RTNL lock, which every other pod's namespace move holds.
+        """
+        self._sysfs = sysfs_shows(self.host)
+        return self._sysfs
 
     def _host_link(self, name: str) -> Link | None:
         if self._host_links is not None:
@@ -252,8 +343,16 @@ class VfFinder:
         return found[0] if found else None
 
     def in_host(self, pci: str, name: str | None = None) -> Link | None:
-        """VF ``pci``'s netdev if it is proven to be in the host; ``name``: where it probably is."""
+        """VF ``pci``'s netdev if it is proven to be in the host; ``name``: where it probably is.
+
+        By sysfs alone when :meth:`trust_sysfs` allowed it and ``name`` is right, else over rtnetlink.
+        """
         if pci not in self._home:
+            if self._sysfs and name:
+                link = self.identity.home_in_sysfs(pci, name)
+                if link is not None:
+                    self._home[pci] = link
+                    return link
             link = self._host_link(name) if name else None
             if link is None or self.identity.of(link, None) != self.identity.expected(pci):
                 link = self._match("host", pci)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 _PCI_ADDR = re.compile(r"[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
@@ -49,6 +50,53 @@ def host_ifindex(netdev: str) -> int | None:
     """The ifindex of host link ``netdev`` in the real sysfs (no rtnetlink, so no RTNL lock), or None
     when it does not show it (no such link, or a sysfs mounted in another network namespace)."""
     return _read_int(f"{HOST_NET_CLASS}/{netdev}/ifindex")
+
+
+def host_net_names() -> list[str]:
+    """The host's link names in the real sysfs (see :data:`HOST_NET_CLASS`)."""
+    return _listdir(HOST_NET_CLASS)
+
+
+@dataclass(frozen=True)
+class NetdevFiles:
+    """A netdev as its sysfs directory shows it: read without rtnetlink, so without the RTNL lock."""
+
+    ifindex: int
+    iflink: int  # the ifindex of its lower device or veth peer; its own for a device of its own
+    address: str
+    mtu: int
+    flags: int  # IFF_* (IFF_UP is 0x1)
+
+
+def netdev_files(path: str) -> NetdevFiles | None:
+    """The netdev whose sysfs directory is ``path``, or None when it is not there or not whole.
+
+    Six small reads, not one atomic one: the ifindex is read first and last, and a netdev
+    renamed, moved or replaced under that name in between answers None, as one not there does.
+    """
+    ifindex = _read_int(f"{path}/ifindex")
+    iflink = _read_int(f"{path}/iflink")
+    address = _read(f"{path}/address")
+    mtu = _read_int(f"{path}/mtu")
+    flags = _read(f"{path}/flags")
+    if ifindex is None or iflink is None or address is None or mtu is None or flags is None:
+        return None
+    if _read_int(f"{path}/ifindex") != ifindex:
+        return None
+    try:
+        return NetdevFiles(ifindex, iflink, address, mtu, int(flags, 16))
+    except ValueError:
+        return None
+
+
+def _one_name(name: str) -> bool:
+    # A path part, never a path: what reaches here came from the kernel, but a record can be edited.
+    return bool(name) and "/" not in name and name not in (".", "..")
+
+
+def host_netdev(name: str) -> NetdevFiles | None:
+    """Host link ``name`` in the real sysfs, or None when the sysfs does not show it."""
+    return netdev_files(f"{HOST_NET_CLASS}/{name}") if _one_name(name) else None
 
 
 def net_devices() -> list[str]:
@@ -124,6 +172,11 @@ def pci_dir(pci: str) -> str:
 def pci_netdevs(pci: str) -> list[str]:
     """Netdev names the host sees under a PCI device (empty while it lives in a pod)."""
     return _listdir(f"{pci_dir(pci)}/net")
+
+
+def pci_netdev(pci: str, name: str) -> NetdevFiles | None:
+    """Netdev ``name`` under PCI device ``pci``, or None: its parent is that device only if it is there."""
+    return netdev_files(f"{pci_dir(pci)}/net/{name}") if _one_name(name) and _one_name(pci) else None
 
 
 def pci_driver(pci: str) -> str:

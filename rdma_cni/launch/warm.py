@@ -171,8 +171,12 @@ def preload() -> None:
     import ssl
 
     ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    # The link dump also proves, once for every child, that sysfs shows this namespace (ADD's
+    # proof of a VF home without the RTNL lock: kernel/identity.sysfs_shows).
+    from rdma_cni.kernel import identity
+
     with contextlib.suppress(OSError), netlink.Rtnl() as rtnl:
-        rtnl.links()
+        identity.sysfs_shows(rtnl)
         rtnl.addresses(1)
         rtnl.routes(1)
 

@@ -55,7 +55,6 @@ from rdma_cni.node.ipam import Ipam, IpamCall
 from rdma_cni.node.record import VfRecord
 from rdma_cni.node.vfnetdev import (
     apply_addresses,
-    bring_up,
     move_in,
     move_out,
 )
@@ -223,7 +222,7 @@ class RdmaMove(Step):
 
 
 class NetdevMove(Step):
-    """The netdev proven to be the VF into the pod, renamed; then its MAC, and up."""
+    """The netdev proven to be the VF into the pod, renamed, with its MAC, and up (one request)."""
 
     name = "move"
     undo_what = "returning VF {pci}"
@@ -233,7 +232,6 @@ class NetdevMove(Step):
         if home is None:
             raise KernelError(f"VF {run.vf.pci} is no longer proven to be in the host namespace")
         run.link = move_in(ctx.host, ctx.finder, run.vf, home)
-        bring_up(ctx.pod, run.link, run.vf)
 
     def undo(self, ctx: Context, run: VfRun) -> None:
         move_out(ctx.host, ctx.finder, run.vf)

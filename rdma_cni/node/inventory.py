@@ -196,27 +196,52 @@ def scan(
                 pf.vfs.append(Vf(name, i, pci, None, "", [], (table or {}).get(i), owner))
                 seen.add(pci)
                 continue
-            if home is not None and owner is None:
-                link = home(pci)
-                netdev = link.name if link is not None else None
-            else:
-                netdevs = sysfs.pci_netdevs(pci)
-                netdev = netdevs[0] if netdevs else None
-            rdma = sysfs.pci_rdma_devices(pci) + (software_rdma.get(netdev, []) if netdev else [])
-            pf.vfs.append(
-                Vf(
-                    pf=name,
-                    index=i,
-                    pci=pci,
-                    netdev=netdev,
-                    driver=sysfs.pci_driver(pci),
-                    rdma_devices=rdma,
-                    settings=(table or {}).get(i),
-                    owner=owner,
-                )
-            )
+            pf.vfs.append(_read_vf(name, i, pci, (table or {}).get(i), owner, software_rdma, home))
             seen.add(pci)
         node.pfs.append(pf)
+    node.foreign = [o for pci, o in owners.items() if pci not in seen]
+    return node
+
+
+def _read_vf(
+    pf: str,
+    index: int,
+    pci: str,
+    settings: VfInfo | None,
+    owner: Owner | None,
+    software_rdma: Mapping[str, list[str]],
+    home: Callable[[str], Link | None] | None = None,
+) -> Vf:
+    if home is not None and owner is None:
+        link = home(pci)
+        netdev = link.name if link is not None else None
+    else:
+        netdevs = sysfs.pci_netdevs(pci)
+        netdev = netdevs[0] if netdevs else None
+    rdma = sysfs.pci_rdma_devices(pci) + (software_rdma.get(netdev, []) if netdev else [])
+    return Vf(pf, index, pci, netdev, sysfs.pci_driver(pci), rdma, settings, owner)
+
+
+def reowned(node: Node, owners: Mapping[str, Owner]) -> Node:
+    """``node``, scanned with ``held_details=False`` and older owners, brought up to ``owners``.
+
+    ADD scans before it takes the node lock and, under it, only this: a VF taken since gets its
+    holder, and one freed since (its details left out then) is read now. The free VFs' details
+    may be older than the lock, which is why ADD proves the VFs it picks and, if nothing fits,
+    scans again under the lock before it says so.
+    """
+    software_rdma: dict[str, list[str]] | None = None
+    seen: set[str] = set()
+    for pf in node.pfs:
+        for i, vf in enumerate(pf.vfs):
+            owner = owners.get(vf.pci)
+            if vf.owner is not None and owner is None:
+                if software_rdma is None:
+                    software_rdma = _software_rdma_by_netdev()
+                pf.vfs[i] = _read_vf(pf.name, vf.index, vf.pci, vf.settings, None, software_rdma)
+            else:
+                vf.owner = owner
+            seen.add(vf.pci)
     node.foreign = [o for pci, o in owners.items() if pci not in seen]
     return node
 

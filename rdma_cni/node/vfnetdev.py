@@ -45,7 +45,13 @@ def netlink_failure(what: str, exc: NetlinkError) -> KernelError:
 
 
 def move_in(host: Rtnl, finder: VfFinder, vf: VfRecord, link: Link) -> Link:
-    """Move the VF netdev ``link`` (proven to be VF ``vf.pci``) into the pod under its pod-side name.
+    """Move the VF netdev ``link`` (proven to be VF ``vf.pci``) into the pod under its pod-side name, up.
+
+    One request: the kernel moves it, then renames it and applies its MTU, alias, MAC and up in
+    the pod. Each request takes the RTNL lock, which every other pod's namespace move holds for
+    milliseconds, so a burst of pods waits less the fewer there are. A pod that already has the
+    name refuses it (EEXIST) after the move, with the VF in the pod under its host name: the
+    rollback finds it there by identity, as after any half-done move.
 
     Returns its link in the pod, proven by identity, and keeps its ifindex
     there in ``vf.pod_index``: where DEL and NRI ask for it, instead of
@@ -55,11 +61,21 @@ def move_in(host: Rtnl, finder: VfFinder, vf: VfRecord, link: Link) -> Link:
     """
     pod = finder.pod
     assert pod is not None
-    if pod.rtnl.get_link(name=vf.pod_name) is not None:
-        raise KernelError(f"the pod already has an interface named {vf.pod_name}", f"netns {pod.path}")
     try:
-        host.set_link(link.index, netns_fd=pod.fd, name=vf.pod_name, mtu=vf.mtu, alias=alias_for(vf.pci))
+        host.set_link(
+            link.index,
+            netns_fd=pod.fd,
+            name=vf.pod_name,
+            mtu=vf.mtu,
+            alias=alias_for(vf.pci),
+            mac=vf.mac or None,
+            up=True,
+        )
     except NetlinkError as exc:
+        if exc.errno == errno.EEXIST:
+            raise KernelError(
+                f"the pod already has an interface named {vf.pod_name}", f"netns {pod.path}"
+            ) from exc
         raise netlink_failure(
             f"cannot move {link.name} ({vf.pci}) into {pod.path} as {vf.pod_name}", exc
         ) from exc
@@ -136,13 +152,6 @@ def _send_home(
     with contextlib.suppress(NetlinkError):
         host.set_link(link.index, up=False)
     host.set_link(link.index, name=name, mac=mac, mtu=mtu, alias="")
-
-
-def bring_up(pod: Netns, link: Link, vf: VfRecord) -> None:
-    try:
-        pod.rtnl.set_link(link.index, mac=vf.mac or None, up=True)
-    except NetlinkError as exc:
-        raise netlink_failure(f"cannot configure {vf.pod_name} in {pod.path}", exc) from exc
 
 
 def apply_addresses(pod: Netns, link: Link, ipam_result: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ from rdma_cni.kernel.netns import Netns
 from rdma_cni.kernel.vfcontrol import VfControl, describe, vf_control
 from rdma_cni.node import attach, boot
 from rdma_cni.node.attach import Progress
-from rdma_cni.node.inventory import Node, Owner, Vf, owners_by_pci, scan
+from rdma_cni.node.inventory import Node, Owner, Vf, owners_by_pci, reowned, scan
 from rdma_cni.node.ipam import Ipam
 from rdma_cni.node.ipam_pending import PendingStore, retry
 from rdma_cni.node.isolation import RdmaIsolation
@@ -102,17 +102,34 @@ def run(env: CniEnv, conf: NetConf, doc: dict[str, Any]) -> dict[str, Any]:
         ):
             vfctl = vf_control(host)
             finder = VfFinder(host, pod)
+            finder.trust_sysfs()
             netns_id = pod.identity()
+            draft = survey(conf, store)
             with node_lock(conf.lockFile, conf.lockTimeoutSeconds):
                 att = reserve(
-                    env, conf, doc, store, pendings, finder, vfctl, request, names, mac, source, netns_id
+                    env,
+                    conf,
+                    doc,
+                    store,
+                    pendings,
+                    finder,
+                    request,
+                    names,
+                    mac,
+                    source,
+                    netns_id,
+                    draft,
                 )
             progress = Progress()
             try:
                 # The intent record (its content and its name) reaches the disk before the kernel
                 # or IPAM changes anything, and outside the node lock: other pods need not wait for
                 # a disk flush. Until then only a machine crash can lose it, and nothing had acted
-                # on it: its VFs are still in the host and no lease was taken.
+                # on it: its VFs are still in the host and no lease was taken. The PF-side settings
+                # join it here too: reading a PF's VF table waits for the RTNL lock, and the record
+                # already makes its VFs this attachment's, so nobody else changes them meanwhile.
+                pf_settings(att, conf, vfctl)
+                store.write(att, new_name=False, flush=False)
                 store.flush(att.container_id, att.ifname)
                 result = perform(att, env, host, finder, vfctl, ipam, isolation, progress)
                 result.dns = merged_dns(conf, att)
@@ -146,17 +163,18 @@ def reserve(
     store: RecordStore,
     pendings: PendingStore,
     finder: VfFinder,
-    vfctl: VfControl,
     request: PodRequest,
     names: list[str],
     mac: str,
     source: str,
     netns_id: list[int],
+    draft: Node | None = None,
 ) -> Attachment:
     """Choose the VFs and write the intent record (state ``adding``): the part of ADD under the node lock.
 
     ``netns_id``: the pod namespace's kernel identity, which tells later in this boot that it is
-    gone though no DEL came (:mod:`rdma_cni.node.orphans`).
+    gone though no DEL came (:mod:`rdma_cni.node.orphans`). ``draft``: the node as
+    :func:`survey` read it before the lock, brought up to date here (None: scanned here).
 
     From the moment the record is on disk its VFs are this attachment's: no ADD counts them
     free, and DEL, GC and a crash's clean-up find them there, before any kernel change.
@@ -174,19 +192,24 @@ def reserve(
     # Only the chosen VFs' PF-side settings matter (their originals go into the record): each PF's
     # VF table is read once a VF of it is chosen, and the VFs held are not looked at in detail.
     # DRA preparations hold their VFs too, attached or not (node/prepared).
-    owners = {pci: owner for pairs in store.derived(HELD, set_aside=True) for pci, owner in pairs}
-    owners.update(owners_by_pci(holdings(conf.stateDir)))
-    node = scan(pfs=conf.pfs, capacity=conf.capacityMbps, owners=owners, vfctl=None, held_details=False)
+    owners = held_vfs(conf, store, set_aside=True)
     interfaces = list(request.interfaces)
-    if conf.dra:
-        chosen = dra.take(node, env, conf, finder, store, len(interfaces))
-    else:
-        chosen = choose_proven(
+
+    def pick(node: Node) -> list[Vf]:
+        if conf.dra:
+            return dra.take(node, env, conf, finder, store, len(interfaces))
+        return choose_proven(
             node, interfaces, isolation, source, finder, rails=conf.rails, different_pfs=request.different_pfs
         )
-    tables = {pf: vfctl.read(pf) for pf in {vf.pf for vf in chosen}}
-    for vf in chosen:
-        vf.settings = (tables[vf.pf] or {}).get(vf.index)
+
+    try:
+        chosen = pick(reowned(draft, owners) if draft is not None else _scan(conf, owners))
+    except NoCapacity:
+        if draft is None:
+            raise
+        # The survey's free VFs are older than the lock (one freed meanwhile may look still taken):
+        # only the node as it is now says that nothing fits.
+        chosen = pick(_scan(conf, owners))
     att = plan(env, conf, finder, chosen, names, interfaces, isolation, mac)
     # What releases it without this network's configuration: after a reboot (rdma_cni.node.boot).
     att.boot_id = boot.boot_id()
@@ -197,6 +220,31 @@ def reserve(
     # (run): every other verb reads it from the page cache at once.
     store.write(att, flush=False)
     return att
+
+
+def held_vfs(conf: NetConf, store: RecordStore, *, set_aside: bool) -> dict[str, Owner]:
+    """Who holds which VF (PCI address): the attachment records and the DRA preparations."""
+    owners = {pci: owner for pairs in store.derived(HELD, set_aside=set_aside) for pci, owner in pairs}
+    owners.update(owners_by_pci(holdings(conf.stateDir)))
+    return owners
+
+
+def survey(conf: NetConf, store: RecordStore) -> Node | None:
+    """The node before the node lock, for :func:`reserve` to bring up to date under it.
+
+    Most of what ADD read under the lock was this (the sysfs of every VF and the records), and
+    most of it does not change while another pod holds the lock. None when a record cannot be
+    read now: the read under the lock decides what becomes of it (set aside) and scans itself.
+    """
+    try:
+        return _scan(conf, held_vfs(conf, store, set_aside=False))
+    except CniError as exc:
+        log.debug("no survey before the node lock: %s", exc.msg)
+        return None
+
+
+def _scan(conf: NetConf, owners: Mapping[str, Owner]) -> Node:
+    return scan(pfs=conf.pfs, capacity=conf.capacityMbps, owners=owners, vfctl=None, held_details=False)
 
 
 def choose_proven(
@@ -307,9 +355,11 @@ def plan(
     isolation: RdmaIsolation,
     mac: str = "",
 ) -> Attachment:
-    """The intent record: which VFs, their host identity, and every setting with its original value.
+    """The intent record: which VFs, their host identity, names and rates.
 
-    ``mac``, when set, is the first interface's MAC (see :func:`first_interface_mac`).
+    ``mac``, when set, is the first interface's MAC (see :func:`first_interface_mac`). The PF-side
+    settings are left to :func:`pf_settings`, after the node lock: until then the record says
+    none is changed, which is true.
     """
     pod_ref = env.pod
     att = Attachment(
@@ -328,19 +378,6 @@ def plan(
         link = finder.in_host(vf.pci, vf.netdev)
         if link is None:  # choose_proven() keeps only VFs proven home
             raise KernelError(f"VF {vf.pci} netdev {vf.netdev} is not proven to be in the host namespace")
-        current = vf.settings.settings() if vf.settings else {}
-        # What a setting the driver does not report is taken to be.
-        neutral = neutral_vf_settings()
-        applied: dict[str, Any] = {}
-        if req.min_tx_rate or req.max_tx_rate or any(current.get("rate", [0, 0])):
-            applied["rate"] = [req.min_tx_rate, req.max_tx_rate]
-        applied.update(conf.vf_settings())
-        for key in _RESET_WHEN_UNSET:
-            if key not in applied and current.get(key, neutral[key]) != neutral[key]:
-                applied[key] = neutral[key]
-        if i == 0 and mac:
-            applied["mac"] = mac
-        original = {k: current.get(k, neutral[k]) for k in applied}
         device, action = isolation.decide(vf.pci, vf.rdma_devices)
         att.vfs.append(
             VfRecord(
@@ -353,17 +390,40 @@ def plan(
                 pod_name=name,
                 min_tx_rate=req.min_tx_rate,
                 max_tx_rate=req.max_tx_rate,
-                pf_original=original,
-                pf_applied=applied,
                 mac=mac if i == 0 else "",
                 mtu=conf.mtu,
                 rdma_device=device,
                 rdma_action="moved" if action == "move" else action,
             )
         )
-        if applied:
-            log.info("VF %s (%s/%d) -> %s: %s", vf.pci, pf_name, vf.index, name, describe(applied))
     return att
+
+
+def pf_settings(att: Attachment, conf: NetConf, vfctl: VfControl) -> None:
+    """Each VF's PF-side settings to apply (rates, the config's, resets, the MAC), with their values now.
+
+    The values now are what DEL and a rollback restore. Read once the record holds the VFs, so no
+    other verb changes them in between.
+    """
+    tables = {pf: vfctl.read(pf) for pf in {rec.pf for rec in att.vfs}}
+    # What a setting the driver does not report is taken to be.
+    neutral = neutral_vf_settings()
+    for rec in att.vfs:
+        info = (tables[rec.pf] or {}).get(rec.vf)
+        current = info.settings() if info else {}
+        applied: dict[str, Any] = {}
+        if rec.min_tx_rate or rec.max_tx_rate or any(current.get("rate", [0, 0])):
+            applied["rate"] = [rec.min_tx_rate, rec.max_tx_rate]
+        applied.update(conf.vf_settings())
+        for key in _RESET_WHEN_UNSET:
+            if key not in applied and current.get(key, neutral[key]) != neutral[key]:
+                applied[key] = neutral[key]
+        if rec.mac:  # the first interface's, when the runtime gave one
+            applied["mac"] = rec.mac
+        rec.pf_applied = applied
+        rec.pf_original = {k: current.get(k, neutral[k]) for k in applied}
+        if applied:
+            log.info("VF %s (%s/%d) -> %s: %s", rec.pci, rec.pf, rec.vf, rec.pod_name, describe(applied))
 
 
 def perform(

@@ -130,6 +130,12 @@ class Dump:
         return {pci: link["ifname"] for pci, link in self.vf_links.items()}
 
     @cached_property
+    def vf_sysfs_net(self) -> dict[str, list[str]]:
+        """PCI address -> the netdev names the host's sysfs lists under the VF's device."""
+        rows = (line.split() for line in self._read("vf-sysfs-net.txt").splitlines() if line.strip())
+        return {row[0]: row[1:] for row in rows}
+
+    @cached_property
     def vfinfo(self) -> dict[int, dict[str, Any]]:
         """The PF's ``vfinfo_list`` by VF index."""
         (pf,) = (link for link in self.links if link.get("parentdev") == PF_PCI)
@@ -395,8 +401,14 @@ def test_s1_two_rate_capped_interfaces(
         assert pod_links[name]["ifalias"] == f"rdma-cni:{vfs[name]}"
         assert "UP" in pod_links[name]["flags"]
         assert ips[n] in addrs[name]
-    # ... and gone from the host.
+    # ... and gone from the host, and from what the host's sysfs lists under their PCI devices,
+    # which lists each VF at home under the name rtnetlink gives it (the sysfs proof of ADD).
     assert not set(vfs.values()) & set(during.vf_names)
+    for dump in (during, after):
+        assert dump.vf_sysfs_net == {
+            pci: [dump.vf_names[pci]] if pci in dump.vf_names else [] for pci in EXPECTED_VFS
+        }
+    assert all(during.vf_sysfs_net[pci] == [] for pci in vfs.values())
 
     # The PF's VF table carries the caps on exactly the chosen VFs.
     assert during.rates[vfs["net1"]] == (0, 100)

@@ -25,7 +25,7 @@ from rdma_cni.node.isolation import RdmaIsolation
 from rdma_cni.node.record import RecordStore
 from tests.integration.conftest import Cluster, addresses_in, assert_node_pristine, ns_name
 from tests.support.fake_rdma import FakeDevice, FakeRdmaKernel
-from tests.support.simnode import SimPf
+from tests.support.simnode import SimPf, ip
 
 RDMA_NODE = [SimPf("simpf0", 4, 25000, rdma=True), SimPf("simpf1", 4, 10000, rdma=True)]
 
@@ -52,8 +52,7 @@ def _fail_on_call(real: Callable[..., Any], n: int, after: bool) -> Callable[...
 STEPS: dict[str, tuple[Any, str]] = {
     "pf settings": (attach, "apply_pf_settings"),
     "rdma move": (RdmaIsolation, "move_in"),
-    "netdev move": (attach, "move_in"),
-    "bring up": (attach, "bring_up"),
+    "netdev move": (attach, "move_in"),  # moved, renamed, MAC and up in one request
     "ipam add": (Ipam, "finish_add"),
     "addresses": (attach, "apply_addresses"),
 }
@@ -92,6 +91,18 @@ def test_failure_at_every_step_rolls_back(
     for settings in (s for t in table.values() for s in t.values()):
         assert settings.get("vlan", [0, 0]) == [0, 0] and settings.get("trust", False) is False
     assert all(dev.netns == "host" for dev in fake_rdma.devices), fake_rdma.moves
+
+
+@pytest.mark.node(RDMA_NODE)
+def test_a_pod_that_has_the_name_already_is_told_so_and_the_vf_comes_home(cluster: Cluster) -> None:
+    pod = cluster.pod([{}])
+    ip("-n", ns_name(pod), "link", "add", "net1", "type", "veth", "peer", "name", "net1p")
+    out = cluster.run("ADD", pod, cluster.conf(rdmaIsolation="off"))
+    assert out.code == 1 and out.doc is not None and out.doc["code"] == KernelError.code, out.doc
+    assert "the pod already has an interface named net1" in out.doc["msg"]
+    # The kernel moved the VF before it refused the name: the rollback brought it home.
+    assert_node_pristine(cluster)
+    assert set(addresses_in(ns_name(pod))) == {"lo", "net1", "net1p"}
 
 
 @pytest.mark.node(RDMA_NODE)

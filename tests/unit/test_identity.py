@@ -198,3 +198,170 @@ def test_the_simulations_wire_is_read_from_sysfs_without_rtnetlink(
     (host / "sv0w1" / "ifindex").unlink()
     assert peer.expected(PCI) == "peer:57"
     assert asked == ["sv0w1"]
+
+
+def netdev_dir(
+    path: Path, ifindex: int, iflink: int, mac: str = "02:00:00:00:00:07", flags: str = "0x1003"
+) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for name, value in (
+        ("ifindex", ifindex),
+        ("iflink", iflink),
+        ("address", mac),
+        ("mtu", 1500),
+        ("flags", flags),
+    ):
+        (path / name).write_text(f"{value}\n")
+    return path
+
+
+class ViewHost(FakeHost):
+    """A host whose only rtnetlink request may be the dump: what sysfs proves must not need one."""
+
+    def get_link(self, **kw: object) -> Link | None:
+        raise AssertionError(f"rtnetlink asked for {kw}")
+
+
+def test_sysfs_files_of_a_netdev(tmp_path: Path) -> None:
+    d = netdev_dir(tmp_path / "eth7", 7, 7)
+    assert sysfs.netdev_files(str(d)) == sysfs.NetdevFiles(7, 7, "02:00:00:00:00:07", 1500, 0x1003)
+    (d / "flags").write_text("up\n")
+    assert sysfs.netdev_files(str(d)) is None  # not whole: not proven
+    (d / "flags").write_text("0x1002\n")
+    (d / "mtu").unlink()
+    assert sysfs.netdev_files(str(d)) is None
+    assert sysfs.netdev_files(str(tmp_path / "gone")) is None
+
+
+def test_a_netdev_replaced_while_read_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = netdev_dir(tmp_path / "eth7", 7, 7)
+    indexes = iter([7, 9])
+    real = sysfs._read_int
+    monkeypatch.setattr(sysfs, "_read_int", lambda p: next(indexes) if p.endswith("/ifindex") else real(p))
+    assert sysfs.netdev_files(str(d)) is None
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "../eth0", "a/b"])
+def test_a_name_is_never_a_path(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    netdev_dir(tmp_path / "net" / "x", 7, 7)
+    monkeypatch.setattr(sysfs, "HOST_NET_CLASS", str(tmp_path / "net" / "x"))
+    assert sysfs.host_netdev(name) is None
+    assert sysfs.pci_netdev(name, "x") is None
+
+
+def test_parent_device_proves_a_vf_home_by_its_pci_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RDMA_CNI_SYSFS_ROOT", str(tmp_path))
+    vf_net = tmp_path / "bus" / "pci" / "devices" / PCI / "net"
+    netdev_dir(vf_net / "ens1f0v1", 7, 7)
+    ident = ParentDevice(from_rtnetlink=True)
+    home = ident.home_in_sysfs(PCI, "ens1f0v1")
+    assert home is not None and (home.index, home.name, home.mac, home.mtu, home.up) == (
+        7,
+        "ens1f0v1",
+        "02:00:00:00:00:07",
+        1500,
+        True,
+    )
+    assert ident.of(home, None) == ident.expected(PCI)
+    assert ident.home_in_sysfs(PCI, "ens1f0v2") is None  # not under this device (or in a pod)
+    assert ident.home_in_sysfs("0000:3b:02.2", "ens1f0v1") is None
+    netdev_dir(vf_net / "ib0.8001", 9, 7)  # an IPoIB child shares the parent, not the identity
+    assert ident.home_in_sysfs(PCI, "ib0.8001") is None
+
+
+def test_the_simulations_vf_is_home_when_the_hosts_sysfs_shows_it_beside_its_wire(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "fake"
+    (fake / "bus" / "pci" / "devices" / PCI).mkdir(parents=True)
+    (fake / "bus" / "pci" / "devices" / PCI / identity.WIRE_FILE).write_text("sv0w1\n")
+    host = tmp_path / "host-net"
+    netdev_dir(host / "sv0w1", 41, 40)
+    netdev_dir(host / "sv0v1", 40, 41)
+    netdev_dir(host / "decoy", 50, 51)
+    netdev_dir(host / "solo", 52, 52)
+    monkeypatch.setenv("RDMA_CNI_SYSFS_ROOT", str(fake))
+    monkeypatch.setattr(sysfs, "HOST_NET_CLASS", str(host))
+    peer = identity.VethPeer(ViewHost([]).get_link)  # type: ignore[arg-type]
+    home = peer.home_in_sysfs(PCI, "sv0v1")
+    assert home is not None and (home.index, home.link_index) == (40, 41)
+    assert peer.of(home, None) == peer.expected(PCI)
+    for other in ("decoy", "solo", "elsewhere"):  # another peer, no peer, not in this sysfs
+        assert peer.home_in_sysfs(PCI, other) is None
+
+
+@pytest.fixture
+def host_net(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    net = tmp_path / "class-net"
+    net.mkdir()
+    monkeypatch.setattr(sysfs, "HOST_NET_CLASS", str(net))
+    monkeypatch.setattr(identity, "_VIEWS_PROVEN", set())
+    return net
+
+
+def test_sysfs_is_trusted_once_it_shows_this_namespaces_links(host_net: Path) -> None:
+    netdev_dir(host_net / "lo", 1, 1, mac="00:00:00:00:00:00")
+    netdev_dir(host_net / "eth0", 2, 2, mac="52:54:00:12:34:56")
+    links = [link(1, "lo"), Link(2, "eth0", "52:54:00:12:34:56", 1500, True), link(3, "gone-meanwhile")]
+    host = ViewHost(links)
+    assert identity.sysfs_shows(host)  # type: ignore[arg-type]
+    assert identity.sysfs_shows(host)  # type: ignore[arg-type]
+    assert host.dumps == 1  # once per process and view
+
+
+@pytest.mark.parametrize(
+    "dumped",
+    [
+        [Link(2, "eth0", "52:54:00:aa:bb:cc", 1500, True)],  # same name and index, another MAC
+        [Link(5, "eth0", "52:54:00:12:34:56", 1500, True)],  # another index
+        [link(1, "lo")],  # nothing but lo to compare
+        [Link(2, "eth0", "52:54:00:12:34:56", 1500, True), link(3, "a"), link(4, "b")],  # most unseen
+    ],
+    ids=["mac", "index", "only-lo", "most-unseen"],
+)
+def test_sysfs_of_another_namespace_is_not_trusted(
+    dumped: list[Link], host_net: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    netdev_dir(host_net / "lo", 1, 1, mac="00:00:00:00:00:00")
+    netdev_dir(host_net / "eth0", 2, 2, mac="52:54:00:12:34:56")
+    host = ViewHost(dumped)
+    assert not identity.sysfs_shows(host)  # type: ignore[arg-type]
+    assert host.dumps == identity._VIEW_ATTEMPTS
+    assert "are not those of this network namespace" in caplog.text
+    finder = VfFinder(host)  # type: ignore[arg-type]
+    assert not finder.trust_sysfs()
+
+
+def test_the_finder_proves_by_sysfs_only_when_trusted(
+    host_net: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    netdev_dir(host_net / "eth0", 2, 2, mac="52:54:00:12:34:56")
+    root = tmp_path / "root"
+    netdev_dir(root / "bus" / "pci" / "devices" / PCI / "net" / "ens1f0v1", 7, 7)
+    monkeypatch.setenv("RDMA_CNI_SYSFS_ROOT", str(root))
+    vf = link(7, "ens1f0v1", parent_dev=PCI, parent_bus="pci")
+    eth0 = Link(2, "eth0", "52:54:00:12:34:56", 1500, True)
+
+    class Host(FakeHost):
+        def __init__(self, links: list[Link]) -> None:
+            super().__init__(links)
+            self.asked: list[str] = []
+
+        def get_link(self, *, name: str | None = None, index: int | None = None) -> Link | None:
+            self.asked.append(str(name))
+            return vf if name == "ens1f0v1" else None
+
+    monkeypatch.setattr(identity, "kernel_reports_parent", lambda release=None: True)
+    untrusted = Host([eth0, vf])
+    assert VfFinder(untrusted).in_host(PCI, "ens1f0v1") == vf  # type: ignore[arg-type]
+    assert untrusted.asked == ["ens1f0v1"]
+    trusted = Host([eth0, vf])
+    finder = VfFinder(trusted)  # type: ignore[arg-type]
+    assert finder.trust_sysfs()
+    home = finder.in_host(PCI, "ens1f0v1")
+    assert home is not None and home.index == 7 and trusted.asked == []
+    # Not shown there (in a pod, under another name): rtnetlink decides, as before.
+    assert finder.in_host("0000:3b:02.2", "ens1f0v2") is None
+    assert trusted.asked == ["ens1f0v2"]

@@ -578,3 +578,18 @@ def test_server_keeps_the_tls_contexts_its_children_name(
         for fd in (server.hint_r, server.hint_w, server.wake_r, server.wake_w, server.dirfd):
             os.close(fd)
         server.listener.close()
+
+
+def test_preload_proves_once_for_every_child_that_sysfs_shows_this_namespace() -> None:
+    # Each warm child and verb worker is forked after preload: the dump that proves the view
+    # (kernel/identity.sysfs_shows) is then not repeated by every ADD.
+    check = (
+        "from rdma_cni.launch import warm\n"
+        "from rdma_cni.kernel import identity\n"
+        "warm.preload()\n"
+        "print(len(identity._VIEWS_PROVEN))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split()[-1] == "1"

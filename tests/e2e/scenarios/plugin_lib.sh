@@ -160,6 +160,12 @@ rc_dump() {
         read -r parent <"$dev/parent" || true
         echo "${dev##*/} $parent"
     done >"$dir/rxe-parents.txt"
+    # What the host's sysfs lists under each VF's PCI device (its netdev only while it is home):
+    # the plugin proves a VF home by this alone under the node lock.
+    for dev in /sys/bus/pci/devices/*; do
+        [[ -e $dev/physfn ]] || continue
+        echo "${dev##*/} $(ls "$dev/net" 2>/dev/null | tr '\n' ' ')"
+    done >"$dir/vf-sysfs-net.txt"
     if compgen -G "$RC_STATE/attachments/*.json" >/dev/null; then
         cp "$RC_STATE"/attachments/*.json "$dir/records/"
     fi
