@@ -66,7 +66,8 @@ def replay(best_nodes: int) -> tuple[str, int]:
     ext = Extender(
         decider=decider,
         demands=Demands(annotation="rdma_interfaces_required"),
-        reservations=Reservations(600),
+        # A fixed clock: no hold or reservation runs out however slowly the test runs.
+        reservations=Reservations(600, clock=lambda: 0.0),
         cache_views=lambda: views,
         cache_generation=lambda: generation[0],
         settings=Settings(best_nodes=best_nodes),
