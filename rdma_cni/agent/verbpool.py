@@ -51,9 +51,11 @@ from rdma_cni.agent.verbworker import FORK, FORK_FAILED, FORKED, WORKER_READY, Z
 log = logging.getLogger("rdma_cni.agent.cniserver")
 
 # Workers kept (ready or running a verb), and at most at once (docs/deploy.md: the shim and the agent).
-# The node lock serializes most of a verb: a few workers keep it busy during a burst of pods.
+# ADD holds the node lock a few milliseconds; most of a verb is the kernel's namespace moves, one
+# after another under its RTNL lock, and Python between them: in a burst of 64 pods, 12 workers kept
+# the kernel busy where 4 left it idle while they all ran Python (docs/performance.md).
 SPARE_WORKERS = 2
-MAX_WORKERS = 4
+MAX_WORKERS = 12
 # Workers beyond the spare ones leave after this long unused.
 IDLE_SECONDS = 60.0
 # The zygote's imports; a fork and a worker's warm-up.

@@ -436,6 +436,8 @@ def test_s1_ran_in_the_warm_server(plugin_run: GuestRun) -> None:
     log = _scenario(plugin_run, "s1_rates").plugin_log
     for verb in ("ADD", "CHECK", "DEL"):
         assert re.search(rf"{verb} \S+ done in [0-9.]+ ms \(warm start\)", log), f"{verb}:\n{log}"
+    # The guest's sysfs was proven to show the host's namespace: ADD proved its VFs by sysfs.
+    assert "are not those of this network namespace" not in log
 
 
 def test_s2_min_tx_rate_refused_by_igb_rolls_back(
