@@ -172,19 +172,25 @@ def test_a_record_without_an_index_asks_by_name_then_walks(monkeypatch: pytest.M
     assert VfFinder(FakeHost([])).asked_in_pod(PCI, 5, "net1") is None  # type: ignore[arg-type]
 
 
-def test_the_simulations_wire_is_read_from_sysfs_without_rtnetlink(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The fake tree names the VF's wire; the host's sysfs gives its ifindex, so proving a VF home
-    # under the node lock does not wait for the RTNL lock for it (another pod's namespace move).
+@pytest.fixture
+def sim_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The simulated node's fake tree naming VF ``PCI``'s wire ``sv0w1``; returns the host's class/net."""
     fake = tmp_path / "fake"
     (fake / "bus" / "pci" / "devices" / PCI).mkdir(parents=True)
     (fake / "bus" / "pci" / "devices" / PCI / identity.WIRE_FILE).write_text("sv0w1\n")
     host = tmp_path / "host-net"
-    (host / "sv0w1").mkdir(parents=True)
-    (host / "sv0w1" / "ifindex").write_text("41\n")
+    host.mkdir()
     monkeypatch.setenv("RDMA_CNI_SYSFS_ROOT", str(fake))
     monkeypatch.setattr(sysfs, "HOST_NET_CLASS", str(host))
+    return host
+
+
+def test_the_simulations_wire_is_read_from_sysfs_without_rtnetlink(sim_host: Path) -> None:
+    # The fake tree names the VF's wire; the host's sysfs gives its ifindex, so proving a VF home
+    # under the node lock does not wait for the RTNL lock for it (another pod's namespace move).
+    host = sim_host
+    (host / "sv0w1").mkdir(parents=True)
+    (host / "sv0w1" / "ifindex").write_text("41\n")
     asked: list[str] = []
 
     def over_rtnetlink(name: str) -> Link | None:
@@ -271,19 +277,12 @@ def test_parent_device_proves_a_vf_home_by_its_pci_directory(
     assert ident.home_in_sysfs(PCI, "ib0.8001") is None
 
 
-def test_the_simulations_vf_is_home_when_the_hosts_sysfs_shows_it_beside_its_wire(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    fake = tmp_path / "fake"
-    (fake / "bus" / "pci" / "devices" / PCI).mkdir(parents=True)
-    (fake / "bus" / "pci" / "devices" / PCI / identity.WIRE_FILE).write_text("sv0w1\n")
-    host = tmp_path / "host-net"
+def test_the_simulations_vf_is_home_when_the_hosts_sysfs_shows_it_beside_its_wire(sim_host: Path) -> None:
+    host = sim_host
     netdev_dir(host / "sv0w1", 41, 40)
     netdev_dir(host / "sv0v1", 40, 41)
     netdev_dir(host / "decoy", 50, 51)
     netdev_dir(host / "solo", 52, 52)
-    monkeypatch.setenv("RDMA_CNI_SYSFS_ROOT", str(fake))
-    monkeypatch.setattr(sysfs, "HOST_NET_CLASS", str(host))
     peer = identity.VethPeer(ViewHost([]).get_link)  # type: ignore[arg-type]
     home = peer.home_in_sysfs(PCI, "sv0v1")
     assert home is not None and (home.index, home.link_index) == (40, 41)
