@@ -189,9 +189,8 @@ def reserve(
     if item is not None:
         retry(pendings, item, doc, env, conf.stateDir)
     isolation = RdmaIsolation(conf.rdmaIsolation)
-    # Only the chosen VFs' PF-side settings matter (their originals go into the record): each PF's
-    # VF table is read once a VF of it is chosen, and the VFs held are not looked at in detail.
-    # DRA preparations hold their VFs too, attached or not (node/prepared).
+    # The VFs held are not looked at in detail, and no PF's VF table is read here (pf_settings,
+    # after the lock). DRA preparations hold their VFs too, attached or not (node/prepared).
     owners = held_vfs(conf, store, set_aside=True)
     interfaces = list(request.interfaces)
 
