@@ -72,6 +72,10 @@ def move_in(host: Rtnl, finder: VfFinder, vf: VfRecord, link: Link) -> Link:
             up=True,
         )
     except NetlinkError as exc:
+        # Where the rollback asks first if the kernel moved it before it refused the rest (the
+        # index is kept across a move unless the pod uses it; identity still decides): no walk
+        # of the pod's links, however many it made.
+        vf.pod_index = link.index
         if exc.errno == errno.EEXIST:
             raise KernelError(
                 f"the pod already has an interface named {vf.pod_name}", f"netns {pod.path}"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from rdma_cni.cni.errors import IOFailure, KernelError
-from rdma_cni.kernel import rdma
+from rdma_cni.kernel import linkscan, rdma
 from rdma_cni.kernel.netns import Netns
 from rdma_cni.node import attach, record
 from rdma_cni.node.ipam import Ipam
@@ -94,10 +94,17 @@ def test_failure_at_every_step_rolls_back(
 
 
 @pytest.mark.node(RDMA_NODE)
-def test_a_pod_that_has_the_name_already_is_told_so_and_the_vf_comes_home(cluster: Cluster) -> None:
+def test_a_pod_that_has_the_name_already_is_told_so_and_the_vf_comes_home(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pod = cluster.pod([{}])
     ip("-n", ns_name(pod), "link", "add", "net1", "type", "veth", "peer", "name", "net1p")
-    out = cluster.run("ADD", pod, cluster.conf(rdmaIsolation="off"))
+
+    def walk(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the rollback walked the pod's links: it asks at the VF's index")
+
+    monkeypatch.setattr(linkscan, "walk", walk)
+    out = cluster.run_inproc("ADD", pod, cluster.conf(rdmaIsolation="off"))
     assert out.code == 1 and out.doc is not None and out.doc["code"] == KernelError.code, out.doc
     assert "the pod already has an interface named net1" in out.doc["msg"]
     # The kernel moved the VF before it refused the name: the rollback brought it home.
